@@ -1,0 +1,25 @@
+# Entry points; see README. Each target is self-contained on a fresh machine:
+# scripts/setup installs toolchains, scripts/pg-test-server provides PostgreSQL.
+.PHONY: run test lint plugins
+
+# Placeholder: to be refined.
+run:
+	scripts/setup
+	scripts/build-plugins
+	cargo run --release -- serve
+
+# Host tests (guest crates are not default workspace members). The test
+# database URL comes from scripts/pg-test-server (or BERTH_TEST_DATABASE_URL).
+test:
+	scripts/setup
+	scripts/build-plugins
+	url="$$(scripts/pg-test-server)" && BERTH_TEST_DATABASE_URL="$$url" cargo test
+
+lint:
+	scripts/setup
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+
+plugins:
+	scripts/setup
+	scripts/build-plugins
