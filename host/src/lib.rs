@@ -1,0 +1,13 @@
+//! berth: hands trained models to deployers written as WebAssembly components.
+//!
+//! See ARCHITECTURE.md at the repository root for the map.
+
+pub mod cli;
+pub mod db;
+pub mod events;
+pub mod fetch;
+pub mod http;
+pub mod model;
+pub mod pipeline;
+pub mod runtime;
+pub mod validate;

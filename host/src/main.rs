@@ -1,1 +1,7 @@
-fn main() {}
+//! The `berth` binary: parses the command line and hands over to `cli`.
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    berth::cli::main(berth::cli::Args::parse())
+}

@@ -1,0 +1,64 @@
+//! The command line: `serve` and the plugin author's tools. Flags double as
+//! `BERTH_*` environment variables. Only this module prints to stdout.
+
+mod plugin;
+mod serve;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Parser)]
+#[command(name = "berth", version, about = "Hands trained models to deployers written as WebAssembly components")]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serves the HTTP API: registers models, fetches and verifies their
+    /// files, runs deployers.
+    Serve(serve::ServeArgs),
+    /// Tools for plugin authors: check and run a deployer without a server.
+    #[command(subcommand)]
+    Plugin(plugin::PluginCommand),
+}
+
+pub fn main(args: Args) -> ExitCode {
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match args.command {
+            Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Plugin(command) => plugin::run(command).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr; `RUST_LOG` (or `BERTH_LOG`) chooses what, default info.
+fn init_logging() {
+    let filter = std::env::var("BERTH_LOG")
+        .ok()
+        .and_then(|f| EnvFilter::try_new(f).ok())
+        .or_else(|| EnvFilter::try_from_default_env().ok())
+        .unwrap_or_else(|| EnvFilter::new("info,wasmtime=warn,cranelift=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

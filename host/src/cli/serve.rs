@@ -1,0 +1,154 @@
+//! `berth serve`: opens the records, loads the plugins folder, and serves the
+//! HTTP API until SIGINT/SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::db::Db;
+use crate::events::{Event, Events};
+use crate::fetch::Fetcher;
+use crate::pipeline::Pipeline;
+use crate::runtime::{CodeCache, Limits, Runtime};
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:7878")]
+    listen: SocketAddr,
+    /// Where berth keeps its database, models and compiled plugins.
+    #[arg(long, env = "BERTH_DATA_DIR", default_value = "./data")]
+    data_dir: PathBuf,
+    /// sqlite://PATH or postgres://… (default: SQLite at DATA_DIR/berth.db).
+    #[arg(long, env = "BERTH_DATABASE_URL")]
+    database_url: Option<String>,
+    /// The folder of deployer plugins (NAME.wasm and optional NAME.toml).
+    #[arg(long, env = "BERTH_PLUGINS_DIR", default_value = "./plugins")]
+    plugins_dir: PathBuf,
+    /// Where models' files are fetched to (default: DATA_DIR/models).
+    #[arg(long, env = "BERTH_MODELS_DIR")]
+    models_dir: Option<PathBuf>,
+    /// At most this many deployers are loaded.
+    #[arg(long, env = "BERTH_MAX_DEPLOYERS", default_value_t = 20)]
+    max_deployers: usize,
+    /// Default memory limit of a deployer, in MiB (a manifest may change it).
+    #[arg(long, env = "BERTH_MEMORY_MIB", default_value_t = 512)]
+    memory_mib: u64,
+    /// Default wall-clock limit of one deploy call, in seconds.
+    #[arg(long, env = "BERTH_TIMEOUT_S", default_value_t = 1800)]
+    timeout_s: u64,
+    /// Limit on fetching all files of one deployment, in seconds.
+    #[arg(long, env = "BERTH_FETCH_TIMEOUT_S", default_value_t = 1800)]
+    fetch_timeout_s: u64,
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let data_dir = &args.data_dir;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create the data dir {}", data_dir.display()))?;
+    let database_url = args
+        .database_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("berth.db").display()));
+    let db = Db::connect(&database_url)
+        .await
+        .with_context(|| format!("cannot open the database {}", redact(&database_url)))?;
+    let server_id = server_id(data_dir)?;
+    let failed = db
+        .fail_leftovers(&server_id, "interrupted: the server stopped before it finished")
+        .await?;
+    if failed > 0 {
+        tracing::warn!(count = failed, "marked deployments left running by the previous run as failed");
+    }
+
+    let limits = Limits {
+        memory_mib: args.memory_mib,
+        timeout: Duration::from_secs(args.timeout_s),
+    };
+    let runtime = Arc::new(Runtime::new(limits, Some(CodeCache::new(data_dir.join("cache"))))?);
+    let plugins = runtime.load_dir(&args.plugins_dir, args.max_deployers).await;
+    tracing::info!(
+        loaded = plugins.deployers.len(),
+        rejected = plugins.rejected.len(),
+        folder = %args.plugins_dir.display(),
+        "plugins folder loaded"
+    );
+    let events = Events::default();
+    for name in plugins.deployers.keys() {
+        events.publish(Event::PluginLoaded { name: name.clone() });
+    }
+    for rejection in &plugins.rejected {
+        events.publish(Event::PluginRejected {
+            file: rejection.file.clone(),
+            reason: rejection.reason.clone(),
+        });
+    }
+
+    let models_dir = args.models_dir.clone().unwrap_or_else(|| data_dir.join("models"));
+    let fetcher = Fetcher::new(models_dir, Duration::from_secs(args.fetch_timeout_s))?;
+    let pipeline = Arc::new(Pipeline::new(
+        db.clone(),
+        fetcher,
+        runtime,
+        plugins,
+        args.plugins_dir.clone(),
+        events,
+        server_id,
+        data_dir.join("out"),
+    ));
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    tracing::info!("berth is listening on http://{}", listener.local_addr()?);
+    let shutdown = pipeline.shutdown.clone();
+    axum::serve(listener, crate::http::app(pipeline))
+        .with_graceful_shutdown(async move {
+            stop_signal().await;
+            tracing::info!("stopping: running deployments are interrupted and recorded as failed");
+            shutdown.cancel();
+        })
+        .await?;
+    db.close().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn stop_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// This server's identity among replicas sharing a database, kept in the
+/// data dir so a restart recognises its own leftovers.
+fn server_id(data_dir: &Path) -> anyhow::Result<String> {
+    let path = data_dir.join("server-id");
+    if let Ok(id) = std::fs::read_to_string(&path)
+        && !id.trim().is_empty()
+    {
+        return Ok(id.trim().to_string());
+    }
+    use std::hash::{BuildHasher, RandomState};
+    let id = format!("{:016x}", RandomState::new().hash_one((std::process::id(), std::time::SystemTime::now())));
+    std::fs::write(&path, &id).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(id)
+}
+
+/// A database URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        _ => url.to_string(),
+    }
+}

@@ -1,0 +1,335 @@
+//! berth's records: models, their files, deployments. The only module with
+//! SQL. SQLite and PostgreSQL run the same statements through `sqlx::Any`
+//! (`$N` placeholders work on both); what differs between them lives in
+//! `migrations/sqlite/` and `migrations/postgres/`, applied at connect.
+
+use std::time::SystemTime;
+
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+
+use crate::model::{Deployment, ModelFile, Outcome, Status, TrainedModel};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("a model with job id {0:?} is already registered")]
+    DuplicateJob(String),
+    #[error("deployment {0} is not running")]
+    NotRunning(i64),
+    #[error("database: {0}")]
+    Sql(#[from] sqlx::Error),
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("database holds a value berth cannot read: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+#[derive(Clone)]
+pub struct Db {
+    pool: AnyPool,
+}
+
+/// A deployment about to start.
+pub struct NewDeployment<'a> {
+    pub model_id: i64,
+    pub deployer: &'a str,
+    pub options_json: &'a str,
+    pub dir: &'a str,
+    pub server_id: &'a str,
+}
+
+/// The `out_dir` of a deployment depends on its id, known only after insert.
+pub type OutDirOf<'a> = &'a (dyn Fn(i64) -> String + Send + Sync);
+
+pub fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+const MODEL_COLUMNS: &str = "id, name, job_id, base_model, model_size, dataset, num_examples, \
+     num_train_steps, final_loss, params, source, created_at";
+const DEPLOYMENT_COLUMNS: &str = "id, model_id, deployer, options, status, dir, out_dir, ref, \
+     details, error, duration_ms, created_at, completed_at";
+
+impl Db {
+    /// Connects (creating a SQLite file if missing) and applies migrations.
+    pub async fn connect(url: &str) -> Result<Self> {
+        sqlx::any::install_default_drivers();
+        let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+        let url = if postgres || url.contains("mode=") {
+            url.to_string()
+        } else {
+            format!("{url}{}mode=rwc", if url.contains('?') { '&' } else { '?' })
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(if postgres { 16 } else { 8 })
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if !postgres {
+                        // Foreign keys make `ON DELETE CASCADE` real; the
+                        // busy timeout lets writers queue instead of failing.
+                        sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA journal_mode = WAL").execute(&mut *conn).await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect(&url)
+            .await?;
+        let migrator = if postgres { &POSTGRES_MIGRATIONS } else { &SQLITE_MIGRATIONS };
+        migrator.run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    /// Records a model and its files in one transaction; `id` and
+    /// `created_at` of the argument are ignored.
+    pub async fn insert_model(&self, model: &TrainedModel) -> Result<TrainedModel> {
+        let created_at = now();
+        let mut tx = self.pool.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO models (name, job_id, base_model, model_size, dataset, num_examples, \
+             num_train_steps, final_loss, params, source, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+        )
+        .bind(&model.name)
+        .bind(&model.job_id)
+        .bind(&model.base_model)
+        .bind(&model.model_size)
+        .bind(&model.dataset)
+        .bind(to_i64(model.num_examples))
+        .bind(to_i64(model.num_train_steps))
+        .bind(model.final_loss)
+        .bind(&model.params_json)
+        .bind(&model.source)
+        .bind(&created_at)
+        .fetch_one(&mut *tx)
+        .await;
+        let id: i64 = match inserted {
+            Ok(row) => row.try_get(0)?,
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                return Err(Error::DuplicateJob(model.job_id.clone()));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for (position, file) in model.files.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO model_files (model_id, position, path, size_bytes, sha256) \
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(id)
+            .bind(position as i64)
+            .bind(&file.path)
+            .bind(to_i64(file.size_bytes))
+            .bind(&file.sha256)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(TrainedModel {
+            id,
+            created_at,
+            ..model.clone()
+        })
+    }
+
+    pub async fn models(&self) -> Result<Vec<TrainedModel>> {
+        let rows = sqlx::query(&format!("SELECT {MODEL_COLUMNS} FROM models ORDER BY id"))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut models = rows.iter().map(model_row).collect::<Result<Vec<_>>>()?;
+        let files = sqlx::query(
+            "SELECT model_id, path, size_bytes, sha256 FROM model_files ORDER BY model_id, position",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        for row in &files {
+            let model_id: i64 = row.try_get("model_id")?;
+            if let Ok(at) = models.binary_search_by_key(&model_id, |m| m.id) {
+                models[at].files.push(file_row(row)?);
+            }
+        }
+        Ok(models)
+    }
+
+    pub async fn model(&self, id: i64) -> Result<Option<TrainedModel>> {
+        let Some(row) = sqlx::query(&format!("SELECT {MODEL_COLUMNS} FROM models WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let mut model = model_row(&row)?;
+        let files = sqlx::query(
+            "SELECT path, size_bytes, sha256 FROM model_files WHERE model_id = $1 ORDER BY position",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        model.files = files.iter().map(file_row).collect::<Result<_>>()?;
+        Ok(Some(model))
+    }
+
+    /// Deletes a model with its files' records and its deployments. Returns
+    /// false if there was no such model.
+    pub async fn delete_model(&self, id: i64) -> Result<bool> {
+        let deleted = sqlx::query("DELETE FROM models WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(deleted.rows_affected() > 0)
+    }
+
+    /// Records a deployment as running. `out_dir` is derived from the new id.
+    pub async fn insert_deployment(&self, new: NewDeployment<'_>, out_dir: OutDirOf<'_>) -> Result<Deployment> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "INSERT INTO deployments (model_id, deployer, options, status, dir, out_dir, details, \
+             server_id, created_at) VALUES ($1, $2, $3, 'running', $4, '', '{}', $5, $6) RETURNING id",
+        )
+        .bind(new.model_id)
+        .bind(new.deployer)
+        .bind(new.options_json)
+        .bind(new.dir)
+        .bind(new.server_id)
+        .bind(now())
+        .fetch_one(&mut *tx)
+        .await?;
+        let id: i64 = row.try_get(0)?;
+        sqlx::query("UPDATE deployments SET out_dir = $1 WHERE id = $2")
+            .bind(out_dir(id))
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.deployment(id)
+            .await?
+            .ok_or_else(|| Error::Corrupt(format!("deployment {id} vanished after insert")))
+    }
+
+    /// Ends a running deployment. A deployment that already ended (or whose
+    /// model was deleted meanwhile) is left as it is: `NotRunning`.
+    pub async fn finish_deployment(&self, id: i64, outcome: &Outcome, duration_ms: i64) -> Result<Deployment> {
+        let (status, reference, details, error) = match outcome {
+            Outcome::Completed { reference, details_json } => {
+                (Status::Completed, Some(reference.as_str()), details_json.as_str(), None)
+            }
+            Outcome::Failed { error } => (Status::Failed, None, "{}", Some(error.as_str())),
+        };
+        let updated = sqlx::query(
+            "UPDATE deployments SET status = $1, ref = $2, details = $3, error = $4, \
+             duration_ms = $5, completed_at = $6 WHERE id = $7 AND status = 'running'",
+        )
+        .bind(status.as_str())
+        .bind(reference)
+        .bind(details)
+        .bind(error)
+        .bind(duration_ms)
+        .bind(now())
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        if updated.rows_affected() == 0 {
+            return Err(Error::NotRunning(id));
+        }
+        self.deployment(id).await?.ok_or(Error::NotRunning(id))
+    }
+
+    pub async fn deployment(&self, id: i64) -> Result<Option<Deployment>> {
+        let row = sqlx::query(&format!("SELECT {DEPLOYMENT_COLUMNS} FROM deployments WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(deployment_row).transpose()
+    }
+
+    /// Newest first.
+    pub async fn deployments_of(&self, model_id: i64, limit: u32) -> Result<Vec<Deployment>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {DEPLOYMENT_COLUMNS} FROM deployments WHERE model_id = $1 ORDER BY id DESC LIMIT $2"
+        ))
+        .bind(model_id)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(deployment_row).collect()
+    }
+
+    /// Fails the deployments a previous run of this server left running.
+    pub async fn fail_leftovers(&self, server_id: &str, error: &str) -> Result<u64> {
+        let updated = sqlx::query(
+            "UPDATE deployments SET status = 'failed', error = $1, completed_at = $2 \
+             WHERE server_id = $3 AND status = 'running'",
+        )
+        .bind(error)
+        .bind(now())
+        .bind(server_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(updated.rows_affected())
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// Sizes and counts are u64 in the domain and BIGINT in both databases;
+/// validation keeps them below 2^63.
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn to_u64(value: i64, column: &str) -> Result<u64> {
+    u64::try_from(value).map_err(|_| Error::Corrupt(format!("{column} = {value}")))
+}
+
+fn model_row(row: &AnyRow) -> Result<TrainedModel> {
+    Ok(TrainedModel {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        job_id: row.try_get("job_id")?,
+        base_model: row.try_get("base_model")?,
+        model_size: row.try_get("model_size")?,
+        dataset: row.try_get("dataset")?,
+        num_examples: to_u64(row.try_get("num_examples")?, "num_examples")?,
+        num_train_steps: to_u64(row.try_get("num_train_steps")?, "num_train_steps")?,
+        final_loss: row.try_get("final_loss")?,
+        params_json: row.try_get("params")?,
+        source: row.try_get("source")?,
+        files: Vec::new(),
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn file_row(row: &AnyRow) -> Result<ModelFile> {
+    Ok(ModelFile {
+        path: row.try_get("path")?,
+        size_bytes: to_u64(row.try_get("size_bytes")?, "size_bytes")?,
+        sha256: row.try_get("sha256")?,
+    })
+}
+
+fn deployment_row(row: &AnyRow) -> Result<Deployment> {
+    let status: String = row.try_get("status")?;
+    Ok(Deployment {
+        id: row.try_get("id")?,
+        model_id: row.try_get("model_id")?,
+        deployer: row.try_get("deployer")?,
+        options_json: row.try_get("options")?,
+        status: Status::parse(&status).ok_or_else(|| Error::Corrupt(format!("status = {status:?}")))?,
+        dir: row.try_get("dir")?,
+        out_dir: row.try_get("out_dir")?,
+        reference: row.try_get("ref")?,
+        details_json: row.try_get("details")?,
+        error: row.try_get("error")?,
+        duration_ms: row.try_get("duration_ms")?,
+        created_at: row.try_get("created_at")?,
+        completed_at: row.try_get("completed_at")?,
+    })
+}

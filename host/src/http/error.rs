@@ -1,0 +1,62 @@
+//! The HTTP boundary's one error type: each variant is a status code, each
+//! message a sentence for the client. Internal errors are logged in full and
+//! answered without detail.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::db;
+use crate::pipeline::StartError;
+
+#[derive(Debug)]
+pub enum Error {
+    /// 400
+    BadRequest(String),
+    /// 404
+    NotFound(String),
+    /// 409
+    Conflict(String),
+    /// 500
+    Internal(String),
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let (status, message) = match self {
+            Error::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
+            Error::NotFound(m) => (StatusCode::NOT_FOUND, m),
+            Error::Conflict(m) => (StatusCode::CONFLICT, m),
+            Error::Internal(detail) => {
+                tracing::error!("internal error: {detail}");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal error: the server could not complete the request; its log has the details".to_string(),
+                )
+            }
+        };
+        (status, Json(json!({ "error": message }))).into_response()
+    }
+}
+
+impl From<db::Error> for Error {
+    fn from(e: db::Error) -> Self {
+        match e {
+            db::Error::DuplicateJob(_) => Error::Conflict(e.to_string()),
+            e => Error::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<StartError> for Error {
+    fn from(e: StartError) -> Self {
+        match e {
+            StartError::UnknownModel(_) => Error::NotFound(e.to_string()),
+            StartError::NoDeployers(_) | StartError::UnknownDeployer { .. } | StartError::BadOptions(_) => {
+                Error::BadRequest(e.to_string())
+            }
+            StartError::Record(e) => Error::Internal(format!("recording a deployment: {e}")),
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The API's JSON shapes, and the extractors that turn a malformed request
+//! into a sentence. The only place that knows field names on the wire.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::error::Error;
+use crate::model::{Deployment, TrainedModel};
+
+/// `Json<T>` whose rejection is a 400 with serde's explanation.
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(value)) => Ok(Body(value)),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(Error::BadRequest(
+                "send the body as JSON with the header Content-Type: application/json".into(),
+            )),
+            Err(e) => Err(Error::BadRequest(format!("the request body is not acceptable: {}", e.body_text()))),
+        }
+    }
+}
+
+/// An `{id}` path segment: a positive integer.
+pub struct Id(pub i64);
+
+impl<S: Send + Sync> FromRequestParts<S> for Id {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let raw = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e: PathRejection| Error::BadRequest(e.body_text()))?;
+        match raw.0.parse::<i64>() {
+            Ok(id) if id > 0 => Ok(Id(id)),
+            _ => Err(Error::BadRequest(format!("{:?} is not an id: ids are positive integers", raw.0))),
+        }
+    }
+}
+
+/// Query parameters, with a 400 that names the bad one.
+pub struct Params<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Params<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| Params(q.0))
+            .map_err(|e: QueryRejection| Error::BadRequest(e.body_text()))
+    }
+}
+
+/// Stored JSON text (always an object when berth wrote it) back as JSON.
+fn object(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| json!({}))
+}
+
+pub fn model(m: &TrainedModel) -> Value {
+    json!({
+        "id": m.id,
+        "name": m.name,
+        "job_id": m.job_id,
+        "base_model": m.base_model,
+        "model_size": m.model_size,
+        "dataset": m.dataset,
+        "num_examples": m.num_examples,
+        "num_train_steps": m.num_train_steps,
+        "final_loss": m.final_loss,
+        "params": object(&m.params_json),
+        "source": m.source,
+        "created_at": m.created_at,
+        "files": m.files.iter().map(|f| json!({
+            "path": f.path,
+            "size_bytes": f.size_bytes,
+            "sha256": f.sha256,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub fn deployment(d: &Deployment) -> Value {
+    json!({
+        "id": d.id,
+        "model_id": d.model_id,
+        "deployer": d.deployer,
+        "options": object(&d.options_json),
+        "status": d.status.as_str(),
+        "dir": d.dir,
+        "out_dir": d.out_dir,
+        "ref": d.reference,
+        "details": object(&d.details_json),
+        "error": d.error,
+        "duration_ms": d.duration_ms,
+        "created_at": d.created_at,
+        "completed_at": d.completed_at,
+    })
+}

@@ -1,0 +1,100 @@
+//! `/v1/models`: register, list, show and delete trained models.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::error::Error;
+use super::json::{self, Body, Id};
+use crate::pipeline::Pipeline;
+use crate::validate::{self, FileDraft, ModelDraft};
+
+pub fn router() -> Router<Arc<Pipeline>> {
+    Router::new()
+        .route("/v1/models", get(list).post(register))
+        .route("/v1/models/{id}", get(show).delete(remove))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegisterBody {
+    name: Option<String>,
+    job_id: Option<String>,
+    base_model: Option<String>,
+    model_size: Option<String>,
+    dataset: Option<String>,
+    num_examples: Option<u64>,
+    num_train_steps: Option<u64>,
+    final_loss: Option<f64>,
+    params: Option<Value>,
+    source: Option<String>,
+    #[serde(default)]
+    files: Vec<FileBody>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileBody {
+    path: Option<String>,
+    size_bytes: Option<u64>,
+    sha256: Option<String>,
+}
+
+async fn register(
+    State(pipeline): State<Arc<Pipeline>>,
+    Body(body): Body<RegisterBody>,
+) -> Result<(StatusCode, Json<Value>), Error> {
+    let draft = ModelDraft {
+        name: body.name,
+        job_id: body.job_id,
+        base_model: body.base_model,
+        model_size: body.model_size,
+        dataset: body.dataset,
+        num_examples: body.num_examples,
+        num_train_steps: body.num_train_steps,
+        final_loss: body.final_loss,
+        params: body.params,
+        source: body.source,
+        files: body
+            .files
+            .into_iter()
+            .map(|f| FileDraft {
+                path: f.path,
+                size_bytes: f.size_bytes,
+                sha256: f.sha256,
+            })
+            .collect(),
+    };
+    let model = validate::model(draft).map_err(|p| Error::BadRequest(format!("invalid model: {p}")))?;
+    let stored = pipeline.db.insert_model(&model).await?;
+    tracing::info!(model_id = stored.id, job_id = %stored.job_id, files = stored.files.len(), "model registered");
+    Ok((StatusCode::CREATED, Json(json::model(&stored))))
+}
+
+async fn list(State(pipeline): State<Arc<Pipeline>>) -> Result<Json<Value>, Error> {
+    let models = pipeline.db.models().await?;
+    Ok(Json(json!({ "models": models.iter().map(json::model).collect::<Vec<_>>() })))
+}
+
+async fn show(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<Json<Value>, Error> {
+    match pipeline.db.model(id).await? {
+        Some(model) => Ok(Json(json::model(&model))),
+        None => Err(Error::NotFound(format!("model {id} does not exist"))),
+    }
+}
+
+/// Deletes the records only: the files on disk are never deleted by berth.
+async fn remove(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<StatusCode, Error> {
+    if pipeline.db.delete_model(id).await? {
+        tracing::info!(model_id = id, "model deleted (its files stay on disk)");
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(Error::NotFound(format!("model {id} does not exist")))
+    }
+}

@@ -1,0 +1,89 @@
+//! The domain's nouns — a trained model and its files — as every layer sees
+//! them. No I/O and no serialization here: `http/` owns the JSON shapes.
+
+/// One file of a trained model, as recorded at registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelFile {
+    /// Relative, `/`-separated, checked by `validate` (never absolute, no `..`).
+    pub path: String,
+    pub size_bytes: u64,
+    /// Lowercase hex; `None` when the registration recorded only the size.
+    pub sha256: Option<String>,
+}
+
+/// A trained model as recorded in the database.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainedModel {
+    pub id: i64,
+    pub name: String,
+    pub job_id: String,
+    pub base_model: String,
+    pub model_size: String,
+    pub dataset: String,
+    pub num_examples: u64,
+    pub num_train_steps: u64,
+    pub final_loss: Option<f64>,
+    /// A JSON object, kept as text: berth never looks inside.
+    pub params_json: String,
+    /// URL template with `{job_id}` and `{path}`.
+    pub source: String,
+    pub files: Vec<ModelFile>,
+    /// RFC 3339, set by the database layer when the model is recorded.
+    pub created_at: String,
+}
+
+/// Where a deployment stands. Only `Running` changes, once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Running,
+    Completed,
+    Failed,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Running => "running",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "running" => Some(Status::Running),
+            "completed" => Some(Status::Completed),
+            "failed" => Some(Status::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// One deployment of a model by a deployer, as recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Deployment {
+    pub id: i64,
+    pub model_id: i64,
+    pub deployer: String,
+    /// The request's options object, as JSON text.
+    pub options_json: String,
+    pub status: Status,
+    /// Host directory of the model's verified files.
+    pub dir: String,
+    /// Host directory the deployer wrote into.
+    pub out_dir: String,
+    pub reference: Option<String>,
+    /// A JSON object, as text (`{}` until completed).
+    pub details_json: String,
+    pub error: Option<String>,
+    pub duration_ms: Option<i64>,
+    pub created_at: String,
+    pub completed_at: Option<String>,
+}
+
+/// How a deployment ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Completed { reference: String, details_json: String },
+    Failed { error: String },
+}

@@ -1,0 +1,177 @@
+//! The one place that decides whether a plugin may make an outgoing HTTP
+//! request: the allow-list of its manifest, checked against every request's
+//! scheme, host and port. wasmtime's HTTP client connects from the host and
+//! ignores WASI socket permissions, so this hook is the only gate.
+//!
+//! Redirects are not followed by wasi:http: a guest that follows one makes a
+//! new request, which passes through here again. The `Host` header is on
+//! wasmtime's forbidden list, so the authority checked is the one used.
+
+use std::fmt;
+
+use wasmtime_wasi_http::{WasiBody, WasiHttpHooks};
+
+/// One entry of a manifest's `allowed_hosts`: `host`, `host:port` or
+/// `scheme://host[:port]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowedHost {
+    scheme: Option<String>,
+    host: String,
+    /// `None`: the scheme's default port (80 for http, 443 for https).
+    port: Option<u16>,
+}
+
+impl AllowedHost {
+    pub fn parse(entry: &str) -> Result<Self, String> {
+        let (scheme, rest) = match entry.split_once("://") {
+            Some((scheme, rest)) => {
+                let scheme = scheme.to_ascii_lowercase();
+                if scheme != "http" && scheme != "https" {
+                    return Err(format!(
+                        "allowed host {entry:?}: scheme must be http or https"
+                    ));
+                }
+                (Some(scheme), rest)
+            }
+            None => (None, entry),
+        };
+        if rest.is_empty() || rest.contains(['/', '?', '#', '@', '*']) || rest.contains(char::is_whitespace) {
+            return Err(format!(
+                "allowed host {entry:?}: expected host, host:port or scheme://host:port (no paths, users or wildcards)"
+            ));
+        }
+        let authority: http::uri::Authority = rest
+            .parse()
+            .map_err(|_| format!("allowed host {entry:?}: not a valid host[:port]"))?;
+        Ok(Self {
+            scheme,
+            host: normalize_host(authority.host()),
+            port: authority.port_u16(),
+        })
+    }
+
+    fn allows(&self, scheme: &str, host: &str, port: u16) -> bool {
+        if self.scheme.as_deref().is_some_and(|s| s != scheme) {
+            return false;
+        }
+        let wanted_port = self.port.unwrap_or(default_port(self.scheme.as_deref().unwrap_or(scheme)));
+        self.host == host && wanted_port == port
+    }
+}
+
+impl fmt::Display for AllowedHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(scheme) = &self.scheme {
+            write!(f, "{scheme}://")?;
+        }
+        f.write_str(&self.host)?;
+        if let Some(port) = self.port {
+            write!(f, ":{port}")?;
+        }
+        Ok(())
+    }
+}
+
+fn default_port(scheme: &str) -> u16 {
+    if scheme == "http" { 80 } else { 443 }
+}
+
+/// Lowercase, without a trailing dot or IPv6 brackets, so `Mirror.Internal.`
+/// and `mirror.internal` are one host and `[::1]` matches `::1`.
+fn normalize_host(host: &str) -> String {
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .trim_end_matches('.')
+        .to_ascii_lowercase()
+}
+
+/// The hooks wasmtime calls for each outgoing request of one plugin call.
+pub(crate) struct HttpGate {
+    plugin: String,
+    allowed: Vec<AllowedHost>,
+}
+
+impl HttpGate {
+    pub(crate) fn new(plugin: &str, allowed: Vec<AllowedHost>) -> Self {
+        Self {
+            plugin: plugin.to_string(),
+            allowed,
+        }
+    }
+
+    fn permits(&self, uri: &http::Uri) -> bool {
+        let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
+        let Some(host) = uri.host() else {
+            return false;
+        };
+        let port = uri.port_u16().unwrap_or(default_port(&scheme));
+        let host = normalize_host(host);
+        self.allowed.iter().any(|a| a.allows(&scheme, &host, port))
+    }
+}
+
+type SendResult = wasmtime_wasi_http::Result<(
+    http::Response<WasiBody>,
+    Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+)>;
+
+impl WasiHttpHooks for HttpGate {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<wasmtime_wasi_http::RequestOptions>,
+        fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+    ) -> Box<dyn Future<Output = SendResult> + Send> {
+        if self.permits(request.uri()) {
+            tracing::debug!(plugin = %self.plugin, uri = %request.uri(), "outgoing request allowed");
+            return wasmtime_wasi_http::default_hooks().send_request(request, options, fut);
+        }
+        tracing::warn!(
+            plugin = %self.plugin,
+            uri = %request.uri(),
+            "outgoing request denied: the host is not in allowed_hosts of the plugin's manifest"
+        );
+        Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check(allowed: &[&str], uri: &str, expected: bool) {
+        let allowed = allowed.iter().map(|a| AllowedHost::parse(a).unwrap()).collect();
+        let gate = HttpGate::new("test", allowed);
+        assert_eq!(gate.permits(&uri.parse().unwrap()), expected, "{uri}");
+    }
+
+    #[test]
+    fn requests_pass_only_to_listed_scheme_host_and_port() {
+        check(&[], "http://anything/", false);
+        check(&["mirror.internal:8443"], "https://mirror.internal:8443/x", true);
+        check(&["mirror.internal:8443"], "http://mirror.internal:8443/x", true);
+        check(&["mirror.internal:8443"], "https://mirror.internal/x", false);
+        check(&["mirror.internal:8443"], "https://MIRROR.internal.:8443/x", true);
+        check(&["mirror.internal:8443"], "https://evil.internal:8443/x", false);
+        check(&["mirror.internal:8443"], "https://mirror.internal.evil.com:8443/", false);
+        check(&["mirror.internal"], "https://mirror.internal/x", true);
+        check(&["mirror.internal"], "http://mirror.internal/x", true);
+        check(&["mirror.internal"], "http://mirror.internal:8080/x", false);
+        check(&["https://mirror.internal"], "http://mirror.internal:443/x", false);
+        check(&["https://mirror.internal"], "https://mirror.internal/x", true);
+        check(&["127.0.0.1:9000"], "http://127.0.0.1:9000/", true);
+        check(&["127.0.0.1:9000"], "http://localhost:9000/", false);
+        check(&["127.0.0.1:9000"], "http://2130706433:9000/", false);
+        check(&["[::1]:9000"], "http://[::1]:9000/", true);
+        check(&["mirror.internal:8443"], "http://user@mirror.internal:8443/", true);
+    }
+
+    #[test]
+    fn bad_entries_are_refused_with_the_entry_named() {
+        for entry in ["", "ftp://x", "x/path", "*.example.com", "a b", "host:notaport", "u@host"] {
+            let err = AllowedHost::parse(entry).unwrap_err();
+            assert!(err.contains(&format!("{entry:?}")), "{err}");
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! What a plugin's `Store` holds for one call: the WASI context it was
+//! granted, the HTTP gate, its memory budget and where its reports go. The
+//! only file that implements wasmtime's view traits (they change between
+//! releases; wasmtime is pinned for that reason).
+
+use std::sync::Arc;
+
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use super::bindings::{Host, Level};
+use super::http_gate::HttpGate;
+use super::memory::MemoryBudget;
+use super::report::{GuestLevel, Reporter};
+
+pub(crate) struct State {
+    pub(crate) wasi: WasiCtx,
+    pub(crate) http: WasiHttpCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) gate: HttpGate,
+    pub(crate) memory: MemoryBudget,
+    pub(crate) reporter: Arc<dyn Reporter>,
+}
+
+impl WasiView for State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for State {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.gate,
+        }
+    }
+}
+
+impl Host for State {
+    fn log(&mut self, level: Level, message: String) {
+        let level = match level {
+            Level::Debug => GuestLevel::Debug,
+            Level::Info => GuestLevel::Info,
+            Level::Warn => GuestLevel::Warn,
+            Level::Error => GuestLevel::Error,
+        };
+        self.reporter.log(level, &message);
+    }
+
+    fn progress(&mut self, done: u64, total: u64, note: String) {
+        self.reporter.progress(done, total, &note);
+    }
+}
