@@ -1,0 +1,219 @@
+//! `misbehave`: a deployer for berth's sandbox tests that does whatever bad
+//! thing its `mode` option asks for.
+
+use std::fs::{self, File, OpenOptions};
+use std::hint::black_box;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use berth::deployer::host::{self, Level};
+use exports::berth::deployer::plugin::{DeployRequest, DeployResult, DeployerInfo, Guest};
+
+wit_bindgen::generate!({
+    world: "deployer",
+    path: "../../../wit",
+    generate_all,
+});
+
+const MODES: &[&str] = &[
+    "ok",
+    "write-model",
+    "read-outside",
+    "loop",
+    "memory-bomb",
+    "panic",
+    "bad-details",
+    "invalid-json-details",
+    "sleep",
+    "env",
+    "stdio",
+    "error",
+];
+
+const DEFAULT_SLEEP_MS: u64 = 1000;
+
+struct Misbehave;
+
+impl Guest for Misbehave {
+    fn describe() -> DeployerInfo {
+        DeployerInfo {
+            description: "Misbehaves on request (berth's sandbox tests)".to_string(),
+            options_schema: None,
+        }
+    }
+
+    fn check_options(options_json: String) -> Result<(), String> {
+        Options::parse(&options_json).map(|_| ())
+    }
+
+    fn deploy(request: DeployRequest) -> Result<DeployResult, String> {
+        let options = Options::parse(&request.options_json)?;
+        match options.mode.as_str() {
+            "write-model" => write_model(&request),
+            "read-outside" => Ok(details("read-outside", &read_outside())),
+            "loop" => spin(),
+            "memory-bomb" => hoard_memory(),
+            "panic" => panic!("deliberate panic from the misbehave plugin"),
+            "bad-details" => Ok(DeployResult {
+                ref_: "bad-details".to_string(),
+                details_json: "[1, 2, 3]".to_string(),
+            }),
+            "invalid-json-details" => Ok(DeployResult {
+                ref_: "invalid-json-details".to_string(),
+                details_json: "{not json".to_string(),
+            }),
+            "sleep" => {
+                std::thread::sleep(Duration::from_millis(options.sleep_ms));
+                ok(&request)
+            }
+            "env" => {
+                let env: Map<String, Value> = std::env::vars()
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect();
+                Ok(details("env", &json!({ "env": env })))
+            }
+            "stdio" => {
+                println!("hello from stdout");
+                eprintln!("hello from stderr");
+                for level in [Level::Debug, Level::Info, Level::Warn, Level::Error] {
+                    host::log(level, &format!("hello from host::log at {level:?}"));
+                }
+                host::progress(1, 2, "half");
+                ok(&request)
+            }
+            "error" => Err("the deployer said no".to_string()),
+            _ => ok(&request),
+        }
+    }
+}
+
+struct Options {
+    mode: String,
+    sleep_ms: u64,
+}
+
+impl Options {
+    fn parse(options_json: &str) -> Result<Self, String> {
+        let options: Value = serde_json::from_str(options_json)
+            .map_err(|e| format!("options are not valid JSON: {e}"))?;
+        let Value::Object(options) = options else {
+            return Err("options must be a JSON object".to_string());
+        };
+        let mode = match options.get("mode") {
+            None => "ok",
+            Some(Value::String(mode)) if MODES.contains(&mode.as_str()) => mode,
+            Some(other) => {
+                return Err(format!(
+                    "unknown mode {other}: expected one of {}",
+                    MODES.join(", ")
+                ));
+            }
+        };
+        let sleep_ms = match options.get("ms") {
+            None => DEFAULT_SLEEP_MS,
+            Some(ms) => ms
+                .as_u64()
+                .ok_or_else(|| format!("option \"ms\" must be a non-negative integer, not {ms}"))?,
+        };
+        Ok(Self {
+            mode: mode.to_string(),
+            sleep_ms,
+        })
+    }
+}
+
+fn details(reference: &str, details: &Value) -> DeployResult {
+    DeployResult {
+        ref_: reference.to_string(),
+        details_json: details.to_string(),
+    }
+}
+
+/// The well-behaved deployment the other modes fall back to.
+fn ok(request: &DeployRequest) -> Result<DeployResult, String> {
+    let path = Path::new(&request.out_dir).join("ok.txt");
+    fs::write(&path, "ok").map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(details(
+        "ok",
+        &json!({ "files": request.model.files.len(), "deploy_id": request.deploy_id }),
+    ))
+}
+
+/// Succeeds only if the read-only model directory refused both writes.
+fn write_model(request: &DeployRequest) -> Result<DeployResult, String> {
+    let dir = Path::new(&request.dir);
+    let create = File::create(dir.join("intruder.txt"));
+    let append = match request.model.files.first() {
+        Some(file) => OpenOptions::new()
+            .append(true)
+            .open(dir.join(&file.path))
+            .map(|_| ()),
+        None => return Err("write-model needs a model with at least one file".to_string()),
+    };
+    match (create, append) {
+        (Err(create), Err(append)) => Ok(details(
+            "write-model",
+            &json!({ "create_error": create.to_string(), "append_error": append.to_string() }),
+        )),
+        _ => Err("sandbox breach: wrote into the model directory".to_string()),
+    }
+}
+
+/// Reports what each escape attempt got; the host test judges the result.
+fn read_outside() -> Value {
+    let paths = [
+        "/etc/passwd",
+        "/model/../etc/passwd",
+        "/out/../etc/passwd",
+        "../../etc/hostname",
+    ];
+    let results: Map<String, Value> = paths
+        .iter()
+        .map(|path| {
+            let outcome = match fs::read(path) {
+                Ok(bytes) => format!("OK:{}", bytes.len()),
+                Err(e) => e.to_string(),
+            };
+            (path.to_string(), Value::String(outcome))
+        })
+        .collect();
+    let root_entries: Vec<Value> = match fs::read_dir("/") {
+        Ok(entries) => entries
+            .map(|entry| match entry {
+                Ok(entry) => entry.file_name().to_string_lossy().into_owned(),
+                Err(e) => format!("error: {e}"),
+            })
+            .map(Value::String)
+            .collect(),
+        Err(e) => vec![Value::String(format!("error: {e}"))],
+    };
+    json!({ "results": results, "root_entries": root_entries })
+}
+
+/// Burns CPU without ever calling the host, so only an epoch deadline stops it.
+fn spin() -> ! {
+    let mut counter = 0u64;
+    loop {
+        // black_box keeps the optimiser from proving the loop side-effect free.
+        counter = black_box(counter.wrapping_add(1));
+    }
+}
+
+/// Grows memory until the host's limit ends the guest.
+fn hoard_memory() -> ! {
+    const CHUNK: usize = 1 << 20;
+    const PAGE: usize = 4096;
+    let mut hoard: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut chunk = vec![0u8; CHUNK];
+        // Touch every page so the memory is really committed, not just reserved.
+        for offset in (0..CHUNK).step_by(PAGE) {
+            chunk[offset] = 1;
+        }
+        hoard.push(black_box(chunk));
+    }
+}
+
+export!(Misbehave);
