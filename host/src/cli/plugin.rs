@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Subcommand;
@@ -36,6 +37,12 @@ pub enum PluginCommand {
         /// under the system's temp dir).
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
+        /// Memory limit in MiB, instead of the manifest's or the default.
+        #[arg(long, value_name = "MIB")]
+        memory_mib: Option<u64>,
+        /// Time limit in seconds, instead of the manifest's or the default.
+        #[arg(long, value_name = "SECONDS")]
+        timeout_s: Option<u64>,
     },
 }
 
@@ -43,8 +50,9 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
     let runtime = Runtime::new(Limits::default(), None)?;
     match command {
         PluginCommand::Check { file } => check(&runtime, &file).await,
-        PluginCommand::Run { file, dir, options, out } => {
-            run_once(&runtime, &file, &dir, &options, out).await
+        PluginCommand::Run { file, dir, options, out, memory_mib, timeout_s } => {
+            let overrides = Overrides { memory_mib, timeout: timeout_s.map(Duration::from_secs) };
+            run_once(&runtime, &file, &dir, &options, out, overrides).await
         }
     }
 }
@@ -76,7 +84,10 @@ async fn check(runtime: &Runtime, file: &Path) -> anyhow::Result<ExitCode> {
             let env: Vec<_> = plugin.manifest.env.iter().map(|(k, _)| k.as_str()).collect();
             println!("env:         {}", if env.is_empty() { "none".into() } else { env.join(", ") });
             if let Some(schema) = &plugin.options_schema {
-                println!("options:     {schema}");
+                let compact = serde_json::from_str::<serde_json::Value>(schema)
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|_| schema.clone());
+                println!("options:     {compact}");
             }
             println!("ok");
             Ok(ExitCode::SUCCESS)
@@ -94,16 +105,19 @@ async fn run_once(
     dir: &Path,
     options: &str,
     out: Option<PathBuf>,
+    overrides: Overrides,
 ) -> anyhow::Result<ExitCode> {
     let name = plugin_name(file)?;
     let parsed: serde_json::Value =
         serde_json::from_str(options).context("--options is not valid JSON")?;
     anyhow::ensure!(parsed.is_object(), "--options must be a JSON object, like '{{\"level\": 9}}'");
 
-    let plugin = runtime
+    let mut plugin = runtime
         .load_file(file, name)
         .await
         .map_err(|reason| anyhow::anyhow!("{}: {reason}", file.display()))?;
+    plugin.limits.memory_mib = overrides.memory_mib.unwrap_or(plugin.limits.memory_mib);
+    plugin.limits.timeout = overrides.timeout.unwrap_or(plugin.limits.timeout);
     if let Err(e) = runtime.check_options(&plugin, options).await {
         println!("deployer {name} refused the options: {e}");
         return Ok(ExitCode::FAILURE);
@@ -148,6 +162,12 @@ async fn run_once(
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// Limits given on the command line win over the manifest's.
+struct Overrides {
+    memory_mib: Option<u64>,
+    timeout: Option<Duration>,
 }
 
 /// Describes every regular file under `dir` the way a registration would.

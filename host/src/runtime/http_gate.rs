@@ -43,6 +43,13 @@ impl AllowedHost {
         let authority: http::uri::Authority = rest
             .parse()
             .map_err(|_| format!("allowed host {entry:?}: not a valid host[:port]"))?;
+        let port_text = match rest.strip_prefix('[') {
+            Some(v6) => v6.split_once("]:").map(|(_, port)| port),
+            None => rest.rsplit_once(':').map(|(_, port)| port),
+        };
+        if port_text.is_some_and(|p| !p.parse::<u16>().is_ok_and(|p| p > 0)) {
+            return Err(format!("allowed host {entry:?}: the port must be a number from 1 to 65535"));
+        }
         Ok(Self {
             scheme,
             host: normalize_host(authority.host()),
@@ -170,7 +177,7 @@ mod tests {
     #[test]
     fn bad_entries_are_refused_with_the_entry_named() {
         for entry in ["", "ftp://x", "x/path", "*.example.com", "a b", "host:notaport", "u@host"] {
-            let err = AllowedHost::parse(entry).unwrap_err();
+            let err = AllowedHost::parse(entry).expect_err(entry);
             assert!(err.contains(&format!("{entry:?}")), "{err}");
         }
     }

@@ -431,7 +431,7 @@ fn classify(e: wasmtime::Error, out_of_memory: bool, plugin: &Plugin, limit: Dur
         return CallError::OutOfMemory { limit_mib: plugin.limits.memory_mib };
     }
     let trap = match e.downcast_ref::<Trap>() {
-        Some(trap) => format!("wasm trap: {trap}"),
+        Some(trap) => trap.to_string(),
         None => root_message(&e),
     };
     CallError::Crashed { trap, output: stderr.tail() }

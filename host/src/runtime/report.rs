@@ -48,16 +48,16 @@ impl Reporter for LogReporter {
     fn log(&self, level: GuestLevel, message: &str) {
         let (plugin, deploy_id) = (&self.plugin, self.deploy_id);
         match level {
-            GuestLevel::Debug => tracing::debug!(plugin, deploy_id, "{message}"),
-            GuestLevel::Info => tracing::info!(plugin, deploy_id, "{message}"),
-            GuestLevel::Warn => tracing::warn!(plugin, deploy_id, "{message}"),
-            GuestLevel::Error => tracing::error!(plugin, deploy_id, "{message}"),
+            GuestLevel::Debug => tracing::debug!(target: "berth::plugin", plugin, deploy_id, "{message}"),
+            GuestLevel::Info => tracing::info!(target: "berth::plugin", plugin, deploy_id, "{message}"),
+            GuestLevel::Warn => tracing::warn!(target: "berth::plugin", plugin, deploy_id, "{message}"),
+            GuestLevel::Error => tracing::error!(target: "berth::plugin", plugin, deploy_id, "{message}"),
         }
     }
 
     fn progress(&self, done: u64, total: u64, note: &str) {
         let (plugin, deploy_id) = (&self.plugin, self.deploy_id);
-        tracing::debug!(plugin, deploy_id, done, total, "progress: {note}");
+        tracing::debug!(target: "berth::plugin", plugin, deploy_id, done, total, "progress: {note}");
     }
 }
 
