@@ -1,1 +1,9 @@
+//! End-to-end tests: the real binary and the real runtime, real plugins
+//! built from `examples/` and `tests/plugins/` (run `scripts/build-plugins`
+//! first; `make test` does), a real file server on loopback, SQLite and a
+//! real PostgreSQL server (`BERTH_TEST_DATABASE_URL`, set by `make test`).
 
+mod support;
+
+mod api;
+mod deploy;

@@ -190,8 +190,11 @@ impl Fetcher {
         let mut stream = source::open(&self.client, &location).await?;
 
         let temp = TempFile::new(parent, &file.path);
-        let mut out = tokio::fs::File::create(&temp.path)
-            .await
+        // Created synchronously: an async create still running on the
+        // blocking pool when a cancelled download drops `temp` would leave
+        // the file behind.
+        let mut out = std::fs::File::create(&temp.path)
+            .map(tokio::fs::File::from_std)
             .map_err(|e| format!("cannot write {}: {e}", temp.path.display()))?;
         let mut hasher = Sha256::new();
         let mut received: u64 = 0;

@@ -79,16 +79,14 @@ pub(crate) async fn open(client: &reqwest::Client, location: &Location) -> Resul
     }
 }
 
-/// reqwest's Display hides the cause ("error sending request"); people
-/// need the cause ("connection refused").
+/// reqwest's own words ("error sending request for url …") hide the
+/// reason; the innermost cause ("Connection refused") is what people need.
 fn describe_reqwest(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        text = format!("{text}: {cause}");
-        source = cause.source();
+    let mut innermost: &dyn std::error::Error = e;
+    while let Some(cause) = innermost.source() {
+        innermost = cause;
     }
-    text
+    innermost.to_string()
 }
 
 #[cfg(test)]

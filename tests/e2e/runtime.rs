@@ -1,0 +1,650 @@
+//! The sandbox seen from outside: real deployer components on the real
+//! wasmtime runtime, through `berth::runtime`'s public API only. Every denial
+//! is followed by a good deployment on the same `Runtime`, because a fault
+//! that poisons the host would be worse than the fault itself. Never mocks
+//! the engine and never reads the runtime's private state.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use berth::model::{ModelFile, TrainedModel};
+use berth::runtime::{
+    CallError, CodeCache, DeployCall, Deployed, GuestLevel, Limits, LogReporter, Manifest, Origin,
+    Plugin, Reporter, Runtime,
+};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tempfile::TempDir;
+use tokio_util::sync::CancellationToken;
+
+/// No call in these tests should come near this: it turns a hang into a
+/// failure, it does not measure speed.
+const HANG_GUARD: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------
+// Sandbox denials (the misbehave plugin)
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn writing_into_the_model_directory_is_refused() {
+    let (runtime, plugin, model) = misbehave().await;
+    let before = tree(model.dir());
+
+    let (result, out) = deploy(&runtime, &plugin, &model, 7, json!({"mode": "write-model"})).await;
+
+    // The plugin succeeds only when both writes failed inside the guest.
+    let deployed = result.expect("write-model reports a breach by failing");
+    for key in ["create_error", "append_error"] {
+        let error = deployed.details[key].as_str().unwrap_or_default();
+        assert!(!error.is_empty(), "{key} should hold the guest's error: {:?}", deployed.details);
+    }
+    assert!(!model.dir().join("intruder.txt").exists(), "a file appeared in the model directory");
+    assert_eq!(tree(model.dir()), before, "the model directory changed");
+    assert!(tree(out.path()).is_empty(), "write-model writes nothing to the out-dir");
+
+    assert_still_deploys(&runtime, &plugin, &model).await;
+}
+
+#[tokio::test]
+async fn nothing_outside_the_preopens_can_be_read() {
+    let (runtime, plugin, model) = misbehave().await;
+
+    let (result, _out) = deploy(&runtime, &plugin, &model, 7, json!({"mode": "read-outside"})).await;
+
+    let deployed = result.expect("read-outside reports what it saw");
+    let results = deployed.details["results"].as_object().expect("results is an object");
+    assert_eq!(results.len(), 4, "{results:?}");
+    for (path, outcome) in results {
+        let outcome = outcome.as_str().unwrap_or_default();
+        assert!(!outcome.is_empty() && !outcome.starts_with("OK:"), "{path} was readable: {outcome}");
+    }
+    // Listing the guest's "/" shows at most the two mounts, never the host's root.
+    for entry in deployed.details["root_entries"].as_array().expect("root_entries is a list") {
+        let entry = entry.as_str().unwrap_or_default();
+        assert!(
+            entry.starts_with("error:") || ["model", "out"].contains(&entry),
+            "the guest's / lists {entry:?}: {}",
+            deployed.details["root_entries"]
+        );
+    }
+    let seen = Value::Object(deployed.details).to_string();
+    let passwd = std::fs::read_to_string("/etc/passwd").expect("the host has an /etc/passwd");
+    for line in passwd.lines().filter(|line| !line.is_empty()) {
+        assert!(!seen.contains(line), "/etc/passwd leaked into the details: {line}");
+    }
+
+    assert_still_deploys(&runtime, &plugin, &model).await;
+}
+
+#[tokio::test]
+async fn an_endless_loop_is_stopped_at_its_deadline() {
+    let (runtime, mut plugin, model) = misbehave().await;
+    plugin.limits.timeout = Duration::from_secs(1);
+
+    let started = Instant::now();
+    let (result, _out) = deploy(&runtime, &plugin, &model, 7, json!({"mode": "loop"})).await;
+
+    let limit = Duration::from_secs(1);
+    assert_eq!(expect_failure(result), CallError::TimedOut { limit });
+    assert!(started.elapsed() >= limit, "stopped before its deadline: {:?}", started.elapsed());
+    assert_still_deploys(&runtime, &plugin, &model).await;
+}
+
+#[tokio::test]
+async fn a_guest_blocked_in_a_host_call_is_stopped_at_its_deadline() {
+    let (runtime, mut plugin, model) = misbehave().await;
+    plugin.limits.timeout = Duration::from_secs(1);
+
+    // Asleep inside wasi's poll: the epoch deadline cannot reach it there.
+    let started = Instant::now();
+    let (result, _out) = deploy(&runtime, &plugin, &model, 7, json!({"mode": "sleep", "ms": 60_000})).await;
+
+    let limit = Duration::from_secs(1);
+    assert_eq!(expect_failure(result), CallError::TimedOut { limit });
+    assert!(started.elapsed() >= limit, "stopped before its deadline: {:?}", started.elapsed());
+    assert_still_deploys(&runtime, &plugin, &model).await;
+}
+
+#[tokio::test]
+async fn a_memory_bomb_is_stopped_at_its_limit() {
+    let (runtime, mut plugin, model) = misbehave().await;
+    plugin.limits.memory_mib = 64;
+
+    let (result, _out) = deploy(&runtime, &plugin, &model, 7, json!({"mode": "memory-bomb"})).await;
+
+    let error = expect_failure(result);
+    assert_eq!(error, CallError::OutOfMemory { limit_mib: 64 });
+    assert!(error.to_string().contains("64 MiB"), "{error}");
+    assert_still_deploys(&runtime, &plugin, &model).await;
+}
+
+#[tokio::test]
+async fn a_panic_is_a_crash_that_quotes_the_guests_stderr() {
+    let (runtime, plugin, model) = misbehave().await;
+
+    let (result, _out) = deploy(&runtime, &plugin, &model, 7, json!({"mode": "panic"})).await;
+
+    match expect_failure(result) {
+        error @ CallError::Crashed { .. } => {
+            let CallError::Crashed { output, .. } = &error else { unreachable!() };
+            assert!(output.contains("deliberate panic from the misbehave plugin"), "{output}");
+            assert!(error.to_string().contains("deliberate panic"), "the message people read: {error}");
+        }
+        other => panic!("expected a crash, got {other:?}"),
+    }
+    assert_still_deploys(&runtime, &plugin, &model).await;
+}
+
+#[tokio::test]
+async fn details_that_are_not_a_json_object_fail_the_deployment() {
+    let (runtime, plugin, model) = misbehave().await;
+    let cases = [
+        ("bad-details", "returned details-json that is not a JSON object: [1,2,3]"),
+        ("invalid-json-details", "returned details-json that is not valid JSON"),
+    ];
+    for (mode, expected) in cases {
+        let (result, _out) = deploy(&runtime, &plugin, &model, 7, json!({"mode": mode})).await;
+        match expect_failure(result) {
+            CallError::BadResult(message) => assert!(message.starts_with(expected), "{mode}: {message}"),
+            other => panic!("{mode}: expected BadResult, got {other:?}"),
+        }
+    }
+    assert_still_deploys(&runtime, &plugin, &model).await;
+}
+
+#[tokio::test]
+async fn the_deployers_own_error_is_passed_on_verbatim() {
+    let (runtime, plugin, model) = misbehave().await;
+
+    let (result, _out) = deploy(&runtime, &plugin, &model, 7, json!({"mode": "error"})).await;
+
+    assert_eq!(expect_failure(result), CallError::Refused("the deployer said no".into()));
+    assert_still_deploys(&runtime, &plugin, &model).await;
+}
+
+#[tokio::test]
+async fn check_options_passes_the_plugins_verdict_on() {
+    let (runtime, plugin, model) = misbehave().await;
+
+    runtime.check_options(&plugin, r#"{"mode": "loop"}"#).await.expect("a known mode is accepted");
+    match runtime.check_options(&plugin, r#"{"mode": "fly"}"#).await {
+        Err(CallError::Refused(reason)) => assert!(reason.contains("unknown mode \"fly\""), "{reason}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_still_deploys(&runtime, &plugin, &model).await;
+}
+
+#[tokio::test]
+async fn the_environment_is_empty_unless_the_manifest_grants_variables() {
+    let runtime = runtime();
+    let model = small_model();
+    let wasm = std::fs::read(test_plugin("misbehave")).unwrap();
+
+    let bare = load_bytes(&runtime, "misbehave", wasm.clone(), Manifest::default()).await;
+    let (result, _out) = deploy(&runtime, &bare, &model, 7, json!({"mode": "env"})).await;
+    assert_eq!(result.expect("env mode succeeds").details["env"], json!({}));
+
+    let manifest = Manifest {
+        env: vec![
+            ("MIRROR_TOKEN".into(), "s3cret".into()),
+            ("REGION".into(), "eu-west".into()),
+        ],
+        ..Manifest::default()
+    };
+    let granted = load_bytes(&runtime, "misbehave", wasm, manifest).await;
+    let (result, _out) = deploy(&runtime, &granted, &model, 8, json!({"mode": "env"})).await;
+    assert_eq!(
+        result.expect("env mode succeeds").details["env"],
+        json!({"MIRROR_TOKEN": "s3cret", "REGION": "eu-west"})
+    );
+
+    assert_still_deploys(&runtime, &bare, &model).await;
+}
+
+#[tokio::test]
+async fn cancelling_stops_a_running_deployment_promptly() {
+    let (runtime, plugin, model) = misbehave().await;
+    assert!(plugin.limits.timeout >= Duration::from_secs(60), "the deadline must not be what stops it");
+    let out = TempDir::new().unwrap();
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        trigger.cancel();
+    });
+
+    let call = deploy_call(&model, out.path(), 7, r#"{"mode": "loop"}"#);
+    let result = tokio::time::timeout(HANG_GUARD, runtime.deploy(&plugin, call, log_reporter(7), &cancel))
+        .await
+        .expect("a cancelled deployment hangs");
+
+    assert_eq!(expect_failure(result), CallError::Cancelled);
+    assert_still_deploys(&runtime, &plugin, &model).await;
+}
+
+#[tokio::test]
+async fn stdout_stderr_logs_and_progress_reach_the_reporter() {
+    let (runtime, plugin, model) = misbehave().await;
+    let out = TempDir::new().unwrap();
+    let transcript = Arc::new(Transcript::default());
+
+    let call = deploy_call(&model, out.path(), 7, r#"{"mode": "stdio"}"#);
+    let result = tokio::time::timeout(
+        HANG_GUARD,
+        runtime.deploy(&plugin, call, transcript.clone(), &CancellationToken::new()),
+    )
+    .await
+    .expect("deployment hangs");
+
+    result.expect("stdio mode succeeds");
+    let lines = transcript.lines.lock().unwrap().clone();
+    let expected = [
+        (GuestLevel::Info, "hello from stdout"),
+        (GuestLevel::Warn, "hello from stderr"),
+        (GuestLevel::Debug, "hello from host::log at Debug"),
+        (GuestLevel::Info, "hello from host::log at Info"),
+        (GuestLevel::Warn, "hello from host::log at Warn"),
+        (GuestLevel::Error, "hello from host::log at Error"),
+    ]
+    .map(|(level, line)| (level, line.to_string()));
+    assert_eq!(lines, expected);
+    assert_eq!(*transcript.progress.lock().unwrap(), [(1, 2, "half".to_string())]);
+}
+
+// ---------------------------------------------------------------------------
+// The plugins folder
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_plugins_folder_loads_the_good_file_and_says_why_not_for_each_other() {
+    let folder = TempDir::new().unwrap();
+    let archive = std::fs::read(archive_wasm()).unwrap();
+    let put = |name: &str, bytes: &[u8]| std::fs::write(folder.path().join(name), bytes).unwrap();
+    put("archive.wasm", &archive);
+    put("corrupt.wasm", &noise(1, 4096));
+    put("truncated.wasm", &archive[..archive.len() / 2]);
+    put("core.wasm", b"\0asm\x01\0\0\0");
+    put("other.wasm", &std::fs::read(test_plugin("other-world")).unwrap());
+    put("future.wasm", &std::fs::read(test_plugin("future-version")).unwrap());
+    put("bad name.wasm", &archive);
+    put("-dash.wasm", &archive);
+    put("orphan.toml", b"description = \"no plugin beside me\"\n");
+    put("withbadmanifest.wasm", &archive);
+    put("withbadmanifest.toml", b"colour = \"blue\"\n");
+
+    let set = runtime().load_dir(folder.path(), 100).await;
+
+    assert_eq!(set.deployers.keys().collect::<Vec<_>>(), ["archive"], "rejected: {:#?}", set.rejected);
+    assert_eq!(set.deployers["archive"].name, "archive");
+    let expected = [
+        ("-dash.wasm", "name \"-dash\" must start with a letter or digit"),
+        ("bad name.wasm", "name \"bad name\" contains ' '"),
+        ("core.wasm", "is a core WebAssembly module, not a component"),
+        ("corrupt.wasm", "is not a WebAssembly file"),
+        ("future.wasm", "built for berth:deployer@0.2.0 but this server speaks 0.1.0"),
+        ("orphan.toml", "a manifest without a plugin: there is no orphan.wasm beside it"),
+        ("other.wasm", "exports no berth:deployer/plugin@0.1.0 interface"),
+        ("truncated.wasm", "is not a valid component"),
+        ("withbadmanifest.wasm", "manifest withbadmanifest.toml: unknown field `colour`"),
+    ];
+    let rejected: BTreeMap<&str, &str> =
+        set.rejected.iter().map(|r| (r.file.as_str(), r.reason.as_str())).collect();
+    assert_eq!(rejected.len(), set.rejected.len(), "a file was rejected twice: {:#?}", set.rejected);
+    assert_eq!(
+        rejected.keys().copied().collect::<Vec<_>>(),
+        expected.map(|(file, _)| file),
+        "{:#?}",
+        set.rejected
+    );
+    for (file, reason) in expected {
+        assert!(rejected[file].contains(reason), "{file}: expected {reason:?} in {:?}", rejected[file]);
+    }
+}
+
+#[tokio::test]
+async fn a_plugins_folder_loads_at_most_max_deployers() {
+    let folder = TempDir::new().unwrap();
+    let archive = std::fs::read(archive_wasm()).unwrap();
+    for name in ["first", "second", "third"] {
+        std::fs::write(folder.path().join(format!("{name}.wasm")), &archive).unwrap();
+    }
+
+    let set = runtime().load_dir(folder.path(), 2).await;
+
+    assert_eq!(set.deployers.keys().collect::<Vec<_>>(), ["first", "second"]);
+    assert_eq!(set.rejected.len(), 1, "{:#?}", set.rejected);
+    assert_eq!(set.rejected[0].file, "third.wasm");
+    assert!(set.rejected[0].reason.contains("too many deployers"), "{}", set.rejected[0].reason);
+    assert!(set.rejected[0].reason.contains("at most 2"), "{}", set.rejected[0].reason);
+}
+
+// ---------------------------------------------------------------------------
+// The compiled-code cache
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn compiled_code_is_cached_and_a_damaged_entry_is_rebuilt() {
+    let cache_dir = TempDir::new().unwrap();
+    let cached_runtime = || Runtime::new(Limits::default(), Some(CodeCache::new(cache_dir.path()))).unwrap();
+    let model = small_model();
+
+    let first = load(&cached_runtime(), &archive_wasm()).await;
+    assert_eq!(first.origin, Origin::Compiled);
+    let entry = only_entry(cache_dir.path(), "cwasm");
+
+    let runtime = cached_runtime();
+    let second = load(&runtime, &archive_wasm()).await;
+    assert_eq!(second.origin, Origin::Cached);
+    assert_eq!(second.sha256, first.sha256);
+    assert_archive_deploys(&runtime, &second, &model).await;
+
+    // Flip bytes in the middle of the compiled code: it must never be loaded.
+    let mut bytes = std::fs::read(&entry).unwrap();
+    let middle = bytes.len() / 2;
+    for byte in &mut bytes[middle..middle + 64] {
+        *byte = !*byte;
+    }
+    std::fs::write(&entry, &bytes).unwrap();
+
+    let runtime = cached_runtime();
+    let rebuilt = load(&runtime, &archive_wasm()).await;
+    assert_eq!(rebuilt.origin, Origin::Compiled, "a damaged cache entry was used");
+    assert_archive_deploys(&runtime, &rebuilt, &model).await;
+
+    let runtime = cached_runtime();
+    assert_eq!(load(&runtime, &archive_wasm()).await.origin, Origin::Cached, "the rebuilt entry was not stored");
+}
+
+// ---------------------------------------------------------------------------
+// Concurrency
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_simultaneous_deployments_each_produce_a_correct_archive() {
+    let runtime = Arc::new(runtime());
+    let plugin = Arc::new(load(&runtime, &archive_wasm()).await);
+    let model = Arc::new(archive_model());
+
+    let tasks: Vec<_> = (1..=20)
+        .map(|deploy_id| {
+            let (runtime, plugin, model) = (runtime.clone(), plugin.clone(), model.clone());
+            tokio::spawn(async move {
+                let (result, out) = deploy(&runtime, &plugin, &model, deploy_id, json!({"level": 1})).await;
+                (deploy_id, result, out)
+            })
+        })
+        .collect();
+
+    for task in tasks {
+        let (deploy_id, result, out) = task.await.expect("deployment task panicked");
+        let deployed = result.unwrap_or_else(|e| panic!("deployment {deploy_id} failed: {e}"));
+        assert_archive(&deployed, out.path(), &model, deploy_id);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Fixtures
+// ---------------------------------------------------------------------------
+
+/// A file of the repository's build output, or a panic saying how to make it.
+fn built(relative: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(relative);
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/build-plugins first (make test does)",
+        path.display()
+    );
+    path
+}
+
+fn archive_wasm() -> PathBuf {
+    built("plugins/archive.wasm")
+}
+
+fn test_plugin(name: &str) -> PathBuf {
+    built(&format!("target/test-plugins/{name}.wasm"))
+}
+
+fn runtime() -> Runtime {
+    Runtime::new(Limits::default(), None).expect("the runtime starts")
+}
+
+async fn load(runtime: &Runtime, path: &Path) -> Plugin {
+    let name = path.file_stem().and_then(|s| s.to_str()).expect("a UTF-8 file name");
+    runtime
+        .load_file(path, name)
+        .await
+        .unwrap_or_else(|reason| panic!("{} does not load: {reason}", path.display()))
+}
+
+async fn load_bytes(runtime: &Runtime, name: &str, wasm: Vec<u8>, manifest: Manifest) -> Plugin {
+    runtime
+        .load(name, wasm, manifest)
+        .await
+        .unwrap_or_else(|reason| panic!("{name} does not load: {reason}"))
+}
+
+/// A fresh runtime, the misbehave plugin with the server's default limits,
+/// and a small model.
+async fn misbehave() -> (Runtime, Plugin, ModelOnDisk) {
+    let runtime = runtime();
+    let plugin = load(&runtime, &test_plugin("misbehave")).await;
+    (runtime, plugin, small_model())
+}
+
+/// A model's verified directory and its record, as `fetch` hands them over.
+struct ModelOnDisk {
+    dir: TempDir,
+    model: TrainedModel,
+}
+
+impl ModelOnDisk {
+    fn new(job_id: &str, files: &[(&str, Vec<u8>)]) -> Self {
+        let dir = TempDir::new().unwrap();
+        let mut records = Vec::new();
+        for (path, bytes) in files {
+            let host_path = dir.path().join(path);
+            std::fs::create_dir_all(host_path.parent().unwrap()).unwrap();
+            std::fs::write(&host_path, bytes).unwrap();
+            records.push(ModelFile {
+                path: path.to_string(),
+                size_bytes: bytes.len() as u64,
+                sha256: Some(sha256_hex(bytes)),
+            });
+        }
+        let model = TrainedModel {
+            id: 1,
+            name: job_id.to_string(),
+            job_id: job_id.to_string(),
+            base_model: "meta-llama/Llama-3.1-8B".into(),
+            model_size: "8B".into(),
+            dataset: "support-tickets".into(),
+            num_examples: 1000,
+            num_train_steps: 250,
+            final_loss: Some(0.42),
+            params_json: r#"{"lr": 0.0002}"#.into(),
+            source: "http://127.0.0.1:1/{job_id}/{path}".into(),
+            files: records,
+            created_at: "2026-11-29T00:00:00Z".into(),
+        };
+        Self { dir, model }
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn small_model() -> ModelOnDisk {
+    ModelOnDisk::new(
+        "small-lora",
+        &[("adapter_config.json", br#"{"r": 8}"#.to_vec()), ("adapter_model.safetensors", noise(2, 4096))],
+    )
+}
+
+/// Nested directories, an empty file and incompressible bytes.
+fn archive_model() -> ModelOnDisk {
+    ModelOnDisk::new(
+        "support-bot-lora",
+        &[
+            ("adapter_config.json", br#"{"r": 16, "alpha": 32}"#.to_vec()),
+            ("adapter/adapter_model.safetensors", noise(3, 256 * 1024)),
+            ("tokenizer/nested/deeper/tokenizer.json", b"{\"vocab\": {}}".to_vec()),
+            ("tokenizer/empty.txt", Vec::new()),
+        ],
+    )
+}
+
+fn deploy_call<'a>(model: &'a ModelOnDisk, out_dir: &'a Path, deploy_id: i64, options: &'a str) -> DeployCall<'a> {
+    DeployCall { deploy_id, model: &model.model, model_dir: model.dir(), out_dir, options_json: options }
+}
+
+fn log_reporter(deploy_id: i64) -> Arc<dyn Reporter> {
+    Arc::new(LogReporter { plugin: "test".into(), deploy_id: Some(deploy_id) })
+}
+
+/// Runs one deployment into a fresh out-dir, which it returns for inspection.
+async fn deploy(
+    runtime: &Runtime,
+    plugin: &Plugin,
+    model: &ModelOnDisk,
+    deploy_id: i64,
+    options: Value,
+) -> (Result<Deployed, CallError>, TempDir) {
+    let out = TempDir::new().unwrap();
+    let options = options.to_string();
+    let call = deploy_call(model, out.path(), deploy_id, &options);
+    let cancel = CancellationToken::new();
+    let result = tokio::time::timeout(HANG_GUARD, runtime.deploy(plugin, call, log_reporter(deploy_id), &cancel))
+        .await
+        .unwrap_or_else(|_| panic!("deployment {deploy_id} ({options}) hangs"));
+    (result, out)
+}
+
+#[track_caller]
+fn expect_failure(result: Result<Deployed, CallError>) -> CallError {
+    match result {
+        Ok(deployed) => panic!("expected the deployment to fail, it returned {deployed:?}"),
+        Err(error) => error,
+    }
+}
+
+/// Proves the runtime (and this plugin's pre-instance) survived whatever the
+/// previous call did: misbehave's `ok` mode deploys normally.
+async fn assert_still_deploys(runtime: &Runtime, plugin: &Plugin, model: &ModelOnDisk) {
+    let (result, out) = deploy(runtime, plugin, model, 99, json!({"mode": "ok"})).await;
+    let deployed = result.unwrap_or_else(|e| panic!("a good deployment after the fault failed: {e}"));
+    assert_eq!(deployed.reference, "ok");
+    assert_eq!(Value::Object(deployed.details), json!({"files": model.model.files.len(), "deploy_id": 99}));
+    assert_eq!(tree(out.path()), BTreeMap::from([("ok.txt".to_string(), b"ok".to_vec())]));
+}
+
+async fn assert_archive_deploys(runtime: &Runtime, plugin: &Plugin, model: &ModelOnDisk) {
+    let (result, out) = deploy(runtime, plugin, model, 5, json!({})).await;
+    let deployed = result.unwrap_or_else(|e| panic!("archive failed: {e}"));
+    assert_archive(&deployed, out.path(), model, 5);
+}
+
+/// The out-dir holds exactly one archive, named by the ref, whose entries
+/// are the model's files byte for byte and whose size and hash the details
+/// report.
+#[track_caller]
+fn assert_archive(deployed: &Deployed, out_dir: &Path, model: &ModelOnDisk, deploy_id: i64) {
+    let name = format!("{}-{deploy_id}.tar.gz", model.model.job_id);
+    assert_eq!(deployed.reference, format!("/out/{name}"));
+    let out = tree(out_dir);
+    assert_eq!(out.keys().collect::<Vec<_>>(), [&name], "deployment {deploy_id}");
+    let archive = &out[&name];
+    let details = Value::Object(deployed.details.clone());
+    assert_eq!(
+        details,
+        json!({"files": model.model.files.len(), "bytes": archive.len(), "sha256": sha256_hex(archive)}),
+        "deployment {deploy_id}"
+    );
+    assert_eq!(unpack(archive), tree(model.dir()), "deployment {deploy_id}: archive contents");
+}
+
+/// A `.tar.gz`'s regular files by path.
+#[track_caller]
+fn unpack(archive: &[u8]) -> BTreeMap<String, Vec<u8>> {
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(archive));
+    let mut files = BTreeMap::new();
+    for entry in tar.entries().expect("a tar stream") {
+        let mut entry = entry.expect("a tar entry");
+        assert_eq!(entry.header().entry_type(), tar::EntryType::Regular, "only regular files");
+        let path = entry.path().unwrap().to_string_lossy().into_owned();
+        let mut bytes = Vec::new();
+        entry.read_to_end(&mut bytes).unwrap();
+        assert!(files.insert(path.clone(), bytes).is_none(), "{path} is in the archive twice");
+    }
+    files
+}
+
+/// Every regular file under `dir`, by `/`-separated relative path.
+fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, files: &mut BTreeMap<String, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(root, &path, files);
+            } else {
+                let relative = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+                files.insert(relative, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut files = BTreeMap::new();
+    walk(dir, dir, &mut files);
+    files
+}
+
+/// The only file under `dir` with this extension.
+#[track_caller]
+fn only_entry(dir: &Path, extension: &str) -> PathBuf {
+    let found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == extension))
+        .collect();
+    assert_eq!(found.len(), 1, "expected one .{extension} in {}: {found:?}", dir.display());
+    found.into_iter().next().unwrap()
+}
+
+/// Deterministic incompressible bytes that never start with `\0asm`.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut bytes: Vec<u8> = (0..len)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) as u8
+        })
+        .collect();
+    if let Some(first) = bytes.first_mut() {
+        *first |= 1;
+    }
+    bytes
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Records everything a plugin call reports, in order.
+#[derive(Default)]
+struct Transcript {
+    lines: Mutex<Vec<(GuestLevel, String)>>,
+    progress: Mutex<Vec<(u64, u64, String)>>,
+}
+
+impl Reporter for Transcript {
+    fn log(&self, level: GuestLevel, message: &str) {
+        self.lines.lock().unwrap().push((level, message.to_string()));
+    }
+
+    fn progress(&self, done: u64, total: u64, note: &str) {
+        self.progress.lock().unwrap().push((done, total, note.to_string()));
+    }
+}

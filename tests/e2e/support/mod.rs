@@ -1,0 +1,99 @@
+//! Shared fixtures: built plugins, a loopback file server, a berth server.
+
+pub mod files;
+pub mod plugins;
+pub mod server;
+
+use sha2::{Digest, Sha256};
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Deterministic pseudo-random bytes, so a failure reproduces.
+pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) as u8
+        })
+        .collect()
+}
+
+/// Runs each listed `async fn name(backend: Backend)` once on SQLite and
+/// once on PostgreSQL, as `sqlite::name` and `postgres::name`.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::support::server::Backend::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::support::server::Backend::Postgres).await
+                }
+            )*
+        }
+    };
+}
+pub(crate) use on_both_backends;
+
+/// A model of a few files served by `files`: returns its registration.
+pub fn model(files: &files::FileServer, job_id: &str, contents: &[(&str, Vec<u8>)]) -> serde_json::Value {
+    let mut listed = Vec::new();
+    for (path, bytes) in contents {
+        files.put(job_id, path, bytes.clone());
+        listed.push(serde_json::json!({
+            "path": path,
+            "size_bytes": bytes.len(),
+            "sha256": sha256_hex(bytes),
+        }));
+    }
+    serde_json::json!({
+        "name": format!("{job_id} adapter"),
+        "job_id": job_id,
+        "base_model": "meta-llama/Llama-3.1-8B",
+        "model_size": "8B",
+        "dataset": "support-tickets",
+        "num_examples": 1200,
+        "num_train_steps": 300,
+        "final_loss": 0.42,
+        "params": { "lr": 0.0002, "rank": 16 },
+        "source": files.source(),
+        "files": listed,
+    })
+}
+
+/// Three files, one nested, one of a couple of MiB.
+pub fn adapter_files() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("adapter_config.json", br#"{"r": 16, "lora_alpha": 32}"#.to_vec()),
+        ("adapter_model.safetensors", bytes(1, 2 * 1024 * 1024 + 17)),
+        ("tokenizer/tokenizer.json", bytes(2, 10_000)),
+    ]
+}
+
+/// Paths under `dir` (relative), sorted: what is on disk.
+pub fn files_under(dir: &std::path::Path) -> Vec<String> {
+    fn walk(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                out.push(path.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}

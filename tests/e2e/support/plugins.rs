@@ -1,0 +1,29 @@
+//! Where the project's build put the plugins.
+
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[track_caller]
+fn existing(path: PathBuf) -> PathBuf {
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/build-plugins first (make test does)",
+        path.display()
+    );
+    path
+}
+
+/// An example deployer from `plugins/`.
+#[track_caller]
+pub fn example(name: &str) -> PathBuf {
+    existing(root().join("plugins").join(format!("{name}.wasm")))
+}
+
+/// A test plugin from `target/test-plugins/`.
+#[track_caller]
+pub fn test_plugin(name: &str) -> PathBuf {
+    existing(root().join("target/test-plugins").join(format!("{name}.wasm")))
+}

@@ -1,0 +1,199 @@
+//! A real `berth serve` process on loopback, on SQLite or on a fresh
+//! database of the PostgreSQL server named by `BERTH_TEST_DATABASE_URL`.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use super::plugins;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+pub struct Berth {
+    pub url: String,
+    pub data_dir: PathBuf,
+    pub plugins_dir: PathBuf,
+    database_url: String,
+    extra_args: Vec<String>,
+    child: Child,
+    log: Arc<Mutex<String>>,
+    _temp: Arc<tempfile::TempDir>,
+    client: reqwest::Client,
+}
+
+impl Berth {
+    /// A server with the `archive` example and the `misbehave` test plugin.
+    pub async fn start(backend: Backend) -> Self {
+        Self::start_with(backend, &[]).await
+    }
+
+    pub async fn start_with(backend: Backend, extra_args: &[&str]) -> Self {
+        let temp = Arc::new(tempfile::tempdir().unwrap());
+        let data_dir = temp.path().join("data");
+        let plugins_dir = temp.path().join("plugins");
+        std::fs::create_dir_all(&plugins_dir).unwrap();
+        std::fs::copy(plugins::example("archive"), plugins_dir.join("archive.wasm")).unwrap();
+        std::fs::copy(plugins::test_plugin("misbehave"), plugins_dir.join("misbehave.wasm")).unwrap();
+        let database_url = match backend {
+            Backend::Sqlite => format!("sqlite://{}", data_dir.join("berth.db").display()),
+            Backend::Postgres => fresh_postgres_database().await,
+        };
+        let extra_args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
+        let (child, url, log) = spawn(&data_dir, &plugins_dir, &database_url, &extra_args, None);
+        Self {
+            url,
+            data_dir,
+            plugins_dir,
+            database_url,
+            extra_args,
+            child,
+            log,
+            _temp: temp,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    /// Stops the process the hard way: no shutdown code runs.
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Starts the server again on the same data, database and port.
+    pub fn restart(&mut self) {
+        let port = self.url.rsplit(':').next().unwrap().to_string();
+        let (child, url, log) = spawn(&self.data_dir, &self.plugins_dir, &self.database_url, &self.extra_args, Some(&port));
+        self.child = child;
+        self.url = url;
+        self.log = log;
+    }
+
+    /// Everything the server logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let response = self.client.get(format!("{}{path}", self.url)).send().await.unwrap();
+        answer(response).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let response = self.client.post(format!("{}{path}", self.url)).json(body).send().await.unwrap();
+        answer(response).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        let response = self.client.delete(format!("{}{path}", self.url)).send().await.unwrap();
+        answer(response).await
+    }
+
+    /// Registers a model and returns its id, asserting success.
+    pub async fn register(&self, model: &Value) -> i64 {
+        let (status, body) = self.post("/v1/models", model).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["id"].as_i64().unwrap()
+    }
+
+    pub async fn deploy(&self, model_id: i64, deployer: &str, options: Value) -> (StatusCode, Value) {
+        let body = serde_json::json!({ "deployer": deployer, "options": options });
+        self.post(&format!("/v1/models/{model_id}/deployments"), &body).await
+    }
+
+    /// The model's directory on the server's disk.
+    pub fn model_dir(&self, job_id: &str) -> PathBuf {
+        self.data_dir.join("models").join(job_id)
+    }
+}
+
+impl Drop for Berth {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn answer(response: reqwest::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, body)
+}
+
+/// Starts `berth serve` and waits until it listens; its stderr is kept.
+fn spawn(
+    data_dir: &Path,
+    plugins_dir: &Path,
+    database_url: &str,
+    extra_args: &[String],
+    port: Option<&str>,
+) -> (Child, String, Arc<Mutex<String>>) {
+    let listen = format!("127.0.0.1:{}", port.unwrap_or("0"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["serve", "--listen", &listen, "--data-dir"])
+        .arg(data_dir)
+        .arg("--plugins-dir")
+        .arg(plugins_dir)
+        .args(["--database-url", database_url])
+        .args(extra_args)
+        .env("BERTH_LOG", "info,berth=debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the berth binary");
+    let log = Arc::new(Mutex::new(String::new()));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(at) = line.find("berth is listening on ") {
+                let _ = ready_tx.send(line[at + "berth is listening on ".len()..].trim().to_string());
+            }
+            let mut log = sink.lock().unwrap();
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    match ready_rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(url) => (child, url, log),
+        Err(_) => {
+            let _ = child.kill();
+            panic!("berth did not start listening; its log:\n{}", log.lock().unwrap());
+        }
+    }
+}
+
+async fn fresh_postgres_database() -> String {
+    use sqlx::Connection;
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let admin = std::env::var("BERTH_TEST_DATABASE_URL").expect(
+        "BERTH_TEST_DATABASE_URL is not set: run `make test`, or point it at a PostgreSQL server \
+         (scripts/pg-test-server starts one)",
+    );
+    let name = format!(
+        "berth_{}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos()
+    );
+    let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connecting to BERTH_TEST_DATABASE_URL");
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.unwrap();
+    let mut url = url::Url::parse(&admin).unwrap();
+    url.set_path(&name);
+    url.to_string()
+}
