@@ -2,11 +2,10 @@
 # scripts/setup installs toolchains, scripts/pg-test-server provides PostgreSQL.
 .PHONY: run test lint plugins
 
-# Placeholder: to be refined.
+# The main job: build everything, serve on SQLite with the example
+# deployers and a registered sample model (scripts/demo prints the curl).
 run:
-	scripts/setup
-	scripts/build-plugins
-	cargo run --release -- serve
+	scripts/demo
 
 # Host tests (guest crates are not default workspace members). The test
 # database URL comes from scripts/pg-test-server (or BERTH_TEST_DATABASE_URL).

@@ -46,7 +46,12 @@ pub struct ServeArgs {
     fetch_timeout_s: u64,
 }
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+    // Recorded paths (a deployment's dir and out_dir) must not depend on the
+    // working directory of whoever reads them.
+    args.data_dir = std::path::absolute(&args.data_dir)?;
+    args.plugins_dir = std::path::absolute(&args.plugins_dir)?;
+    args.models_dir = args.models_dir.as_deref().map(std::path::absolute).transpose()?;
     let data_dir = &args.data_dir;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create the data dir {}", data_dir.display()))?;

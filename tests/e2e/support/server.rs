@@ -21,46 +21,94 @@ pub enum Backend {
 
 pub struct Berth {
     pub url: String,
-    pub data_dir: PathBuf,
-    pub plugins_dir: PathBuf,
-    database_url: String,
-    extra_args: Vec<String>,
+    launch: Launch,
     child: Child,
     log: Arc<Mutex<String>>,
     _temp: Arc<tempfile::TempDir>,
     client: reqwest::Client,
 }
 
-impl Berth {
-    /// A server with the `archive` example and the `misbehave` test plugin.
-    pub async fn start(backend: Backend) -> Self {
-        Self::start_with(backend, &[]).await
+/// How to start a test server; `Berth::start` is the common case.
+pub struct Options {
+    backend: Backend,
+    plugins: Vec<(String, PathBuf)>,
+    files: Vec<(String, Vec<u8>)>,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl Options {
+    /// Adds `NAME.wasm` to the server's plugins folder.
+    pub fn plugin(mut self, name: &str, wasm: PathBuf) -> Self {
+        self.plugins.push((name.to_string(), wasm));
+        self
     }
 
-    pub async fn start_with(backend: Backend, extra_args: &[&str]) -> Self {
+    /// Adds any file (a manifest `NAME.toml`, say) to the plugins folder.
+    pub fn plugins_file(mut self, file: &str, contents: impl Into<Vec<u8>>) -> Self {
+        self.files.push((file.to_string(), contents.into()));
+        self
+    }
+
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_string());
+        self
+    }
+
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    pub async fn start(self) -> Berth {
         let temp = Arc::new(tempfile::tempdir().unwrap());
         let data_dir = temp.path().join("data");
         let plugins_dir = temp.path().join("plugins");
         std::fs::create_dir_all(&plugins_dir).unwrap();
-        std::fs::copy(plugins::example("archive"), plugins_dir.join("archive.wasm")).unwrap();
-        std::fs::copy(plugins::test_plugin("misbehave"), plugins_dir.join("misbehave.wasm")).unwrap();
-        let database_url = match backend {
+        for (name, wasm) in &self.plugins {
+            std::fs::copy(wasm, plugins_dir.join(format!("{name}.wasm"))).unwrap();
+        }
+        for (file, contents) in &self.files {
+            std::fs::write(plugins_dir.join(file), contents).unwrap();
+        }
+        let database_url = match self.backend {
             Backend::Sqlite => format!("sqlite://{}", data_dir.join("berth.db").display()),
             Backend::Postgres => fresh_postgres_database().await,
         };
-        let extra_args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
-        let (child, url, log) = spawn(&data_dir, &plugins_dir, &database_url, &extra_args, None);
-        Self {
-            url,
-            data_dir,
-            plugins_dir,
-            database_url,
-            extra_args,
-            child,
-            log,
-            _temp: temp,
-            client: reqwest::Client::new(),
-        }
+        let launch = Launch { data_dir, plugins_dir, database_url, args: self.args, env: self.env };
+        let (child, url, log) = launch.spawn(None);
+        Berth { url, launch, child, log, _temp: temp, client: reqwest::Client::new() }
+    }
+}
+
+impl Berth {
+    /// A server with the `archive` example and the `misbehave` test plugin.
+    pub async fn start(backend: Backend) -> Self {
+        Self::options(backend).start().await
+    }
+
+    pub async fn start_with(backend: Backend, args: &[&str]) -> Self {
+        args.iter().fold(Self::options(backend), |o, a| o.arg(a)).start().await
+    }
+
+    /// The default plugins, to add to.
+    pub fn options(backend: Backend) -> Options {
+        Self::bare(backend)
+            .plugin("archive", plugins::example("archive"))
+            .plugin("misbehave", plugins::test_plugin("misbehave"))
+    }
+
+    /// No plugins at all.
+    pub fn bare(backend: Backend) -> Options {
+        Options { backend, plugins: Vec::new(), files: Vec::new(), args: Vec::new(), env: Vec::new() }
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.launch.data_dir
+    }
+
+    pub fn plugins_dir(&self) -> &Path {
+        &self.launch.plugins_dir
     }
 
     /// Stops the process the hard way: no shutdown code runs.
@@ -72,7 +120,7 @@ impl Berth {
     /// Starts the server again on the same data, database and port.
     pub fn restart(&mut self) {
         let port = self.url.rsplit(':').next().unwrap().to_string();
-        let (child, url, log) = spawn(&self.data_dir, &self.plugins_dir, &self.database_url, &self.extra_args, Some(&port));
+        let (child, url, log) = self.launch.spawn(Some(&port));
         self.child = child;
         self.url = url;
         self.log = log;
@@ -116,7 +164,7 @@ impl Berth {
 
     /// The model's directory on the server's disk.
     pub fn model_dir(&self, job_id: &str) -> PathBuf {
-        self.data_dir.join("models").join(job_id)
+        self.launch.data_dir.join("models").join(job_id)
     }
 }
 
@@ -134,27 +182,38 @@ async fn answer(response: reqwest::Response) -> (StatusCode, Value) {
     (status, body)
 }
 
-/// Starts `berth serve` and waits until it listens; its stderr is kept.
-fn spawn(
-    data_dir: &Path,
-    plugins_dir: &Path,
-    database_url: &str,
-    extra_args: &[String],
-    port: Option<&str>,
-) -> (Child, String, Arc<Mutex<String>>) {
-    let listen = format!("127.0.0.1:{}", port.unwrap_or("0"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(["serve", "--listen", &listen, "--data-dir"])
-        .arg(data_dir)
-        .arg("--plugins-dir")
-        .arg(plugins_dir)
-        .args(["--database-url", database_url])
-        .args(extra_args)
-        .env("BERTH_LOG", "info,berth=debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting the berth binary");
+/// Everything needed to start (and restart) the same server.
+struct Launch {
+    data_dir: PathBuf,
+    plugins_dir: PathBuf,
+    database_url: String,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl Launch {
+    /// Starts `berth serve` and waits until it listens; its stderr is kept.
+    fn spawn(&self, port: Option<&str>) -> (Child, String, Arc<Mutex<String>>) {
+        let listen = format!("127.0.0.1:{}", port.unwrap_or("0"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["serve", "--listen", &listen, "--data-dir"])
+            .arg(&self.data_dir)
+            .arg("--plugins-dir")
+            .arg(&self.plugins_dir)
+            .args(["--database-url", &self.database_url])
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("BERTH_LOG", "info,berth=debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting the berth binary");
+        let (url, log) = wait_until_listening(&mut child);
+        (child, url, log)
+    }
+}
+
+fn wait_until_listening(child: &mut Child) -> (String, Arc<Mutex<String>>) {
     let log = Arc::new(Mutex::new(String::new()));
     let (ready_tx, ready_rx) = mpsc::channel();
     let stderr = child.stderr.take().unwrap();
@@ -170,7 +229,7 @@ fn spawn(
         }
     });
     match ready_rx.recv_timeout(Duration::from_secs(120)) {
-        Ok(url) => (child, url, log),
+        Ok(url) => (url, log),
         Err(_) => {
             let _ = child.kill();
             panic!("berth did not start listening; its log:\n{}", log.lock().unwrap());

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Writes a small but real LoRA-adapter-shaped model into DIR/JOB_ID/ and
+prints its berth registration (JSON) on stdout.
+
+usage: sample-model.py DIR JOB_ID
+
+The files are deterministic, so running it twice gives the same hashes.
+"""
+import hashlib
+import json
+import os
+import random
+import struct
+import sys
+
+
+def safetensors(tensors):
+    """A valid .safetensors file: 8-byte little-endian header length, JSON
+    header with dtype/shape/data_offsets, then the raw tensor bytes."""
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    rng = random.Random(7)
+    for name, shape in tensors:
+        count = 1
+        for dim in shape:
+            count *= dim
+        blob = struct.pack(f"<{count}f", *(rng.uniform(-0.02, 0.02) for _ in range(count)))
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the format pads the header to 8 bytes
+    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    root, job_id = sys.argv[1], sys.argv[2]
+    rank, hidden = 8, 256
+    tensors = []
+    for layer in range(4):
+        for proj in ("q_proj", "v_proj"):
+            prefix = f"base_model.model.layers.{layer}.self_attn.{proj}"
+            tensors.append((f"{prefix}.lora_A.weight", [rank, hidden]))
+            tensors.append((f"{prefix}.lora_B.weight", [hidden, rank]))
+    files = {
+        "adapter_config.json": json.dumps(
+            {
+                "base_model_name_or_path": "meta-llama/Llama-3.1-8B",
+                "peft_type": "LORA",
+                "r": rank,
+                "lora_alpha": 16,
+                "lora_dropout": 0.05,
+                "target_modules": ["q_proj", "v_proj"],
+            },
+            indent=2,
+        ).encode(),
+        "adapter_model.safetensors": safetensors(tensors),
+        "tokenizer/special_tokens_map.json": json.dumps(
+            {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+        ).encode(),
+    }
+    listed = []
+    for path, data in files.items():
+        target = os.path.join(root, job_id, path)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(data)
+        listed.append({"path": path, "size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    source_root = os.path.abspath(root)
+    print(
+        json.dumps(
+            {
+                "name": "support-bot-lora",
+                "job_id": job_id,
+                "base_model": "meta-llama/Llama-3.1-8B",
+                "model_size": "8B",
+                "dataset": "support-tickets-2026-11",
+                "num_examples": 12000,
+                "num_train_steps": 750,
+                "final_loss": 0.8125,
+                "params": {"learning_rate": 0.0002, "lora_rank": rank, "epochs": 2},
+                "source": f"file://{source_root}/{{job_id}}/{{path}}",
+                "files": listed,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
