@@ -15,14 +15,25 @@ fn run_packs_every_file_of_the_directory_into_the_archive() {
     let model = model_dir();
     let out = TempDir::new().unwrap();
 
-    let output = berth(&["plugin", "run"], &archive_wasm(), &["--dir", path(&model.dir), "--out", path(out.path())]);
+    let output = berth(
+        &["plugin", "run"],
+        &archive_wasm(),
+        &["--dir", path(&model.dir), "--out", path(out.path())],
+    );
 
     let result = expect_success(&output);
-    let printed: Value = serde_json::from_str(&result).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {result}"));
-    assert_eq!(printed["ref"], "/out/support-bot-lora-1.tar.gz", "{printed:#}");
+    let printed: Value = serde_json::from_str(&result)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {result}"));
+    assert_eq!(
+        printed["ref"], "/out/support-bot-lora-1.tar.gz",
+        "{printed:#}"
+    );
     assert_eq!(printed["out_dir"], path(out.path()), "{printed:#}");
     let written = tree(out.path());
-    assert_eq!(written.keys().collect::<Vec<_>>(), ["support-bot-lora-1.tar.gz"]);
+    assert_eq!(
+        written.keys().collect::<Vec<_>>(),
+        ["support-bot-lora-1.tar.gz"]
+    );
     let archive = &written["support-bot-lora-1.tar.gz"];
     assert_eq!(
         printed["details"],
@@ -36,8 +47,16 @@ fn run_refuses_options_the_deployer_or_the_cli_rejects() {
     let model = model_dir();
     // (options, where the reason is printed, what it says)
     let cases = [
-        (r#"{"levle": 3}"#, Stream::Stdout, "unknown option \"levle\""),
-        (r#"{"level": 10}"#, Stream::Stdout, "option \"level\" must be an integer from 0 to 9, not 10"),
+        (
+            r#"{"levle": 3}"#,
+            Stream::Stdout,
+            "unknown option \"levle\"",
+        ),
+        (
+            r#"{"level": 10}"#,
+            Stream::Stdout,
+            "option \"level\" must be an integer from 0 to 9, not 10",
+        ),
         ("[1]", Stream::Stderr, "--options must be a JSON object"),
         ("{level", Stream::Stderr, "--options is not valid JSON"),
     ];
@@ -46,11 +65,24 @@ fn run_refuses_options_the_deployer_or_the_cli_rejects() {
         let output = berth(
             &["plugin", "run"],
             &archive_wasm(),
-            &["--dir", path(&model.dir), "--out", path(out.path()), "--options", options],
+            &[
+                "--dir",
+                path(&model.dir),
+                "--out",
+                path(out.path()),
+                "--options",
+                options,
+            ],
         );
         let text = expect_failure(&output, stream);
-        assert!(text.contains(reason), "{options}: expected {reason:?} in {text:?}");
-        assert!(tree(out.path()).is_empty(), "{options}: refused options still wrote to the out-dir");
+        assert!(
+            text.contains(reason),
+            "{options}: expected {reason:?} in {text:?}"
+        );
+        assert!(
+            tree(out.path()).is_empty(),
+            "{options}: refused options still wrote to the out-dir"
+        );
     }
 }
 
@@ -87,16 +119,29 @@ fn check_explains_why_a_file_is_not_a_deployer() {
     std::fs::write(&truncated, &archive[..archive.len() / 2]).unwrap();
 
     let cases = [
-        (test_plugin("other-world"), "exports no berth:deployer/plugin@0.1.0 interface"),
-        (test_plugin("future-version"), "built for berth:deployer@0.2.0 but this server speaks 0.1.0"),
+        (
+            test_plugin("other-world"),
+            "exports no berth:deployer/plugin@0.1.0 interface",
+        ),
+        (
+            test_plugin("future-version"),
+            "built for berth:deployer@0.2.0 but this server speaks 0.1.0",
+        ),
         (corrupt, "is not a WebAssembly file"),
         (truncated, "is not a valid component"),
     ];
     for (file, reason) in cases {
         let output = berth(&["plugin", "check"], &file, &[]);
         let text = expect_failure(&output, Stream::Stdout);
-        assert!(text.starts_with(&format!("{}: ", file.display())), "names the file: {text}");
-        assert!(text.contains(reason), "{}: expected {reason:?} in {text:?}", file.display());
+        assert!(
+            text.starts_with(&format!("{}: ", file.display())),
+            "names the file: {text}"
+        );
+        assert!(
+            text.contains(reason),
+            "{}: expected {reason:?} in {text:?}",
+            file.display()
+        );
     }
 }
 
@@ -106,7 +151,9 @@ fn check_explains_why_a_file_is_not_a_deployer() {
 
 /// A file of the repository's build output, or a panic saying how to make it.
 fn built(relative: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(relative);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative);
     assert!(
         path.is_file(),
         "{} is missing: run scripts/build-plugins first (make test does)",
@@ -143,7 +190,11 @@ enum Stream {
 #[track_caller]
 fn expect_success(output: &Output) -> String {
     let (stdout, stderr) = (lossy(&output.stdout), lossy(&output.stderr));
-    assert!(output.status.success(), "exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}", output.status);
+    assert!(
+        output.status.success(),
+        "exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
     stdout
 }
 
@@ -151,7 +202,11 @@ fn expect_success(output: &Output) -> String {
 #[track_caller]
 fn expect_failure(output: &Output, stream: Stream) -> String {
     let (stdout, stderr) = (lossy(&output.stdout), lossy(&output.stderr));
-    assert_eq!(output.status.code(), Some(1), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     match stream {
         Stream::Stdout => stdout,
         Stream::Stderr => stderr,
@@ -178,9 +233,18 @@ fn model_dir() -> ModelDir {
     let root = TempDir::new().unwrap();
     let dir = root.path().join("support-bot-lora");
     let files = BTreeMap::from([
-        ("adapter_config.json".to_string(), br#"{"r": 16, "alpha": 32}"#.to_vec()),
-        ("adapter/adapter_model.safetensors".to_string(), noise(7, 1 << 20)),
-        ("tokenizer/nested/deeper/tokenizer.json".to_string(), b"{\"vocab\": {}}".to_vec()),
+        (
+            "adapter_config.json".to_string(),
+            br#"{"r": 16, "alpha": 32}"#.to_vec(),
+        ),
+        (
+            "adapter/adapter_model.safetensors".to_string(),
+            noise(7, 1 << 20),
+        ),
+        (
+            "tokenizer/nested/deeper/tokenizer.json".to_string(),
+            b"{\"vocab\": {}}".to_vec(),
+        ),
         ("tokenizer/empty.txt".to_string(), Vec::new()),
     ]);
     for (relative, bytes) in &files {
@@ -188,7 +252,11 @@ fn model_dir() -> ModelDir {
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(file, bytes).unwrap();
     }
-    ModelDir { _root: root, dir, files }
+    ModelDir {
+        _root: root,
+        dir,
+        files,
+    }
 }
 
 /// A `.tar.gz`'s regular files by path.
@@ -198,11 +266,18 @@ fn unpack(archive: &[u8]) -> BTreeMap<String, Vec<u8>> {
     let mut files = BTreeMap::new();
     for entry in tar.entries().expect("a tar stream") {
         let mut entry = entry.expect("a tar entry");
-        assert_eq!(entry.header().entry_type(), tar::EntryType::Regular, "only regular files");
+        assert_eq!(
+            entry.header().entry_type(),
+            tar::EntryType::Regular,
+            "only regular files"
+        );
         let path = entry.path().unwrap().to_string_lossy().into_owned();
         let mut bytes = Vec::new();
         entry.read_to_end(&mut bytes).unwrap();
-        assert!(files.insert(path.clone(), bytes).is_none(), "{path} is in the archive twice");
+        assert!(
+            files.insert(path.clone(), bytes).is_none(),
+            "{path} is in the archive twice"
+        );
     }
     files
 }
@@ -215,7 +290,11 @@ fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
             if path.is_dir() {
                 walk(root, &path, files);
             } else {
-                let relative = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+                let relative = path
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .replace('\\', "/");
                 files.insert(relative, std::fs::read(&path).unwrap());
             }
         }
@@ -227,10 +306,14 @@ fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 
 /// Deterministic incompressible bytes.
 fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..len)
         .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (state >> 33) as u8
         })
         .collect()
