@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
-use crate::model::{Deployment, ModelFile, Outcome, Status, TrainedModel};
+use crate::model::{Deployment, ModelFile, Outcome, Phase, Progress, Status, TrainedModel};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -43,6 +43,14 @@ pub struct NewDeployment<'a> {
     pub server_id: &'a str,
 }
 
+/// How a deployment ended, and what it left to keep.
+pub struct Ending<'a> {
+    pub outcome: &'a Outcome,
+    pub duration_ms: i64,
+    pub progress: &'a Progress,
+    pub logs: &'a str,
+}
+
 /// The `out_dir` of a deployment depends on its id, known only after insert.
 pub type OutDirOf<'a> = &'a (dyn Fn(i64) -> String + Send + Sync);
 
@@ -52,8 +60,8 @@ pub fn now() -> String {
 
 const MODEL_COLUMNS: &str = "id, name, job_id, base_model, model_size, dataset, num_examples, \
      num_train_steps, final_loss, params, source, created_at";
-const DEPLOYMENT_COLUMNS: &str = "id, model_id, deployer, options, status, dir, out_dir, ref, \
-     details, error, duration_ms, created_at, completed_at";
+const DEPLOYMENT_COLUMNS: &str = "id, model_id, deployer, options, status, phase, progress, dir, \
+     out_dir, ref, details, error, duration_ms, created_at, completed_at";
 
 impl Db {
     /// Connects (creating a SQLite file if missing) and applies migrations.
@@ -214,8 +222,9 @@ impl Db {
 
     /// Ends a running deployment. A deployment that already ended (or whose
     /// model was deleted meanwhile) is left as it is: `NotRunning`.
-    pub async fn finish_deployment(&self, id: i64, outcome: &Outcome, duration_ms: i64) -> Result<Deployment> {
-        let (status, reference, details, error) = match outcome {
+    pub async fn finish_deployment(&self, id: i64, ending: &Ending<'_>) -> Result<Deployment> {
+        let progress = serde_json::to_string(ending.progress).map_err(|e| Error::Corrupt(e.to_string()))?;
+        let (status, reference, details, error) = match ending.outcome {
             Outcome::Completed { reference, details_json } => {
                 (Status::Completed, Some(reference.as_str()), details_json.as_str(), None)
             }
@@ -223,14 +232,17 @@ impl Db {
         };
         let updated = sqlx::query(
             "UPDATE deployments SET status = $1, ref = $2, details = $3, error = $4, \
-             duration_ms = $5, completed_at = $6 WHERE id = $7 AND status = 'running'",
+             duration_ms = $5, completed_at = $6, phase = NULL, logs = $7, progress = $8 \
+             WHERE id = $9 AND status = 'running'",
         )
         .bind(status.as_str())
         .bind(reference)
         .bind(details)
         .bind(error)
-        .bind(duration_ms)
+        .bind(ending.duration_ms)
         .bind(now())
+        .bind(ending.logs)
+        .bind(progress)
         .bind(id)
         .execute(&self.pool)
         .await?;
@@ -238,6 +250,27 @@ impl Db {
             return Err(Error::NotRunning(id));
         }
         self.deployment(id).await?.ok_or(Error::NotRunning(id))
+    }
+
+    /// Records where a running deployment stands; a no-op once it ended.
+    pub async fn update_progress(&self, id: i64, phase: Phase, progress: &Progress) -> Result<()> {
+        let progress = serde_json::to_string(progress).map_err(|e| Error::Corrupt(e.to_string()))?;
+        sqlx::query("UPDATE deployments SET phase = $1, progress = $2 WHERE id = $3 AND status = 'running'")
+            .bind(phase.as_str())
+            .bind(progress)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The guest's log lines of an ended deployment.
+    pub async fn deployment_logs(&self, id: i64) -> Result<Option<String>> {
+        let row = sqlx::query("SELECT logs FROM deployments WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get("logs")).transpose()?)
     }
 
     pub async fn deployment(&self, id: i64) -> Result<Option<Deployment>> {
@@ -263,7 +296,7 @@ impl Db {
     /// Fails the deployments a previous run of this server left running.
     pub async fn fail_leftovers(&self, server_id: &str, error: &str) -> Result<u64> {
         let updated = sqlx::query(
-            "UPDATE deployments SET status = 'failed', error = $1, completed_at = $2 \
+            "UPDATE deployments SET status = 'failed', error = $1, completed_at = $2, phase = NULL \
              WHERE server_id = $3 AND status = 'running'",
         )
         .bind(error)
@@ -317,12 +350,16 @@ fn file_row(row: &AnyRow) -> Result<ModelFile> {
 
 fn deployment_row(row: &AnyRow) -> Result<Deployment> {
     let status: String = row.try_get("status")?;
+    let phase: Option<String> = row.try_get("phase")?;
+    let progress: String = row.try_get("progress")?;
     Ok(Deployment {
         id: row.try_get("id")?,
         model_id: row.try_get("model_id")?,
         deployer: row.try_get("deployer")?,
         options_json: row.try_get("options")?,
         status: Status::parse(&status).ok_or_else(|| Error::Corrupt(format!("status = {status:?}")))?,
+        phase: phase.as_deref().and_then(Phase::parse),
+        progress: serde_json::from_str(&progress).unwrap_or_default(),
         dir: row.try_get("dir")?,
         out_dir: row.try_get("out_dir")?,
         reference: row.try_get("ref")?,

@@ -5,12 +5,20 @@
 
 use tokio::sync::broadcast;
 
+use crate::model::{Phase, Progress};
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     DeploymentStarted {
         deploy_id: i64,
         model_id: i64,
         deployer: String,
+    },
+    DeploymentProgress {
+        deploy_id: i64,
+        model_id: i64,
+        phase: Phase,
+        progress: Progress,
     },
     DeploymentCompleted {
         deploy_id: i64,
@@ -40,6 +48,7 @@ impl Event {
     pub fn kind(&self) -> &'static str {
         match self {
             Event::DeploymentStarted { .. } => "deployment.started",
+            Event::DeploymentProgress { .. } => "deployment.progress",
             Event::DeploymentCompleted { .. } => "deployment.completed",
             Event::DeploymentFailed { .. } => "deployment.failed",
             Event::PluginLoaded { .. } => "plugin.loaded",
@@ -72,6 +81,9 @@ impl Events {
             }
             Event::DeploymentFailed { deploy_id, model_id, deployer, duration_ms, error } => {
                 tracing::warn!(deploy_id, model_id, deployer, duration_ms, "deployment failed: {error}");
+            }
+            Event::DeploymentProgress { deploy_id, phase, progress, .. } => {
+                tracing::debug!(deploy_id, phase = phase.as_str(), ?progress, "deployment progress");
             }
             // The plugin loader logs these itself, with more detail.
             Event::PluginLoaded { .. } | Event::PluginRejected { .. } => {}

@@ -7,6 +7,7 @@ pub mod db;
 pub mod events;
 pub mod fetch;
 pub mod http;
+pub mod live;
 pub mod model;
 pub mod pipeline;
 pub mod runtime;

@@ -1,5 +1,6 @@
-//! The domain's nouns — a trained model and its files — as every layer sees
-//! them. No I/O and no serialization here: `http/` owns the JSON shapes.
+//! The domain's nouns — a trained model and its files, deployments — as
+//! every layer sees them. No I/O; `http/` owns the JSON shapes (only
+//! `Progress` derives serde, as the database's storage format).
 
 /// One file of a trained model, as recorded at registration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +69,9 @@ pub struct Deployment {
     /// The request's options object, as JSON text.
     pub options_json: String,
     pub status: Status,
+    /// While running: what it is doing.
+    pub phase: Option<Phase>,
+    pub progress: Progress,
     /// Host directory of the model's verified files.
     pub dir: String,
     /// Host directory the deployer wrote into.
@@ -86,4 +90,44 @@ pub struct Deployment {
 pub enum Outcome {
     Completed { reference: String, details_json: String },
     Failed { error: String },
+}
+
+/// What a running deployment is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Fetching,
+    Deploying,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Fetching => "fetching",
+            Phase::Deploying => "deploying",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "fetching" => Some(Phase::Fetching),
+            "deploying" => Some(Phase::Deploying),
+            _ => None,
+        }
+    }
+}
+
+/// How far a deployment has come. Stored as JSON in the deployment's row
+/// (serde here is that storage format, kept flat and additive).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Progress {
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub files_done: usize,
+    pub files_total: usize,
+    /// The deployer's own `progress` calls: units are its choice.
+    pub deployer_done: u64,
+    pub deployer_total: u64,
+    pub deployer_note: String,
 }

@@ -6,15 +6,20 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::db::{self, Db, NewDeployment};
+use crate::db::{self, Db, Ending, NewDeployment};
 use crate::events::{Event, Events};
 use crate::fetch::{self, Fetcher};
-use crate::model::{Deployment, Outcome, TrainedModel};
-use crate::runtime::{CallError, DeployCall, LogReporter, Plugin, PluginSet, Runtime};
+use crate::live::{Live, Running};
+use crate::model::{Deployment, Outcome, Phase, Status, TrainedModel};
+use crate::runtime::{CallError, DeployCall, Plugin, PluginSet, Runtime};
+
+/// How often a running deployment's progress reaches the database and the
+/// event stream, at most.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 /// Options larger than this are refused before anything else happens.
 pub const MAX_OPTIONS_BYTES: usize = 64 * 1024;
@@ -49,6 +54,20 @@ pub struct Pipeline {
     /// Cancelled when the server stops: every running deployment is
     /// interrupted and recorded as failed.
     pub shutdown: CancellationToken,
+    live: Live,
+}
+
+/// Why a cancel request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CancelError {
+    #[error("deployment {0} does not exist")]
+    Unknown(i64),
+    #[error("deployment {id} already ended ({status}); only a running deployment can be cancelled")]
+    Ended { id: i64, status: &'static str },
+    #[error("deployment {0} is running on another berth server; send the cancel there")]
+    Elsewhere(i64),
+    #[error("{0}")]
+    Record(#[from] db::Error),
 }
 
 /// A recorded, running deployment, ready to be carried out.
@@ -56,6 +75,23 @@ pub struct Started {
     pub deployment: Deployment,
     model: TrainedModel,
     plugin: Arc<Plugin>,
+    running: Arc<Running>,
+}
+
+impl Started {
+    /// Cancels the deployment when dropped, unless it ended first: what a
+    /// synchronous request holds, so a client that leaves cancels its work.
+    pub fn cancel_on_drop(&self) -> CancelOnDrop {
+        CancelOnDrop(self.running.clone())
+    }
+}
+
+pub struct CancelOnDrop(Arc<Running>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel("cancelled: the client disconnected");
+    }
 }
 
 impl Pipeline {
@@ -80,6 +116,7 @@ impl Pipeline {
             server_id,
             out_root,
             shutdown: CancellationToken::new(),
+            live: Live::default(),
         }
     }
 
@@ -120,37 +157,67 @@ impl Pipeline {
                 &move |id| out_root.join(id.to_string()).display().to_string(),
             )
             .await?;
+        let running = Arc::new(Running::new(deployment.id, deployer, self.shutdown.child_token()));
+        self.live.insert(running.clone());
         self.events.publish(Event::DeploymentStarted {
             deploy_id: deployment.id,
             model_id,
             deployer: deployer.to_string(),
         });
-        Ok(Started { deployment, model, plugin })
+        Ok(Started { deployment, model, plugin, running })
+    }
+
+    /// Cancels a deployment running in this process.
+    pub async fn cancel(&self, deploy_id: i64) -> Result<Deployment, CancelError> {
+        let Some(running) = self.live.get(deploy_id) else {
+            return match self.db.deployment(deploy_id).await? {
+                None => Err(CancelError::Unknown(deploy_id)),
+                Some(d) if d.status == Status::Running => Err(CancelError::Elsewhere(deploy_id)),
+                Some(d) => Err(CancelError::Ended { id: deploy_id, status: d.status.as_str() }),
+            };
+        };
+        running.cancel("cancelled");
+        // The guest stops within a tick; wait for the row so the answer
+        // shows the outcome (bounded: a stuck host call has its own limit).
+        let _ = tokio::time::timeout(Duration::from_secs(10), running.finished()).await;
+        self.db.deployment(deploy_id).await?.ok_or(CancelError::Unknown(deploy_id))
+    }
+
+    /// The deployer's log lines: live while running here, stored after.
+    pub async fn logs(&self, deploy_id: i64) -> Result<Option<String>, db::Error> {
+        match self.live.get(deploy_id) {
+            Some(running) => Ok(Some(running.logs())),
+            None => self.db.deployment_logs(deploy_id).await,
+        }
     }
 
     /// Steps 4–7. Always ends the recorded deployment, whatever happens; the
     /// returned row is the stored one.
-    pub async fn run(&self, started: Started, cancel: CancellationToken) -> Result<Deployment, db::Error> {
-        let Started { deployment, model, plugin } = started;
+    pub async fn run(&self, started: Started) -> Result<Deployment, db::Error> {
+        let Started { deployment, model, plugin, running } = started;
         let clock = Instant::now();
-        let cancel = {
-            // Either the caller or a server stop cancels.
-            let both = self.shutdown.child_token();
-            let linked = both.clone();
-            tokio::spawn(async move {
-                tokio::select! {
-                    _ = cancel.cancelled() => linked.cancel(),
-                    _ = linked.cancelled() => {}
-                }
-            });
-            both
-        };
-        let outcome = match self.carry_out(&deployment, &model, &plugin, &cancel).await {
+        let reporter = tokio::spawn(report_progress(
+            self.db.clone(),
+            self.events.clone(),
+            running.clone(),
+            model.id,
+        ));
+        let outcome = match self.carry_out(&deployment, &model, &plugin, &running).await {
             Ok(outcome) => outcome,
             Err(error) => Outcome::Failed { error },
         };
+        reporter.abort();
         let duration_ms = i64::try_from(clock.elapsed().as_millis()).unwrap_or(i64::MAX);
-        let stored = self.db.finish_deployment(deployment.id, &outcome, duration_ms).await?;
+        let ending = Ending {
+            outcome: &outcome,
+            duration_ms,
+            progress: &running.progress(),
+            logs: &running.logs(),
+        };
+        let stored = self.db.finish_deployment(deployment.id, &ending).await;
+        self.live.remove(deployment.id);
+        running.finish();
+        let stored = stored?;
         let (deploy_id, model_id, deployer) = (stored.id, stored.model_id, stored.deployer.clone());
         self.events.publish(match outcome {
             Outcome::Completed { reference, .. } => Event::DeploymentCompleted {
@@ -176,16 +243,18 @@ impl Pipeline {
         deployment: &Deployment,
         model: &TrainedModel,
         plugin: &Plugin,
-        cancel: &CancellationToken,
+        running: &Arc<Running>,
     ) -> Result<Outcome, String> {
+        let cancel = running.token();
         let model_dir = self
             .fetcher
-            .fetch(model, Arc::new(fetch::Quiet), cancel)
+            .fetch(model, running.clone(), cancel)
             .await
             .map_err(|e| match e {
-                fetch::Error::Cancelled => self.cancelled(),
+                fetch::Error::Cancelled => self.cancelled(running),
                 e => format!("fetching model {}: {e}", model.id),
             })?;
+        running.set_phase(Phase::Deploying);
         let out_dir = PathBuf::from(&deployment.out_dir);
         std::fs::create_dir_all(&out_dir)
             .map_err(|e| format!("cannot create the output directory {}: {e}", out_dir.display()))?;
@@ -196,27 +265,43 @@ impl Pipeline {
             out_dir: &out_dir,
             options_json: &deployment.options_json,
         };
-        let reporter = Arc::new(LogReporter {
-            plugin: plugin.name.clone(),
-            deploy_id: Some(deployment.id),
-        });
-        match self.runtime.deploy(plugin, call, reporter, cancel).await {
+        match self.runtime.deploy(plugin, call, running.clone(), cancel).await {
             Ok(deployed) => Ok(Outcome::Completed {
                 reference: deployed.reference,
                 details_json: serde_json::Value::Object(deployed.details).to_string(),
             }),
-            Err(CallError::Cancelled) => Err(self.cancelled()),
+            Err(CallError::Cancelled) => Err(self.cancelled(running)),
             Err(e) => Err(format!("deployer {}: {e}", plugin.name)),
         }
     }
 }
 
 impl Pipeline {
-    fn cancelled(&self) -> String {
-        if self.shutdown.is_cancelled() {
-            "interrupted: the server stopped before it finished".to_string()
-        } else {
-            "cancelled: the client disconnected or the deployment was cancelled".to_string()
+    fn cancelled(&self, running: &Running) -> String {
+        match running.reason() {
+            Some(reason) => reason.to_string(),
+            None if self.shutdown.is_cancelled() => "interrupted: the server stopped before it finished".to_string(),
+            None => "cancelled".to_string(),
         }
+    }
+}
+
+/// Passes a running deployment's progress to the database and the event
+/// stream at most every `PROGRESS_EVERY`, so a fast fetch cannot flood
+/// subscribers. Aborted when the deployment ends.
+async fn report_progress(db: Db, events: Events, running: Arc<Running>, model_id: i64) {
+    let mut tick = tokio::time::interval(PROGRESS_EVERY);
+    loop {
+        tick.tick().await;
+        let Some((phase, progress)) = running.take_update() else { continue };
+        if let Err(e) = db.update_progress(running.deploy_id, phase, &progress).await {
+            tracing::warn!(deploy_id = running.deploy_id, "could not record progress: {e}");
+        }
+        events.publish(Event::DeploymentProgress {
+            deploy_id: running.deploy_id,
+            model_id,
+            phase,
+            progress,
+        });
     }
 }

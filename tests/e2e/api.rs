@@ -157,7 +157,8 @@ async fn events_stream_reports_deployments_after_they_are_recorded(backend: Back
 
     let mut text = String::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while text.matches("event: deployment.").count() < 4 {
+    let lifecycle = |text: &str| text.matches("event: deployment.").count() - text.matches("event: deployment.progress").count();
+    while lifecycle(&text) < 4 {
         let chunk = tokio::time::timeout_at(deadline, stream.next()).await.expect("events arrive").unwrap().unwrap();
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
@@ -165,6 +166,9 @@ async fn events_stream_reports_deployments_after_they_are_recorded(backend: Back
         .split("\n\n")
         .filter_map(|block| {
             let kind = block.lines().find_map(|l| l.strip_prefix("event: "))?;
+            if kind == "deployment.progress" {
+                return None;
+            }
             let data = block.lines().find_map(|l| l.strip_prefix("data: "))?;
             Some((kind.to_string(), serde_json::from_str(data).unwrap()))
         })

@@ -10,17 +10,18 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use super::error::Error;
 use super::json::{self, Body, Id, Params};
 use crate::model::Status;
-use crate::pipeline::{MAX_OPTIONS_BYTES, Pipeline};
+use crate::pipeline::{CancelError, MAX_OPTIONS_BYTES, Pipeline};
 
 pub fn router() -> Router<Arc<Pipeline>> {
     Router::new()
         .route("/v1/models/{id}/deployments", post(deploy).get(list))
         .route("/v1/deployments/{id}", get(show))
+        .route("/v1/deployments/{id}/cancel", post(cancel))
+        .route("/v1/deployments/{id}/logs", get(logs))
 }
 
 #[derive(Deserialize)]
@@ -30,9 +31,17 @@ struct DeployBody {
     options: Option<Value>,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeployParams {
+    /// `false`: answer 202 at once and let the deployment run on.
+    wait: Option<bool>,
+}
+
 async fn deploy(
     State(pipeline): State<Arc<Pipeline>>,
     Id(model_id): Id,
+    Params(params): Params<DeployParams>,
     Body(body): Body<DeployBody>,
 ) -> Result<(StatusCode, Json<Value>), Error> {
     let Some(deployer) = body.deployer.filter(|d| !d.is_empty()) else {
@@ -52,13 +61,23 @@ async fn deploy(
     }
     let started = pipeline.start(model_id, &deployer, &options).await?;
 
+    if params.wait == Some(false) {
+        let running = json::deployment(&started.deployment);
+        let worker = pipeline.clone();
+        tokio::spawn(async move {
+            if let Err(e) = worker.run(started).await {
+                tracing::error!("recording the end of a background deployment: {e}");
+            }
+        });
+        return Ok((StatusCode::ACCEPTED, Json(running)));
+    }
+
     // The work runs in its own task so that it always records its outcome;
     // this handler's future is dropped when the client disconnects, and the
     // guard then cancels the work instead of abandoning it.
-    let cancel = CancellationToken::new();
-    let _cancel_on_disconnect = cancel.clone().drop_guard();
+    let _cancel_on_disconnect = started.cancel_on_drop();
     let worker = pipeline.clone();
-    let task = tokio::spawn(async move { worker.run(started, cancel).await });
+    let task = tokio::spawn(async move { worker.run(started).await });
     let stored = task
         .await
         .map_err(|e| Error::Internal(format!("deployment task crashed: {e}")))??;
@@ -99,4 +118,22 @@ async fn show(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<Json<
         Some(d) => Ok(Json(json::deployment(&d))),
         None => Err(Error::NotFound(format!("deployment {id} does not exist"))),
     }
+}
+
+/// Stops a running deployment; answers with the row once it has ended.
+async fn cancel(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<Json<Value>, Error> {
+    match pipeline.cancel(id).await {
+        Ok(deployment) => Ok(Json(json::deployment(&deployment))),
+        Err(e @ CancelError::Unknown(_)) => Err(Error::NotFound(e.to_string())),
+        Err(e @ (CancelError::Ended { .. } | CancelError::Elsewhere(_))) => Err(Error::Conflict(e.to_string())),
+        Err(CancelError::Record(e)) => Err(e.into()),
+    }
+}
+
+/// The deployer's log lines (its `log` calls and its stdout/stderr).
+async fn logs(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<String, Error> {
+    pipeline
+        .logs(id)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("deployment {id} does not exist")))
 }

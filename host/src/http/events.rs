@@ -36,6 +36,10 @@ fn body(event: &Event) -> Value {
         Event::DeploymentStarted { deploy_id, model_id, deployer } => {
             json!({ "deploy_id": deploy_id, "model_id": model_id, "deployer": deployer })
         }
+        Event::DeploymentProgress { deploy_id, model_id, phase, progress } => json!({
+            "deploy_id": deploy_id, "model_id": model_id, "phase": phase.as_str(),
+            "progress": super::json::progress(progress),
+        }),
         Event::DeploymentCompleted { deploy_id, model_id, deployer, duration_ms, reference } => json!({
             "deploy_id": deploy_id, "model_id": model_id, "deployer": deployer,
             "duration_ms": duration_ms, "ref": reference,

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::error::Error;
-use crate::model::{Deployment, TrainedModel};
+use crate::model::{Deployment, Progress, TrainedModel};
 
 /// `Json<T>` whose rejection is a 400 with serde's explanation.
 pub struct Body<T>(pub T);
@@ -92,6 +92,8 @@ pub fn deployment(d: &Deployment) -> Value {
         "deployer": d.deployer,
         "options": object(&d.options_json),
         "status": d.status.as_str(),
+        "phase": d.phase.map(|p| p.as_str()),
+        "progress": progress(&d.progress),
         "dir": d.dir,
         "out_dir": d.out_dir,
         "ref": d.reference,
@@ -100,5 +102,15 @@ pub fn deployment(d: &Deployment) -> Value {
         "duration_ms": d.duration_ms,
         "created_at": d.created_at,
         "completed_at": d.completed_at,
+    })
+}
+
+pub fn progress(p: &Progress) -> Value {
+    json!({
+        "bytes_done": p.bytes_done,
+        "bytes_total": p.bytes_total,
+        "files_done": p.files_done,
+        "files_total": p.files_total,
+        "deployer": { "done": p.deployer_done, "total": p.deployer_total, "note": p.deployer_note },
     })
 }

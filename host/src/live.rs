@@ -1,0 +1,196 @@
+//! Deployments running in this process, as they run: how to cancel each
+//! (and why it was cancelled), where it stands, what its deployer said.
+//! Callbacks from the fetcher and the guest only touch memory here; the
+//! pipeline flushes progress to the database and the event stream at a
+//! bounded rate.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::fetch;
+use crate::model::{Phase, Progress};
+use crate::runtime::{GuestLevel, LogReporter, Reporter};
+
+/// A deployment's log keeps at most this many bytes; older lines go first.
+const MAX_LOG_BYTES: usize = 256 * 1024;
+
+#[derive(Default)]
+pub struct Live {
+    running: Mutex<HashMap<i64, Arc<Running>>>,
+}
+
+impl Live {
+    pub fn insert(&self, running: Arc<Running>) {
+        self.running.lock().expect("live lock").insert(running.deploy_id, running);
+    }
+
+    pub fn remove(&self, deploy_id: i64) {
+        self.running.lock().expect("live lock").remove(&deploy_id);
+    }
+
+    pub fn get(&self, deploy_id: i64) -> Option<Arc<Running>> {
+        self.running.lock().expect("live lock").get(&deploy_id).cloned()
+    }
+}
+
+pub struct Running {
+    pub deploy_id: i64,
+    cancel: CancellationToken,
+    finished: CancellationToken,
+    reason: OnceLock<String>,
+    state: Mutex<State>,
+    log: LogReporter,
+}
+
+struct State {
+    phase: Phase,
+    progress: Progress,
+    /// Changed since the last `take_update`.
+    dirty: bool,
+    lines: VecDeque<String>,
+    bytes: usize,
+    dropped: usize,
+}
+
+impl Running {
+    pub fn new(deploy_id: i64, plugin: &str, cancel: CancellationToken) -> Self {
+        Self {
+            deploy_id,
+            cancel,
+            finished: CancellationToken::new(),
+            reason: OnceLock::new(),
+            state: Mutex::new(State {
+                phase: Phase::Fetching,
+                progress: Progress::default(),
+                dirty: true,
+                lines: VecDeque::new(),
+                bytes: 0,
+                dropped: 0,
+            }),
+            log: LogReporter {
+                plugin: plugin.to_string(),
+                deploy_id: Some(deploy_id),
+            },
+        }
+    }
+
+    /// Stops the deployment; the first reason given is the one recorded.
+    pub fn cancel(&self, reason: &str) {
+        let _ = self.reason.set(reason.to_string());
+        self.cancel.cancel();
+    }
+
+    /// Cancelled when the deployment is cancelled or the server stops.
+    pub fn token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Marks the deployment's row as final.
+    pub fn finish(&self) {
+        self.finished.cancel();
+    }
+
+    /// Resolves once the deployment's outcome is recorded.
+    pub async fn finished(&self) {
+        self.finished.cancelled().await;
+    }
+
+    pub fn reason(&self) -> Option<&str> {
+        self.reason.get().map(String::as_str)
+    }
+
+    pub fn set_phase(&self, phase: Phase) {
+        let mut state = self.state.lock().expect("running lock");
+        state.phase = phase;
+        state.dirty = true;
+    }
+
+    /// The current phase and progress, if they changed since last asked.
+    pub fn take_update(&self) -> Option<(Phase, Progress)> {
+        let mut state = self.state.lock().expect("running lock");
+        std::mem::take(&mut state.dirty).then(|| (state.phase, state.progress.clone()))
+    }
+
+    pub fn progress(&self) -> Progress {
+        self.state.lock().expect("running lock").progress.clone()
+    }
+
+    /// The deployer's log lines so far, oldest first.
+    pub fn logs(&self) -> String {
+        let state = self.state.lock().expect("running lock");
+        let mut text = String::new();
+        if state.dropped > 0 {
+            text.push_str(&format!("[{} earlier lines dropped]\n", state.dropped));
+        }
+        for line in &state.lines {
+            text.push_str(line);
+            text.push('\n');
+        }
+        text
+    }
+}
+
+impl fetch::Progress for Running {
+    fn fetched(&self, bytes_done: u64, bytes_total: u64, files_done: usize, files_total: usize) {
+        let mut state = self.state.lock().expect("running lock");
+        let p = &mut state.progress;
+        (p.bytes_done, p.bytes_total, p.files_done, p.files_total) = (bytes_done, bytes_total, files_done, files_total);
+        state.dirty = true;
+    }
+}
+
+impl Reporter for Running {
+    fn log(&self, level: GuestLevel, message: &str) {
+        self.log.log(level, message);
+        let line = format!("{} {message}", level.as_str());
+        let mut state = self.state.lock().expect("running lock");
+        state.bytes += line.len() + 1;
+        state.lines.push_back(line);
+        while state.bytes > MAX_LOG_BYTES {
+            let Some(old) = state.lines.pop_front() else { break };
+            state.bytes -= old.len() + 1;
+            state.dropped += 1;
+        }
+    }
+
+    fn progress(&self, done: u64, total: u64, note: &str) {
+        self.log.progress(done, total, note);
+        let mut state = self.state.lock().expect("running lock");
+        let p = &mut state.progress;
+        (p.deployer_done, p.deployer_total) = (done, total);
+        p.deployer_note = note.chars().take(200).collect();
+        state.dirty = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logs_are_bounded_and_say_what_was_dropped() {
+        let running = Running::new(1, "p", CancellationToken::new());
+        let line = "x".repeat(1000);
+        for _ in 0..300 {
+            running.log(GuestLevel::Info, &line);
+        }
+        let logs = running.logs();
+        assert!(logs.len() <= MAX_LOG_BYTES + 100, "{}", logs.len());
+        assert!(logs.starts_with("[40 earlier lines dropped]\n"), "{}", &logs[..40]);
+    }
+
+    #[test]
+    fn updates_are_reported_once_and_the_first_cancel_reason_wins() {
+        let running = Running::new(1, "p", CancellationToken::new());
+        assert!(running.take_update().is_some());
+        assert!(running.take_update().is_none());
+        running.progress(1, 2, "half");
+        let (phase, progress) = running.take_update().unwrap();
+        assert_eq!((phase, progress.deployer_done, progress.deployer_note.as_str()), (Phase::Fetching, 1, "half"));
+        running.cancel("cancelled");
+        running.cancel("later");
+        assert_eq!(running.reason(), Some("cancelled"));
+    }
+}
