@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -107,22 +108,21 @@ async fn nothing_outside_the_preopens_can_be_read() {
     assert_still_deploys(&runtime, &plugin, &model).await;
 }
 
-#[tokio::test]
-async fn an_endless_loop_is_stopped_at_its_deadline() {
-    let (runtime, mut plugin, model) = misbehave().await;
-    plugin.limits.timeout = Duration::from_secs(1);
+#[test]
+fn an_endless_loop_is_stopped_at_its_deadline() {
+    on_guarded_thread(|| async {
+        let (runtime, mut plugin, model) = misbehave().await;
+        plugin.limits.timeout = Duration::from_secs(1);
 
-    let started = Instant::now();
-    let (result, _out) = deploy(&runtime, &plugin, &model, 7, json!({"mode": "loop"})).await;
+        let started = Instant::now();
+        let (result, _out) = deploy(&runtime, &plugin, &model, 7, json!({"mode": "loop"})).await;
 
-    let limit = Duration::from_secs(1);
-    assert_eq!(expect_failure(result), CallError::TimedOut { limit });
-    assert!(
-        started.elapsed() >= limit,
-        "stopped before its deadline: {:?}",
-        started.elapsed()
-    );
-    assert_still_deploys(&runtime, &plugin, &model).await;
+        let limit = Duration::from_secs(1);
+        assert_eq!(expect_failure(result), CallError::TimedOut { limit });
+        let elapsed = started.elapsed();
+        assert!(elapsed >= limit, "stopped before its deadline: {elapsed:?}");
+        assert_still_deploys(&runtime, &plugin, &model).await;
+    });
 }
 
 #[tokio::test]
@@ -271,31 +271,40 @@ async fn the_environment_is_empty_unless_the_manifest_grants_variables() {
     assert_still_deploys(&runtime, &bare, &model).await;
 }
 
-#[tokio::test]
-async fn cancelling_stops_a_running_deployment_promptly() {
-    let (runtime, plugin, model) = misbehave().await;
-    assert!(
-        plugin.limits.timeout >= Duration::from_secs(60),
-        "the deadline must not be what stops it"
-    );
-    let out = TempDir::new().unwrap();
-    let cancel = CancellationToken::new();
-    let trigger = cancel.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        trigger.cancel();
+#[test]
+fn cancelling_stops_a_running_deployment_promptly() {
+    on_guarded_thread(|| async {
+        let (runtime, plugin, model) = misbehave().await;
+        assert!(
+            plugin.limits.timeout >= Duration::from_secs(60),
+            "the deadline must not be what stops it"
+        );
+        let out = TempDir::new().unwrap();
+        let cancel = CancellationToken::new();
+        // Cancelled from another thread, as a server's request handler would.
+        let started = Instant::now();
+        let trigger = cancel.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            trigger.cancel();
+        });
+
+        let call = deploy_call(&model, out.path(), 7, r#"{"mode": "loop"}"#);
+        let result = tokio::time::timeout(
+            HANG_GUARD,
+            runtime.deploy(&plugin, call, log_reporter(7), &cancel),
+        )
+        .await
+        .expect("a cancelled deployment hangs");
+
+        assert_eq!(expect_failure(result), CallError::Cancelled);
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed >= Duration::from_millis(200),
+            "ended before the cancel: {elapsed:?}"
+        );
+        assert_still_deploys(&runtime, &plugin, &model).await;
     });
-
-    let call = deploy_call(&model, out.path(), 7, r#"{"mode": "loop"}"#);
-    let result = tokio::time::timeout(
-        HANG_GUARD,
-        runtime.deploy(&plugin, call, log_reporter(7), &cancel),
-    )
-    .await
-    .expect("a cancelled deployment hangs");
-
-    assert_eq!(expect_failure(result), CallError::Cancelled);
-    assert_still_deploys(&runtime, &plugin, &model).await;
 }
 
 #[tokio::test]
@@ -523,6 +532,37 @@ async fn twenty_simultaneous_deployments_each_produce_a_correct_archive() {
 // ---------------------------------------------------------------------------
 // Fixtures
 // ---------------------------------------------------------------------------
+
+/// Runs an async test body on a thread of its own. A guest that never hands
+/// control back to the executor (an endless loop the epoch deadline failed to
+/// interrupt) would hang the whole test run; here it fails the test after
+/// [`HANG_GUARD`] instead. A panic in the body is re-raised as it was.
+#[track_caller]
+fn on_guarded_thread<F>(body: impl FnOnce() -> F + Send + 'static)
+where
+    F: Future<Output = ()>,
+{
+    let (done, finished) = mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let executor = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        executor.block_on(body());
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(HANG_GUARD) {
+        Ok(()) => {}
+        Err(RecvTimeoutError::Timeout) => {
+            panic!("the test did not finish within {HANG_GUARD:?}: a guest was never interrupted")
+        }
+        Err(RecvTimeoutError::Disconnected) => {
+            if let Err(panic) = thread.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+}
 
 /// A file of the repository's build output, or a panic saying how to make it.
 fn built(relative: &str) -> PathBuf {
