@@ -41,6 +41,9 @@ pub enum Event {
         file: String,
         reason: String,
     },
+    PluginRemoved {
+        name: String,
+    },
 }
 
 impl Event {
@@ -53,6 +56,7 @@ impl Event {
             Event::DeploymentFailed { .. } => "deployment.failed",
             Event::PluginLoaded { .. } => "plugin.loaded",
             Event::PluginRejected { .. } => "plugin.rejected",
+            Event::PluginRemoved { .. } => "plugin.removed",
         }
     }
 }
@@ -86,7 +90,7 @@ impl Events {
                 tracing::debug!(deploy_id, phase = phase.as_str(), ?progress, "deployment progress");
             }
             // The plugin loader logs these itself, with more detail.
-            Event::PluginLoaded { .. } | Event::PluginRejected { .. } => {}
+            Event::PluginLoaded { .. } | Event::PluginRejected { .. } | Event::PluginRemoved { .. } => {}
         }
         // No subscriber is fine: events are not stored.
         let _ = self.sender.send(event);

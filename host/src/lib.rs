@@ -12,3 +12,4 @@ pub mod model;
 pub mod pipeline;
 pub mod runtime;
 pub mod validate;
+pub mod watch;

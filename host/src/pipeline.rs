@@ -126,6 +126,11 @@ impl Pipeline {
         self.plugins.read().expect("plugin set lock").clone()
     }
 
+    /// Swaps in a new set of deployers at once.
+    pub fn set_plugins(&self, plugins: PluginSet) {
+        *self.plugins.write().expect("plugin set lock") = Arc::new(plugins);
+    }
+
     /// Steps 1–3: nothing is recorded unless all checks pass.
     pub async fn start(&self, model_id: i64, deployer: &str, options_json: &str) -> Result<Started, StartError> {
         let model = self.db.model(model_id).await?.ok_or(StartError::UnknownModel(model_id))?;

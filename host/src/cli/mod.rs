@@ -1,6 +1,8 @@
-//! The command line: `serve` and the plugin author's tools. Flags double as
-//! `BERTH_*` environment variables. Only this module prints to stdout.
+//! The command line: `serve`, the plugin author's tools, and a client of a
+//! running server. Flags double as `BERTH_*` environment variables. Only this
+//! module prints to stdout.
 
+mod client;
 mod plugin;
 mod serve;
 
@@ -25,6 +27,9 @@ enum Command {
     /// Tools for plugin authors: check and run a deployer without a server.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// `deploy`, `models`, `deployments`, `deployers`: a running server's client.
+    #[command(flatten)]
+    Client(client::ClientCommand),
 }
 
 pub fn main(args: Args) -> ExitCode {
@@ -40,6 +45,7 @@ pub fn main(args: Args) -> ExitCode {
         match args.command {
             Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Plugin(command) => plugin::run(command).await,
+            Command::Client(command) => client::run(command).await,
         }
     });
     match result {

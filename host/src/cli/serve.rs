@@ -13,7 +13,8 @@ use crate::db::Db;
 use crate::events::{Event, Events};
 use crate::fetch::Fetcher;
 use crate::pipeline::Pipeline;
-use crate::runtime::{CodeCache, Limits, Runtime};
+use crate::runtime::{CodeCache, Limits, Origin, Runtime};
+use crate::watch::Watcher;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -44,9 +45,14 @@ pub struct ServeArgs {
     /// Limit on fetching all files of one deployment, in seconds.
     #[arg(long, env = "BERTH_FETCH_TIMEOUT_S", default_value_t = 1800)]
     fetch_timeout_s: u64,
+    /// How often the plugins folder is checked for added, replaced or
+    /// removed plugins, in milliseconds; 0 turns watching off.
+    #[arg(long, env = "BERTH_PLUGINS_POLL_MS", default_value_t = 1000)]
+    plugins_poll_ms: u64,
 }
 
 pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+    let clock = std::time::Instant::now();
     // Recorded paths (a deployment's dir and out_dir) must not depend on the
     // working directory of whoever reads them.
     args.data_dir = std::path::absolute(&args.data_dir)?;
@@ -75,9 +81,13 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         timeout: Duration::from_secs(args.timeout_s),
     };
     let runtime = Arc::new(Runtime::new(limits, Some(CodeCache::new(data_dir.join("cache"))))?);
+    let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
     let plugins = runtime.load_dir(&args.plugins_dir, args.max_deployers).await;
+    let compiled = plugins.deployers.values().filter(|p| p.origin == Origin::Compiled).count();
     tracing::info!(
         loaded = plugins.deployers.len(),
+        compiled,
+        from_cache = plugins.deployers.len() - compiled,
         rejected = plugins.rejected.len(),
         folder = %args.plugins_dir.display(),
         "plugins folder loaded"
@@ -106,10 +116,18 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         data_dir.join("out"),
     ));
 
+    if args.plugins_poll_ms > 0 {
+        tokio::spawn(watcher.run(pipeline.clone(), Duration::from_millis(args.plugins_poll_ms)));
+    }
+
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    tracing::info!("berth is listening on http://{}", listener.local_addr()?);
+    tracing::info!(
+        ready_ms = clock.elapsed().as_millis() as u64,
+        "berth is listening on http://{}",
+        listener.local_addr()?
+    );
     let shutdown = pipeline.shutdown.clone();
     axum::serve(listener, crate::http::app(pipeline))
         .with_graceful_shutdown(async move {

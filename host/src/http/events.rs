@@ -48,7 +48,7 @@ fn body(event: &Event) -> Value {
             "deploy_id": deploy_id, "model_id": model_id, "deployer": deployer,
             "duration_ms": duration_ms, "error": error,
         }),
-        Event::PluginLoaded { name } => json!({ "name": name }),
+        Event::PluginLoaded { name } | Event::PluginRemoved { name } => json!({ "name": name }),
         Event::PluginRejected { file, reason } => json!({ "file": file, "reason": reason }),
     }
 }

@@ -221,7 +221,8 @@ fn wait_until_listening(child: &mut Child) -> (String, Arc<Mutex<String>>) {
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Some(at) = line.find("berth is listening on ") {
-                let _ = ready_tx.send(line[at + "berth is listening on ".len()..].trim().to_string());
+                let rest = &line[at + "berth is listening on ".len()..];
+                let _ = ready_tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
             }
             let mut log = sink.lock().unwrap();
             log.push_str(&line);

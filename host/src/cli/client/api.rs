@@ -1,0 +1,252 @@
+//! The client's side of the HTTP API: requests to a running server, its
+//! answers as JSON, and its server-sent event stream. Never prints.
+
+use std::fmt;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+/// A dead address should fail fast; a slow answer is the server's business
+/// (a deploy may take minutes), so requests themselves have no deadline.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a command could not get what it asked the server for.
+#[derive(Debug)]
+pub enum Error {
+    /// No connection, or it broke mid-answer. Exit status 2.
+    Unreachable { server: String, reason: String },
+    /// The server answered with an error sentence. Exit status 1.
+    Refused { status: StatusCode, message: String },
+    /// Anything else the person has to fix (a bad flag, an unknown model).
+    /// Exit status 1.
+    Invalid(String),
+}
+
+impl Error {
+    /// The process's exit status when this ends a command.
+    pub fn exit_status(&self) -> u8 {
+        match self {
+            Error::Unreachable { .. } => 2,
+            Error::Refused { .. } | Error::Invalid(_) => 1,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Unreachable { server, reason } => {
+                write!(f, "cannot reach berth at {server}: {reason} (is `berth serve` running?)")
+            }
+            Error::Refused { message, .. } => f.write_str(message),
+            Error::Invalid(message) => f.write_str(message),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// A running berth server, by its base URL.
+pub struct Api {
+    /// Without a trailing `/`, as people type it and as messages show it.
+    server: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(server: &str) -> Result<Self, Error> {
+        let server = server.trim_end_matches('/').to_string();
+        match url::Url::parse(&server) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "--server {server:?} is not a server address: give one like http://127.0.0.1:7878"
+                )));
+            }
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+            .map_err(|e| Error::Invalid(format!("cannot set up an HTTP client: {e}")))?;
+        Ok(Self { server, http })
+    }
+
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    pub async fn get(&self, path: &str) -> Result<Value, Error> {
+        self.call(Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Result<Value, Error> {
+        self.call(Method::POST, path, Some(body)).await
+    }
+
+    async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Value, Error> {
+        let mut request = self.http.request(method.clone(), format!("{}{path}", self.server));
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.map_err(|e| self.unreachable(&e))?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| self.unreachable(&e))?;
+        let json = serde_json::from_str::<Value>(&text);
+        if status.is_success() {
+            return json.map_err(|_| {
+                Error::Invalid(format!(
+                    "{} answered {method} {path} with something that is not JSON (is it a berth server?)",
+                    self.server
+                ))
+            });
+        }
+        match json.as_ref().ok().and_then(|v| v["error"].as_str()) {
+            Some(message) => Err(Error::Refused { status, message: message.to_string() }),
+            None => Err(Error::Refused {
+                status,
+                message: format!(
+                    "{} answered {method} {path} with {status} and no explanation (is it a berth server?)",
+                    self.server
+                ),
+            }),
+        }
+    }
+
+    /// Subscribes to `GET /v1/events`. Once this returns, every later event
+    /// is delivered: the server subscribes before it answers.
+    pub async fn events(&self) -> Result<Events, Error> {
+        let path = "/v1/events";
+        let response = self
+            .http
+            .get(format!("{}{path}", self.server))
+            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .send()
+            .await
+            .map_err(|e| self.unreachable(&e))?;
+        if !response.status().is_success() {
+            return Err(Error::Refused {
+                status: response.status(),
+                message: format!("{} answered GET {path} with {}", self.server, response.status()),
+            });
+        }
+        Ok(Events { chunks: Box::pin(response.bytes_stream()), buffer: Vec::new() })
+    }
+
+    fn unreachable(&self, error: &reqwest::Error) -> Error {
+        Error::Unreachable { server: self.server.clone(), reason: transport_reason(error) }
+    }
+}
+
+/// The innermost cause in words, "connection refused" rather than reqwest's
+/// "error sending request for url (…)".
+fn transport_reason(error: &reqwest::Error) -> String {
+    if error.is_timeout() {
+        return "no answer in time".to_string();
+    }
+    let mut innermost: &dyn std::error::Error = error;
+    while let Some(source) = innermost.source() {
+        if let Some(io) = source.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => return "connection refused".to_string(),
+                std::io::ErrorKind::ConnectionReset => return "the connection was reset".to_string(),
+                _ => {}
+            }
+        }
+        innermost = source;
+    }
+    innermost.to_string()
+}
+
+/// One server-sent event, or the server's note that this subscriber fell
+/// behind and lost some.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sse {
+    Event { kind: String, data: Value },
+    Missed,
+}
+
+/// The open `GET /v1/events` stream.
+pub struct Events {
+    chunks: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    /// Bytes of an event not complete yet (a chunk may end anywhere).
+    buffer: Vec<u8>,
+}
+
+impl Events {
+    /// The next event; `None` when the server closed the stream.
+    pub async fn next(&mut self) -> Option<Result<Sse, String>> {
+        loop {
+            while let Some(block) = take_block(&mut self.buffer) {
+                if let Some(sse) = parse_block(&block) {
+                    return Some(Ok(sse));
+                }
+            }
+            match self.chunks.next().await? {
+                Ok(chunk) => self.buffer.extend(chunk.iter().filter(|&&b| b != b'\r')),
+                Err(e) => return Some(Err(transport_reason(&e))),
+            }
+        }
+    }
+}
+
+/// Removes and returns the first complete block (up to a blank line).
+fn take_block(buffer: &mut Vec<u8>) -> Option<String> {
+    let end = buffer.windows(2).position(|w| w == b"\n\n")?;
+    let block: Vec<u8> = buffer.drain(..end + 2).collect();
+    Some(String::from_utf8_lossy(&block[..end]).into_owned())
+}
+
+/// An event with JSON data, a lag note, or nothing worth reporting
+/// (keep-alives, events whose data is not JSON).
+fn parse_block(block: &str) -> Option<Sse> {
+    let mut kind = None;
+    let mut data: Vec<&str> = Vec::new();
+    let mut missed = false;
+    for line in block.lines() {
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "" => missed |= value.starts_with("missed "),
+            "event" => kind = Some(value.to_string()),
+            "data" => data.push(value),
+            _ => {}
+        }
+    }
+    if missed {
+        return Some(Sse::Missed);
+    }
+    let data = serde_json::from_str(&data.join("\n")).ok()?;
+    Some(Sse::Event { kind: kind.unwrap_or_else(|| "message".to_string()), data })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn blocks_are_split_at_blank_lines_and_keep_the_rest() {
+        let mut buffer = b"event: a\ndata: 1\n\nevent: b\nda".to_vec();
+        assert_eq!(take_block(&mut buffer).as_deref(), Some("event: a\ndata: 1"));
+        assert_eq!(take_block(&mut buffer), None);
+        assert_eq!(buffer, b"event: b\nda");
+    }
+
+    #[test]
+    fn blocks_parse_into_events() {
+        let check = |block: &str, expected: Option<Sse>| assert_eq!(parse_block(block), expected, "{block:?}");
+        check(
+            "event: deployment.started\ndata: {\"deploy_id\": 3}",
+            Some(Sse::Event { kind: "deployment.started".into(), data: json!({"deploy_id": 3}) }),
+        );
+        check("data: {\"a\":\ndata: 1}", Some(Sse::Event { kind: "message".into(), data: json!({"a": 1}) }));
+        check(": missed 12 events", Some(Sse::Missed));
+        check(":", None);
+        check("event: x\ndata: not json", None);
+    }
+}

@@ -1,0 +1,139 @@
+//! The plugins folder while the server runs: hot add, replace, remove, and
+//! restarts that reuse compiled code.
+
+use std::path::Path;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::support::files::FileServer;
+use crate::support::plugins;
+use crate::support::server::{Backend, Berth};
+use crate::support::{adapter_files, model};
+
+/// Copies like an operator should: to a temp name, then rename.
+fn install(dir: &Path, name: &str, wasm: &[u8]) {
+    let temp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&temp, wasm).unwrap();
+    std::fs::rename(temp, dir.join(format!("{name}.wasm"))).unwrap();
+}
+
+async fn deployers(berth: &Berth) -> Value {
+    berth.get("/v1/deployers").await.1
+}
+
+fn sha_of(deployers: &Value, name: &str) -> Option<String> {
+    deployers["deployers"].as_array()?.iter().find(|d| d["name"] == name).map(|d| d["sha256"].as_str().unwrap().to_string())
+}
+
+async fn wait_for_deployers(berth: &Berth, condition: impl Fn(&Value) -> bool) -> Value {
+    for _ in 0..300 {
+        let now = deployers(berth).await;
+        if condition(&now) {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the plugins folder change was not applied; log:\n{}", berth.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
+    let files = FileServer::start().await;
+    let berth = Berth::options(Backend::Sqlite).arg("--plugins-poll-ms").arg("200").start().await;
+    let id = berth.register(&model(&files, "job-hot", &adapter_files())).await;
+    let dir = berth.plugins_dir().to_path_buf();
+    let archive = std::fs::read(plugins::example("archive")).unwrap();
+    let events = berth.client().get(format!("{}/v1/events", berth.url)).send().await.unwrap();
+
+    // Add.
+    install(&dir, "packer", &archive);
+    wait_for_deployers(&berth, |d| sha_of(d, "packer").is_some()).await;
+    let (status, body) = berth.deploy(id, "packer", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // Replace misbehave with archive while a misbehave deployment sleeps.
+    let before = sha_of(&deployers(&berth).await, "misbehave").unwrap();
+    let (status, running) = berth
+        .post(
+            &format!("/v1/models/{id}/deployments?wait=false"),
+            &json!({ "deployer": "misbehave", "options": { "mode": "sleep", "ms": 3000 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    install(&dir, "misbehave", &archive);
+    wait_for_deployers(&berth, |d| sha_of(d, "misbehave").is_some_and(|s| s != before)).await;
+    let finished = loop {
+        let (_, d) = berth.get(&format!("/v1/deployments/{}", running["id"])).await;
+        if d["status"] != "running" {
+            break d;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(finished["status"], "completed", "{finished}");
+    assert_eq!(finished["ref"], "ok", "the running deployment finished on the version it started with");
+    let (status, replaced) = berth.deploy(id, "misbehave", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{replaced}");
+    assert!(replaced["ref"].as_str().unwrap().ends_with(".tar.gz"), "new deployments use the new version");
+
+    // A bad replacement keeps the previous version serving and says why.
+    let serving = sha_of(&deployers(&berth).await, "packer").unwrap();
+    install(&dir, "packer", b"this is not wasm");
+    let now = wait_for_deployers(&berth, |d| !d["rejected"].as_array().unwrap().is_empty()).await;
+    assert_eq!(sha_of(&now, "packer"), Some(serving.clone()));
+    let reason = now["rejected"][0]["reason"].as_str().unwrap();
+    assert_eq!(now["rejected"][0]["file"], "packer.wasm");
+    assert!(reason.starts_with("is not a WebAssembly file"), "{reason}");
+    assert!(reason.contains(&format!("still serving the previous version, sha256 {serving}")), "{reason}");
+    assert_eq!(berth.deploy(id, "packer", json!({})).await.0, StatusCode::OK);
+
+    // Remove.
+    std::fs::remove_file(dir.join("packer.wasm")).unwrap();
+    let now = wait_for_deployers(&berth, |d| sha_of(d, "packer").is_none()).await;
+    assert_eq!(now["rejected"], json!([]), "the rejection left with its file");
+    let (status, body) = berth.deploy(id, "packer", json!({})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    // Each change was announced.
+    let mut text = String::new();
+    let mut stream = events.bytes_stream();
+    while !text.contains("event: plugin.removed") {
+        use futures::StreamExt;
+        let chunk = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap().unwrap().unwrap();
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(text.contains("event: plugin.loaded\ndata: {\"name\":\"packer\"}"), "{text}");
+    assert!(text.contains("event: plugin.rejected\ndata: {\"file\":\"packer.wasm\""), "{text}");
+    assert!(text.contains("event: plugin.removed\ndata: {\"name\":\"packer\"}"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_reuses_compiled_code_and_rebuilds_a_tampered_entry() {
+    let mut berth = Berth::start(Backend::Sqlite).await;
+    assert!(berth.log().contains("compiled=2 from_cache=0"), "{}", berth.log());
+
+    berth.kill9();
+    berth.restart();
+    assert!(berth.log().contains("compiled=0 from_cache=2"), "{}", berth.log());
+
+    let cache = berth.data_dir().join("cache");
+    let entries: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .collect();
+    assert_eq!(entries.len(), 2);
+    let mut bytes = std::fs::read(&entries[0]).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&entries[0], bytes).unwrap();
+
+    berth.kill9();
+    berth.restart();
+    let log = berth.log();
+    assert!(log.contains("does not match its recorded hash"), "{log}");
+    assert!(log.contains("compiled=1 from_cache=1"), "{log}");
+    assert!(sha_of(&deployers(&berth).await, "archive").is_some(), "the rebuilt plugin serves");
+}
