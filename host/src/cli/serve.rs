@@ -12,6 +12,7 @@ use clap::Args;
 use crate::db::Db;
 use crate::events::{Event, Events};
 use crate::fetch::Fetcher;
+use crate::http::Webhook;
 use crate::pipeline::Pipeline;
 use crate::runtime::{CodeCache, Limits, Origin, Runtime};
 use crate::watch::Watcher;
@@ -49,6 +50,12 @@ pub struct ServeArgs {
     /// removed plugins, in milliseconds; 0 turns watching off.
     #[arg(long, env = "BERTH_PLUGINS_POLL_MS", default_value_t = 1000)]
     plugins_poll_ms: u64,
+    /// POST every deployment event as JSON to this URL.
+    #[arg(long, env = "BERTH_WEBHOOK_URL")]
+    webhook_url: Option<String>,
+    /// Sign webhook bodies with this secret (header X-Berth-Signature).
+    #[arg(long, env = "BERTH_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
 }
 
 pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
@@ -101,6 +108,11 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             file: rejection.file.clone(),
             reason: rejection.reason.clone(),
         });
+    }
+
+    if let Some(url) = args.webhook_url.clone() {
+        url::Url::parse(&url).with_context(|| format!("--webhook-url {url} is not a URL"))?;
+        Webhook { url, secret: args.webhook_secret.clone() }.spawn(&events)?;
     }
 
     let models_dir = args.models_dir.clone().unwrap_or_else(|| data_dir.join("models"));

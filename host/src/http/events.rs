@@ -31,7 +31,8 @@ async fn stream(State(pipeline): State<Arc<Pipeline>>) -> axum::response::Sse<im
     axum::response::Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
-fn body(event: &Event) -> Value {
+/// An event's JSON, as SSE `data:` and webhook `data` carry it.
+pub(crate) fn body(event: &Event) -> Value {
     match event {
         Event::DeploymentStarted { deploy_id, model_id, deployer } => {
             json!({ "deploy_id": deploy_id, "model_id": model_id, "deployer": deployer })

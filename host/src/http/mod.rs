@@ -7,6 +7,9 @@ mod error;
 mod events;
 mod json;
 mod models;
+mod webhook;
+
+pub use webhook::{Webhook, signature};
 
 use std::sync::Arc;
 
