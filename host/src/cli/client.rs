@@ -65,7 +65,12 @@ pub enum ClientCommand {
 #[derive(Debug, Args)]
 pub struct Common {
     /// The berth server to talk to.
-    #[arg(long, env = "BERTH_SERVER", value_name = "URL", default_value = "http://127.0.0.1:7878")]
+    #[arg(
+        long,
+        env = "BERTH_SERVER",
+        value_name = "URL",
+        default_value = "http://127.0.0.1:7878"
+    )]
     server: String,
     /// Prints the server's JSON instead of text.
     #[arg(long)]
@@ -74,7 +79,13 @@ pub struct Common {
 
 pub async fn run(command: ClientCommand) -> anyhow::Result<ExitCode> {
     let outcome = match command {
-        ClientCommand::Deploy { model, deployer, option, options, common } => {
+        ClientCommand::Deploy {
+            model,
+            deployer,
+            option,
+            options,
+            common,
+        } => {
             let request = options_of(options, option).map(|options| deploy::DeployRequest {
                 model,
                 deployer,
@@ -87,10 +98,14 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<ExitCode> {
             }
         }
         ClientCommand::Models { common } => with_api(&common, |api| models(api, common.json)).await,
-        ClientCommand::Deployments { model, limit, common } => {
-            with_api(&common, |api| deployments(api, &model, limit, common.json)).await
+        ClientCommand::Deployments {
+            model,
+            limit,
+            common,
+        } => with_api(&common, |api| deployments(api, &model, limit, common.json)).await,
+        ClientCommand::Deployers { common } => {
+            with_api(&common, |api| deployers(api, common.json)).await
         }
-        ClientCommand::Deployers { common } => with_api(&common, |api| deployers(api, common.json)).await,
     };
     Ok(outcome.unwrap_or_else(|e| {
         eprintln!("error: {e}");
@@ -103,7 +118,9 @@ where
     F: FnOnce(Api) -> Fut,
     Fut: Future<Output = Result<(), Error>>,
 {
-    command(Api::new(&common.server)?).await.map(|()| ExitCode::SUCCESS)
+    command(Api::new(&common.server)?)
+        .await
+        .map(|()| ExitCode::SUCCESS)
 }
 
 /// `KEY=VALUE`, VALUE as JSON when it is JSON: `level=9` is a number,
@@ -111,20 +128,28 @@ where
 fn parse_option(raw: &str) -> Result<(String, Value), String> {
     match raw.split_once('=') {
         Some((key, value)) if !key.is_empty() => {
-            let value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_string()));
+            let value =
+                serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.to_string()));
             Ok((key.to_string(), value))
         }
-        _ => Err(format!("{raw:?} is not KEY=VALUE, like level=9 or mode=fast")),
+        _ => Err(format!(
+            "{raw:?} is not KEY=VALUE, like level=9 or mode=fast"
+        )),
     }
 }
 
 /// `--options` first, then each `--option` on top of it.
-fn options_of(json: Option<String>, pairs: Vec<(String, Value)>) -> Result<Map<String, Value>, Error> {
+fn options_of(
+    json: Option<String>,
+    pairs: Vec<(String, Value)>,
+) -> Result<Map<String, Value>, Error> {
     let mut options = match json.as_deref().map(serde_json::from_str::<Value>) {
         None => Map::new(),
         Some(Ok(Value::Object(options))) => options,
         Some(Ok(_)) => {
-            return Err(Error::Invalid("--options must be a JSON object, like '{\"level\": 9}'".into()));
+            return Err(Error::Invalid(
+                "--options must be a JSON object, like '{\"level\": 9}'".into(),
+            ));
         }
         Some(Err(e)) => return Err(Error::Invalid(format!("--options is not valid JSON: {e}"))),
     };
@@ -136,8 +161,14 @@ fn options_of(json: Option<String>, pairs: Vec<(String, Value)>) -> Result<Map<S
 /// model's id is refused rather than guessed.
 async fn find_model(api: &Api, given: &str) -> Result<Value, Error> {
     let answer = api.get("/v1/models").await?;
-    let models = answer["models"].as_array().map(Vec::as_slice).unwrap_or_default();
-    let by_id = given.parse::<i64>().ok().and_then(|id| models.iter().find(|m| m["id"] == id));
+    let models = answer["models"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let by_id = given
+        .parse::<i64>()
+        .ok()
+        .and_then(|id| models.iter().find(|m| m["id"] == id));
     let by_job = models.iter().find(|m| m["job_id"] == given);
     match (by_id, by_job) {
         (Some(a), Some(b)) if a["id"] != b["id"] => Err(Error::Invalid(format!(
@@ -153,7 +184,10 @@ async fn find_model(api: &Api, given: &str) -> Result<Value, Error> {
 }
 
 fn print_json(value: &Value) {
-    println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
 }
 
 /// A JSON field as table text: strings bare, nothing for null.
@@ -166,7 +200,10 @@ fn cell(value: &Value) -> String {
 }
 
 fn list<'a>(answer: &'a Value, field: &str) -> &'a [Value] {
-    answer[field].as_array().map(Vec::as_slice).unwrap_or_default()
+    answer[field]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
 }
 
 async fn models(api: Api, json: bool) -> Result<(), Error> {
@@ -180,8 +217,16 @@ async fn models(api: Api, json: bool) -> Result<(), Error> {
         println!("no models are registered on {}", api.server());
         return Ok(());
     }
-    let mut table =
-        Table::new(&["ID", "JOB ID", "NAME", "BASE MODEL", "FILES", "SIZE", "CREATED (UTC)"]).right_align(&[0, 4, 5]);
+    let mut table = Table::new(&[
+        "ID",
+        "JOB ID",
+        "NAME",
+        "BASE MODEL",
+        "FILES",
+        "SIZE",
+        "CREATED (UTC)",
+    ])
+    .right_align(&[0, 4, 5]);
     for model in models {
         let files = list(model, "files");
         let size: u64 = files.iter().filter_map(|f| f["size_bytes"].as_u64()).sum();
@@ -215,22 +260,40 @@ async fn deployments(api: Api, given: &str, limit: Option<u32>, json: bool) -> R
     }
     let deployments = list(&answer, "deployments");
     if deployments.is_empty() {
-        println!("model {} ({}) has no deployments yet", model["id"], cell(&model["job_id"]));
+        println!(
+            "model {} ({}) has no deployments yet",
+            model["id"],
+            cell(&model["job_id"])
+        );
         return Ok(());
     }
-    let mut table =
-        Table::new(&["ID", "DEPLOYER", "STATUS", "DURATION", "REF / ERROR", "CREATED (UTC)"]).right_align(&[0, 3]);
+    let mut table = Table::new(&[
+        "ID",
+        "DEPLOYER",
+        "STATUS",
+        "DURATION",
+        "REF / ERROR",
+        "CREATED (UTC)",
+    ])
+    .right_align(&[0, 3]);
     for deployment in deployments {
         let status = match deployment["phase"].as_str() {
             Some(phase) if deployment["status"] == "running" => format!("running ({phase})"),
             _ => cell(&deployment["status"]),
         };
-        let outcome = if deployment["status"] == "failed" { &deployment["error"] } else { &deployment["ref"] };
+        let outcome = if deployment["status"] == "failed" {
+            &deployment["error"]
+        } else {
+            &deployment["ref"]
+        };
         table.row(vec![
             cell(&deployment["id"]),
             cell(&deployment["deployer"]),
             status,
-            deployment["duration_ms"].as_i64().map(text::duration_ms).unwrap_or_default(),
+            deployment["duration_ms"]
+                .as_i64()
+                .map(text::duration_ms)
+                .unwrap_or_default(),
             text::truncate(&cell(outcome), OUTCOME_WIDTH),
             text::timestamp(&cell(&deployment["created_at"])),
         ]);
@@ -247,7 +310,10 @@ async fn deployers(api: Api, json: bool) -> Result<(), Error> {
     }
     let deployers = list(&answer, "deployers");
     if deployers.is_empty() {
-        println!("no deployers are loaded on {}: the server loads NAME.wasm from its plugins folder", api.server());
+        println!(
+            "no deployers are loaded on {}: the server loads NAME.wasm from its plugins folder",
+            api.server()
+        );
     } else {
         let mut table = Table::new(&["NAME", "DESCRIPTION", "NETWORK"]);
         for deployer in deployers {
@@ -255,7 +321,11 @@ async fn deployers(api: Api, json: bool) -> Result<(), Error> {
             table.row(vec![
                 cell(&deployer["name"]),
                 cell(&deployer["description"]),
-                if hosts.is_empty() { "none".to_string() } else { hosts.join(", ") },
+                if hosts.is_empty() {
+                    "none".to_string()
+                } else {
+                    hosts.join(", ")
+                },
             ]);
         }
         print!("{}", table.render());
@@ -298,10 +368,23 @@ mod tests {
 
     #[test]
     fn single_options_win_over_the_object() {
-        let options =
-            options_of(Some(r#"{"level": 1, "keep": true}"#.into()), vec![("level".into(), json!(9))]).unwrap();
+        let options = options_of(
+            Some(r#"{"level": 1, "keep": true}"#.into()),
+            vec![("level".into(), json!(9))],
+        )
+        .unwrap();
         assert_eq!(Value::Object(options), json!({"level": 9, "keep": true}));
-        assert!(options_of(Some("[1]".into()), vec![]).unwrap_err().to_string().contains("JSON object"));
-        assert!(options_of(Some("{".into()), vec![]).unwrap_err().to_string().contains("not valid JSON"));
+        assert!(
+            options_of(Some("[1]".into()), vec![])
+                .unwrap_err()
+                .to_string()
+                .contains("JSON object")
+        );
+        assert!(
+            options_of(Some("{".into()), vec![])
+                .unwrap_err()
+                .to_string()
+                .contains("not valid JSON")
+        );
     }
 }

@@ -40,7 +40,10 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Unreachable { server, reason } => {
-                write!(f, "cannot reach berth at {server}: {reason} (is `berth serve` running?)")
+                write!(
+                    f,
+                    "cannot reach berth at {server}: {reason} (is `berth serve` running?)"
+                )
             }
             Error::Refused { message, .. } => f.write_str(message),
             Error::Invalid(message) => f.write_str(message),
@@ -88,7 +91,9 @@ impl Api {
     }
 
     async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Value, Error> {
-        let mut request = self.http.request(method.clone(), format!("{}{path}", self.server));
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.server));
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -105,7 +110,10 @@ impl Api {
             });
         }
         match json.as_ref().ok().and_then(|v| v["error"].as_str()) {
-            Some(message) => Err(Error::Refused { status, message: message.to_string() }),
+            Some(message) => Err(Error::Refused {
+                status,
+                message: message.to_string(),
+            }),
             None => Err(Error::Refused {
                 status,
                 message: format!(
@@ -130,14 +138,24 @@ impl Api {
         if !response.status().is_success() {
             return Err(Error::Refused {
                 status: response.status(),
-                message: format!("{} answered GET {path} with {}", self.server, response.status()),
+                message: format!(
+                    "{} answered GET {path} with {}",
+                    self.server,
+                    response.status()
+                ),
             });
         }
-        Ok(Events { chunks: Box::pin(response.bytes_stream()), buffer: Vec::new() })
+        Ok(Events {
+            chunks: Box::pin(response.bytes_stream()),
+            buffer: Vec::new(),
+        })
     }
 
     fn unreachable(&self, error: &reqwest::Error) -> Error {
-        Error::Unreachable { server: self.server.clone(), reason: transport_reason(error) }
+        Error::Unreachable {
+            server: self.server.clone(),
+            reason: transport_reason(error),
+        }
     }
 }
 
@@ -152,7 +170,9 @@ fn transport_reason(error: &reqwest::Error) -> String {
         if let Some(io) = source.downcast_ref::<std::io::Error>() {
             match io.kind() {
                 std::io::ErrorKind::ConnectionRefused => return "connection refused".to_string(),
-                std::io::ErrorKind::ConnectionReset => return "the connection was reset".to_string(),
+                std::io::ErrorKind::ConnectionReset => {
+                    return "the connection was reset".to_string();
+                }
                 _ => {}
             }
         }
@@ -220,7 +240,10 @@ fn parse_block(block: &str) -> Option<Sse> {
         return Some(Sse::Missed);
     }
     let data = serde_json::from_str(&data.join("\n")).ok()?;
-    Some(Sse::Event { kind: kind.unwrap_or_else(|| "message".to_string()), data })
+    Some(Sse::Event {
+        kind: kind.unwrap_or_else(|| "message".to_string()),
+        data,
+    })
 }
 
 #[cfg(test)]
@@ -232,19 +255,33 @@ mod tests {
     #[test]
     fn blocks_are_split_at_blank_lines_and_keep_the_rest() {
         let mut buffer = b"event: a\ndata: 1\n\nevent: b\nda".to_vec();
-        assert_eq!(take_block(&mut buffer).as_deref(), Some("event: a\ndata: 1"));
+        assert_eq!(
+            take_block(&mut buffer).as_deref(),
+            Some("event: a\ndata: 1")
+        );
         assert_eq!(take_block(&mut buffer), None);
         assert_eq!(buffer, b"event: b\nda");
     }
 
     #[test]
     fn blocks_parse_into_events() {
-        let check = |block: &str, expected: Option<Sse>| assert_eq!(parse_block(block), expected, "{block:?}");
+        let check = |block: &str, expected: Option<Sse>| {
+            assert_eq!(parse_block(block), expected, "{block:?}")
+        };
         check(
             "event: deployment.started\ndata: {\"deploy_id\": 3}",
-            Some(Sse::Event { kind: "deployment.started".into(), data: json!({"deploy_id": 3}) }),
+            Some(Sse::Event {
+                kind: "deployment.started".into(),
+                data: json!({"deploy_id": 3}),
+            }),
         );
-        check("data: {\"a\":\ndata: 1}", Some(Sse::Event { kind: "message".into(), data: json!({"a": 1}) }));
+        check(
+            "data: {\"a\":\ndata: 1}",
+            Some(Sse::Event {
+                kind: "message".into(),
+                data: json!({"a": 1}),
+            }),
+        );
         check(": missed 12 events", Some(Sse::Missed));
         check(":", None);
         check("event: x\ndata: not json", None);

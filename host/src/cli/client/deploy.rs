@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::api::{Api, Error, Events, Sse};
@@ -47,7 +48,9 @@ pub async fn run(api: &Api, request: DeployRequest) -> Result<ExitCode, Error> {
         Ok(events) => Some(events),
         Err(e @ Error::Unreachable { .. }) => return Err(e),
         Err(e) => {
-            eprintln!("cannot follow the server's events ({e}); asking for the deployment every 500 ms instead");
+            eprintln!(
+                "cannot follow the server's events ({e}); asking for the deployment every 500 ms instead"
+            );
             None
         }
     };
@@ -55,9 +58,17 @@ pub async fn run(api: &Api, request: DeployRequest) -> Result<ExitCode, Error> {
         return Ok(ExitCode::from(INTERRUPTED));
     }
     let body = json!({ "deployer": request.deployer, "options": request.options });
-    let started = api.post(&format!("/v1/models/{model_id}/deployments?wait=false"), &body).await?;
+    let started = api
+        .post(
+            &format!("/v1/models/{model_id}/deployments?wait=false"),
+            &body,
+        )
+        .await?;
     let Some(deploy_id) = started["id"].as_i64() else {
-        return Err(Error::Invalid(format!("{} started a deployment but did not say its id", api.server())));
+        return Err(Error::Invalid(format!(
+            "{} started a deployment but did not say its id",
+            api.server()
+        )));
     };
 
     let mut view = ProgressView::new(deploy_id);
@@ -80,19 +91,30 @@ pub async fn run(api: &Api, request: DeployRequest) -> Result<ExitCode, Error> {
     };
     let deployment = ended?;
     print(&deployment, request.json);
-    Ok(if deployment["status"] == "completed" { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if deployment["status"] == "completed" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Waits for the deployment to end, showing its progress; returns its row.
-async fn follow(api: &Api, deploy_id: i64, events: Option<Events>, view: &mut ProgressView) -> Result<Value, Error> {
+async fn follow(
+    api: &Api,
+    deploy_id: i64,
+    events: Option<Events>,
+    view: &mut ProgressView,
+) -> Result<Value, Error> {
     if let Some(mut events) = events {
+        let mut quiet_until = Instant::now() + QUIET_CHECK;
         loop {
-            let next = match tokio::time::timeout(QUIET_CHECK, events.next()).await {
-                Ok(next) => next,
-                Err(_quiet) => {
+            let next = tokio::select! {
+                next = events.next() => next,
+                () = tokio::time::sleep_until(quiet_until) => {
                     if let Some(ended) = ended(api, deploy_id).await? {
                         return Ok(ended);
                     }
+                    quiet_until = Instant::now() + QUIET_CHECK;
                     continue;
                 }
             };
@@ -110,13 +132,21 @@ async fn follow(api: &Api, deploy_id: i64, events: Option<Events>, view: &mut Pr
                         return Ok(ended);
                     }
                 }
-                Some(Ok(Sse::Event { kind, data })) if data["deploy_id"] == deploy_id => match kind.as_str() {
-                    "deployment.progress" => view.update(data["phase"].as_str().unwrap_or("running"), &data["progress"]),
-                    // The row is written before its event is published, so
-                    // the poll below finds it ended at once.
-                    "deployment.completed" | "deployment.failed" => break,
-                    _ => {}
-                },
+                Some(Ok(Sse::Event { kind, data })) if data["deploy_id"] == deploy_id => {
+                    quiet_until = Instant::now() + QUIET_CHECK;
+                    match kind.as_str() {
+                        "deployment.progress" => {
+                            view.update(
+                                data["phase"].as_str().unwrap_or("running"),
+                                &data["progress"],
+                            );
+                        }
+                        // The row is written before its event is published,
+                        // so the poll below finds it ended at once.
+                        "deployment.completed" | "deployment.failed" => break,
+                        _ => {}
+                    }
+                }
                 Some(Ok(Sse::Event { .. })) => {}
             }
         }
@@ -157,8 +187,10 @@ async fn poll(api: &Api, deploy_id: i64, view: &mut ProgressView) -> Result<Valu
 /// exits as an interrupted process does. A second Ctrl-C stops waiting.
 async fn cancel(api: &Api, deploy_id: i64, json: bool) -> Result<ExitCode, Error> {
     eprintln!("interrupted: cancelling deployment {deploy_id} (Ctrl-C again to stop waiting)");
+    let path = format!("/v1/deployments/{deploy_id}/cancel");
+    let nothing = json!({});
     let cancelled = tokio::select! {
-        answer = api.post(&format!("/v1/deployments/{deploy_id}/cancel"), &json!({})) => answer,
+        answer = api.post(&path, &nothing) => answer,
         _ = tokio::signal::ctrl_c() => return Ok(ExitCode::from(INTERRUPTED)),
     };
     match cancelled {
@@ -179,7 +211,10 @@ async fn cancel(api: &Api, deploy_id: i64, json: bool) -> Result<ExitCode, Error
 /// matter to a person.
 fn print(deployment: &Value, json: bool) {
     if json {
-        println!("{}", serde_json::to_string_pretty(deployment).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(deployment).unwrap_or_default()
+        );
         return;
     }
     let field = |name: &str| match &deployment[name] {

@@ -21,19 +21,24 @@ pub struct ProgressView {
     /// redraw only its last part.
     width: usize,
     drawn: bool,
-    last_phase: Option<String>,
+    /// The phase of the last plain line, and whether it knew the totals.
+    last_stage: Option<(String, bool)>,
     last_plain: Option<Instant>,
 }
 
 impl ProgressView {
     pub fn new(deploy_id: i64) -> Self {
-        let width = std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()).filter(|&w| w > 20).unwrap_or(80);
+        let width = std::env::var("COLUMNS")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .filter(|&w| w > 20)
+            .unwrap_or(80);
         Self {
             deploy_id,
             terminal: std::io::stderr().is_terminal(),
             width,
             drawn: false,
-            last_phase: None,
+            last_stage: None,
             last_plain: None,
         }
     }
@@ -49,18 +54,26 @@ impl ProgressView {
     pub fn update(&mut self, phase: &str, progress: &Value) {
         let words = describe(phase, progress);
         if self.terminal {
-            let bar = fraction(phase, progress).map(|f| format!("{} ", bar(f, BAR_WIDTH))).unwrap_or_default();
-            let line = text::truncate(&format!("deployment {} {bar}{words}", self.deploy_id), self.width - 1);
+            let bar = fraction(phase, progress)
+                .map(|f| format!("{} ", bar(f, BAR_WIDTH)))
+                .unwrap_or_default();
+            let line = text::truncate(
+                &format!("deployment {} {bar}{words}", self.deploy_id),
+                self.width - 1,
+            );
             let mut stderr = std::io::stderr().lock();
             let _ = write!(stderr, "\r\x1b[2K{line}");
             let _ = stderr.flush();
             self.drawn = true;
         } else {
-            let changed = self.last_phase.as_deref() != Some(phase);
+            // A fetch's first report may come before its totals are known;
+            // the one that brings them is worth a line too.
+            let stage = (phase.to_string(), sized(progress));
+            let changed = self.last_stage.as_ref() != Some(&stage);
             let due = self.last_plain.is_none_or(|at| at.elapsed() >= PLAIN_EVERY);
             if changed || due {
                 eprintln!("deployment {}: {words}", self.deploy_id);
-                self.last_phase = Some(phase.to_string());
+                self.last_stage = Some(stage);
                 self.last_plain = Some(Instant::now());
             }
         }
@@ -77,12 +90,21 @@ impl ProgressView {
     }
 }
 
+/// Whether the fetch's totals are known yet.
+fn sized(progress: &Value) -> bool {
+    progress["files_total"].as_u64() > Some(0)
+}
+
 /// `fetching 12.0 MiB / 24.0 MiB (50%), 1/3 files`,
 /// `deploying 3/10 (30%), copying shards`.
 fn describe(phase: &str, progress: &Value) -> String {
     let number = |v: &Value| v.as_u64().unwrap_or(0);
-    let percent = |f: Option<f64>| f.map(|f| format!(" ({:.0}%)", f * 100.0)).unwrap_or_default();
+    let percent = |f: Option<f64>| {
+        f.map(|f| format!(" ({:.0}%)", f * 100.0))
+            .unwrap_or_default()
+    };
     match phase {
+        "fetching" if !sized(progress) => "fetching".to_string(),
         "fetching" => format!(
             "fetching {} / {}{}, {}/{} files",
             text::bytes(number(&progress["bytes_done"])),
@@ -95,11 +117,20 @@ fn describe(phase: &str, progress: &Value) -> String {
             let deployer = &progress["deployer"];
             let mut words = "deploying".to_string();
             if number(&deployer["total"]) > 0 {
-                let counted = format!(" {}/{}", number(&deployer["done"]), number(&deployer["total"]));
+                let counted = format!(
+                    " {}/{}",
+                    number(&deployer["done"]),
+                    number(&deployer["total"])
+                );
                 words.push_str(&counted);
                 words.push_str(&percent(fraction(phase, progress)));
             }
-            let note = deployer["note"].as_str().unwrap_or("").split_whitespace().collect::<Vec<_>>().join(" ");
+            let note = deployer["note"]
+                .as_str()
+                .unwrap_or("")
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
             if !note.is_empty() {
                 words.push_str(", ");
                 words.push_str(&note);
@@ -114,7 +145,10 @@ fn describe(phase: &str, progress: &Value) -> String {
 fn fraction(phase: &str, progress: &Value) -> Option<f64> {
     let (done, total) = match phase {
         "fetching" => (&progress["bytes_done"], &progress["bytes_total"]),
-        "deploying" => (&progress["deployer"]["done"], &progress["deployer"]["total"]),
+        "deploying" => (
+            &progress["deployer"]["done"],
+            &progress["deployer"]["total"],
+        ),
         _ => return None,
     };
     let (done, total) = (done.as_u64()?, total.as_u64()?);
@@ -144,10 +178,27 @@ mod tests {
         let check = |phase: &str, progress: Value, expected: &str| {
             assert_eq!(describe(phase, &progress), expected, "{phase} {progress}");
         };
-        check("fetching", progress(1024 * 1024, 1, 0, 0, ""), "fetching 1.0 MiB / 4.0 MiB (25%), 1/3 files");
+        check(
+            "fetching",
+            progress(1024 * 1024, 1, 0, 0, ""),
+            "fetching 1.0 MiB / 4.0 MiB (25%), 1/3 files",
+        );
+        check(
+            "fetching",
+            json!({"bytes_total": 0, "files_total": 0}),
+            "fetching",
+        );
         check("deploying", progress(0, 3, 0, 0, ""), "deploying");
-        check("deploying", progress(0, 3, 3, 10, "copying\nshards"), "deploying 3/10 (30%), copying shards");
-        check("deploying", progress(0, 3, 0, 0, "packing"), "deploying, packing");
+        check(
+            "deploying",
+            progress(0, 3, 3, 10, "copying\nshards"),
+            "deploying 3/10 (30%), copying shards",
+        );
+        check(
+            "deploying",
+            progress(0, 3, 0, 0, "packing"),
+            "deploying, packing",
+        );
         check("queued", json!({}), "queued");
     }
 
@@ -156,6 +207,9 @@ mod tests {
         assert_eq!(bar(0.0, 4), "[----]");
         assert_eq!(bar(0.5, 4), "[##--]");
         assert_eq!(bar(1.5, 4), "[####]");
-        assert_eq!(fraction("fetching", &json!({"bytes_done": 5, "bytes_total": 0})), None);
+        assert_eq!(
+            fraction("fetching", &json!({"bytes_done": 5, "bytes_total": 0})),
+            None
+        );
     }
 }

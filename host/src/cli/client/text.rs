@@ -12,7 +12,11 @@ pub struct Table {
 
 impl Table {
     pub fn new(headers: &[&'static str]) -> Self {
-        Self { headers: headers.to_vec(), right_aligned: vec![false; headers.len()], rows: Vec::new() }
+        Self {
+            headers: headers.to_vec(),
+            right_aligned: vec![false; headers.len()],
+            rows: Vec::new(),
+        }
     }
 
     /// Numbers line up on their last digit.
@@ -27,7 +31,12 @@ impl Table {
         debug_assert_eq!(cells.len(), self.headers.len());
         // A line break inside a cell (an error's stderr tail) would break
         // the table's lines.
-        self.rows.push(cells.into_iter().map(|c| c.split_whitespace().collect::<Vec<_>>().join(" ")).collect());
+        self.rows.push(
+            cells
+                .into_iter()
+                .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect(),
+        );
     }
 
     pub fn render(&self) -> String {
@@ -120,13 +129,23 @@ mod tests {
 
     #[test]
     fn units_read_naturally() {
-        let cases: &[(u64, &str)] =
-            &[(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (16 * 1024 * 1024, "16.0 MiB"), (3 << 30, "3.0 GiB")];
+        let cases: &[(u64, &str)] = &[
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (1024, "1.0 KiB"),
+            (16 * 1024 * 1024, "16.0 MiB"),
+            (3 << 30, "3.0 GiB"),
+        ];
         for &(n, expected) in cases {
             assert_eq!(bytes(n), expected, "{n} bytes");
         }
-        let cases: &[(i64, &str)] =
-            &[(0, "0 ms"), (999, "999 ms"), (1_240, "1.2 s"), (65_000, "1 min 05 s"), (7_620_000, "2 h 07 min")];
+        let cases: &[(i64, &str)] = &[
+            (0, "0 ms"),
+            (999, "999 ms"),
+            (1_240, "1.2 s"),
+            (65_000, "1 min 05 s"),
+            (7_620_000, "2 h 07 min"),
+        ];
         for &(ms, expected) in cases {
             assert_eq!(duration_ms(ms), expected, "{ms} ms");
         }
