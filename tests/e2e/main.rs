@@ -6,4 +6,5 @@
 mod support;
 
 mod api;
+mod client;
 mod deploy;
