@@ -113,7 +113,7 @@ impl Running {
         std::mem::take(&mut state.dirty).then(|| (state.phase, state.progress.clone()))
     }
 
-    pub fn progress(&self) -> Progress {
+    pub fn snapshot(&self) -> Progress {
         self.state.lock().expect("running lock").progress.clone()
     }
 

@@ -216,7 +216,7 @@ impl Pipeline {
         let ending = Ending {
             outcome: &outcome,
             duration_ms,
-            progress: &running.progress(),
+            progress: &running.snapshot(),
             logs: &running.logs(),
         };
         let stored = self.db.finish_deployment(deployment.id, &ending).await;

@@ -2,13 +2,14 @@
 //! plugins, judged only by its exit code, its output and the files it leaves.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tempfile::TempDir;
+
+use crate::support::{plugins, sha256_hex, tree, unpack};
+use crate::support::bytes as noise;
 
 #[test]
 fn run_packs_every_file_of_the_directory_into_the_archive() {
@@ -17,7 +18,7 @@ fn run_packs_every_file_of_the_directory_into_the_archive() {
 
     let output = berth(
         &["plugin", "run"],
-        &archive_wasm(),
+        &plugins::example("archive"),
         &["--dir", path(&model.dir), "--out", path(out.path())],
     );
 
@@ -64,7 +65,7 @@ fn run_refuses_options_the_deployer_or_the_cli_rejects() {
         let out = TempDir::new().unwrap();
         let output = berth(
             &["plugin", "run"],
-            &archive_wasm(),
+            &plugins::example("archive"),
             &[
                 "--dir",
                 path(&model.dir),
@@ -88,7 +89,7 @@ fn run_refuses_options_the_deployer_or_the_cli_rejects() {
 
 #[test]
 fn check_describes_a_good_plugin() {
-    let output = berth(&["plugin", "check"], &archive_wasm(), &[]);
+    let output = berth(&["plugin", "check"], &plugins::example("archive"), &[]);
 
     let text = expect_success(&output);
     let fields: BTreeMap<&str, &str> = text
@@ -103,7 +104,7 @@ fn check_describes_a_good_plugin() {
         "{text}"
     );
     assert_eq!(fields.get("wit"), Some(&"berth:deployer@0.1.0"), "{text}");
-    let sha256 = sha256_hex(&std::fs::read(archive_wasm()).unwrap());
+    let sha256 = sha256_hex(&std::fs::read(plugins::example("archive")).unwrap());
     assert_eq!(fields.get("sha256"), Some(&sha256.as_str()), "{text}");
     assert_eq!(fields.get("network"), Some(&"none"), "{text}");
     assert_eq!(text.lines().last(), Some("ok"), "{text}");
@@ -114,17 +115,17 @@ fn check_explains_why_a_file_is_not_a_deployer() {
     let scratch = TempDir::new().unwrap();
     let corrupt = scratch.path().join("corrupt.wasm");
     std::fs::write(&corrupt, b"PK\x03\x04 this is a zip, not a component").unwrap();
-    let archive = std::fs::read(archive_wasm()).unwrap();
+    let archive = std::fs::read(plugins::example("archive")).unwrap();
     let truncated = scratch.path().join("truncated.wasm");
     std::fs::write(&truncated, &archive[..archive.len() / 2]).unwrap();
 
     let cases = [
         (
-            test_plugin("other-world"),
+            plugins::test_plugin("other-world"),
             "exports no berth:deployer/plugin@0.1.0 interface",
         ),
         (
-            test_plugin("future-version"),
+            plugins::test_plugin("future-version"),
             "built for berth:deployer@0.2.0 but this server speaks 0.1.0",
         ),
         (corrupt, "is not a WebAssembly file"),
@@ -148,27 +149,6 @@ fn check_explains_why_a_file_is_not_a_deployer() {
 // ---------------------------------------------------------------------------
 // Fixtures
 // ---------------------------------------------------------------------------
-
-/// A file of the repository's build output, or a panic saying how to make it.
-fn built(relative: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(relative);
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/build-plugins first (make test does)",
-        path.display()
-    );
-    path
-}
-
-fn archive_wasm() -> PathBuf {
-    built("plugins/archive.wasm")
-}
-
-fn test_plugin(name: &str) -> PathBuf {
-    built(&format!("target/test-plugins/{name}.wasm"))
-}
 
 fn berth(command: &[&str], plugin: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_berth"))
@@ -259,66 +239,3 @@ fn model_dir() -> ModelDir {
     }
 }
 
-/// A `.tar.gz`'s regular files by path.
-#[track_caller]
-fn unpack(archive: &[u8]) -> BTreeMap<String, Vec<u8>> {
-    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(archive));
-    let mut files = BTreeMap::new();
-    for entry in tar.entries().expect("a tar stream") {
-        let mut entry = entry.expect("a tar entry");
-        assert_eq!(
-            entry.header().entry_type(),
-            tar::EntryType::Regular,
-            "only regular files"
-        );
-        let path = entry.path().unwrap().to_string_lossy().into_owned();
-        let mut bytes = Vec::new();
-        entry.read_to_end(&mut bytes).unwrap();
-        assert!(
-            files.insert(path.clone(), bytes).is_none(),
-            "{path} is in the archive twice"
-        );
-    }
-    files
-}
-
-/// Every regular file under `dir`, by `/`-separated relative path.
-fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    fn walk(root: &Path, dir: &Path, files: &mut BTreeMap<String, Vec<u8>>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(root, &path, files);
-            } else {
-                let relative = path
-                    .strip_prefix(root)
-                    .unwrap()
-                    .to_string_lossy()
-                    .replace('\\', "/");
-                files.insert(relative, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    let mut files = BTreeMap::new();
-    walk(dir, dir, &mut files);
-    files
-}
-
-/// Deterministic incompressible bytes.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) as u8
-        })
-        .collect()
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}

@@ -5,7 +5,6 @@
 //! the engine and never reads the runtime's private state.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -17,8 +16,10 @@ use berth::runtime::{
     Plugin, Reporter, Runtime,
 };
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tempfile::TempDir;
+
+use crate::support::{plugins, sha256_hex, tree, unpack};
+use crate::support::bytes as noise;
 use tokio_util::sync::CancellationToken;
 
 /// No call in these tests should come near this: it turns a hang into a
@@ -254,7 +255,7 @@ async fn check_options_passes_the_plugins_verdict_on() {
 async fn the_environment_is_empty_unless_the_manifest_grants_variables() {
     let runtime = runtime();
     let model = small_model();
-    let wasm = std::fs::read(test_plugin("misbehave")).unwrap();
+    let wasm = std::fs::read(plugins::test_plugin("misbehave")).unwrap();
 
     let bare = load_bytes(&runtime, "misbehave", wasm.clone(), Manifest::default()).await;
     let (result, _out) = deploy(&runtime, &bare, &model, 7, json!({"mode": "env"})).await;
@@ -352,7 +353,7 @@ async fn stdout_stderr_logs_and_progress_reach_the_reporter() {
 #[tokio::test]
 async fn a_plugins_folder_loads_the_good_file_and_says_why_not_for_each_other() {
     let folder = TempDir::new().unwrap();
-    let archive = std::fs::read(archive_wasm()).unwrap();
+    let archive = std::fs::read(plugins::example("archive")).unwrap();
     let put = |name: &str, bytes: &[u8]| std::fs::write(folder.path().join(name), bytes).unwrap();
     put("archive.wasm", &archive);
     put("corrupt.wasm", &noise(1, 4096));
@@ -360,11 +361,11 @@ async fn a_plugins_folder_loads_the_good_file_and_says_why_not_for_each_other() 
     put("core.wasm", b"\0asm\x01\0\0\0");
     put(
         "other.wasm",
-        &std::fs::read(test_plugin("other-world")).unwrap(),
+        &std::fs::read(plugins::test_plugin("other-world")).unwrap(),
     );
     put(
         "future.wasm",
-        &std::fs::read(test_plugin("future-version")).unwrap(),
+        &std::fs::read(plugins::test_plugin("future-version")).unwrap(),
     );
     put("bad name.wasm", &archive);
     put("-dash.wasm", &archive);
@@ -436,7 +437,7 @@ async fn a_plugins_folder_loads_the_good_file_and_says_why_not_for_each_other() 
 #[tokio::test]
 async fn a_plugins_folder_loads_at_most_max_deployers() {
     let folder = TempDir::new().unwrap();
-    let archive = std::fs::read(archive_wasm()).unwrap();
+    let archive = std::fs::read(plugins::example("archive")).unwrap();
     for name in ["first", "second", "third"] {
         std::fs::write(folder.path().join(format!("{name}.wasm")), &archive).unwrap();
     }
@@ -472,12 +473,12 @@ async fn compiled_code_is_cached_and_a_damaged_entry_is_rebuilt() {
         || Runtime::new(Limits::default(), Some(CodeCache::new(cache_dir.path()))).unwrap();
     let model = small_model();
 
-    let first = load(&cached_runtime(), &archive_wasm()).await;
+    let first = load(&cached_runtime(), &plugins::example("archive")).await;
     assert_eq!(first.origin, Origin::Compiled);
     let entry = only_entry(cache_dir.path(), "cwasm");
 
     let runtime = cached_runtime();
-    let second = load(&runtime, &archive_wasm()).await;
+    let second = load(&runtime, &plugins::example("archive")).await;
     assert_eq!(second.origin, Origin::Cached);
     assert_eq!(second.sha256, first.sha256);
     assert_archive_deploys(&runtime, &second, &model).await;
@@ -491,7 +492,7 @@ async fn compiled_code_is_cached_and_a_damaged_entry_is_rebuilt() {
     std::fs::write(&entry, &bytes).unwrap();
 
     let runtime = cached_runtime();
-    let rebuilt = load(&runtime, &archive_wasm()).await;
+    let rebuilt = load(&runtime, &plugins::example("archive")).await;
     assert_eq!(
         rebuilt.origin,
         Origin::Compiled,
@@ -501,7 +502,7 @@ async fn compiled_code_is_cached_and_a_damaged_entry_is_rebuilt() {
 
     let runtime = cached_runtime();
     assert_eq!(
-        load(&runtime, &archive_wasm()).await.origin,
+        load(&runtime, &plugins::example("archive")).await.origin,
         Origin::Cached,
         "the rebuilt entry was not stored"
     );
@@ -514,7 +515,7 @@ async fn compiled_code_is_cached_and_a_damaged_entry_is_rebuilt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_simultaneous_deployments_each_produce_a_correct_archive() {
     let runtime = Arc::new(runtime());
-    let plugin = Arc::new(load(&runtime, &archive_wasm()).await);
+    let plugin = Arc::new(load(&runtime, &plugins::example("archive")).await);
     let model = Arc::new(archive_model());
 
     let tasks: Vec<_> = (1..=20)
@@ -572,27 +573,6 @@ where
     }
 }
 
-/// A file of the repository's build output, or a panic saying how to make it.
-fn built(relative: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(relative);
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/build-plugins first (make test does)",
-        path.display()
-    );
-    path
-}
-
-fn archive_wasm() -> PathBuf {
-    built("plugins/archive.wasm")
-}
-
-fn test_plugin(name: &str) -> PathBuf {
-    built(&format!("target/test-plugins/{name}.wasm"))
-}
-
 fn runtime() -> Runtime {
     Runtime::new(Limits::default(), None).expect("the runtime starts")
 }
@@ -619,7 +599,7 @@ async fn load_bytes(runtime: &Runtime, name: &str, wasm: Vec<u8>, manifest: Mani
 /// and a small model.
 async fn misbehave() -> (Runtime, Plugin, ModelOnDisk) {
     let runtime = runtime();
-    let plugin = load(&runtime, &test_plugin("misbehave")).await;
+    let plugin = load(&runtime, &plugins::test_plugin("misbehave")).await;
     (runtime, plugin, small_model())
 }
 
@@ -793,51 +773,6 @@ fn assert_archive(deployed: &Deployed, out_dir: &Path, model: &ModelOnDisk, depl
     );
 }
 
-/// A `.tar.gz`'s regular files by path.
-#[track_caller]
-fn unpack(archive: &[u8]) -> BTreeMap<String, Vec<u8>> {
-    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(archive));
-    let mut files = BTreeMap::new();
-    for entry in tar.entries().expect("a tar stream") {
-        let mut entry = entry.expect("a tar entry");
-        assert_eq!(
-            entry.header().entry_type(),
-            tar::EntryType::Regular,
-            "only regular files"
-        );
-        let path = entry.path().unwrap().to_string_lossy().into_owned();
-        let mut bytes = Vec::new();
-        entry.read_to_end(&mut bytes).unwrap();
-        assert!(
-            files.insert(path.clone(), bytes).is_none(),
-            "{path} is in the archive twice"
-        );
-    }
-    files
-}
-
-/// Every regular file under `dir`, by `/`-separated relative path.
-fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    fn walk(root: &Path, dir: &Path, files: &mut BTreeMap<String, Vec<u8>>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(root, &path, files);
-            } else {
-                let relative = path
-                    .strip_prefix(root)
-                    .unwrap()
-                    .to_string_lossy()
-                    .replace('\\', "/");
-                files.insert(relative, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    let mut files = BTreeMap::new();
-    walk(dir, dir, &mut files);
-    files
-}
-
 /// The only file under `dir` with this extension.
 #[track_caller]
 fn only_entry(dir: &Path, extension: &str) -> PathBuf {
@@ -853,29 +788,6 @@ fn only_entry(dir: &Path, extension: &str) -> PathBuf {
         dir.display()
     );
     found.into_iter().next().unwrap()
-}
-
-/// Deterministic incompressible bytes that never start with `\0asm`.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut bytes: Vec<u8> = (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) as u8
-        })
-        .collect();
-    if let Some(first) = bytes.first_mut() {
-        *first |= 1;
-    }
-    bytes
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
 }
 
 /// Records everything a plugin call reports, in order.

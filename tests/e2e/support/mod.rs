@@ -4,21 +4,29 @@ pub mod files;
 pub mod plugins;
 pub mod server;
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
 use sha2::{Digest, Sha256};
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// Deterministic pseudo-random bytes, so a failure reproduces.
+/// Deterministic incompressible bytes, so a failure reproduces; never
+/// starting with `\0asm`, so they never pass for a WebAssembly file.
 pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..len)
+    let mut bytes: Vec<u8> = (0..len)
         .map(|_| {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (state >> 33) as u8
         })
-        .collect()
+        .collect();
+    if let Some(first) = bytes.first_mut() {
+        *first |= 1;
+    }
+    bytes
 }
 
 /// Runs each listed `async fn name(backend: Backend)` once on SQLite and
@@ -81,19 +89,42 @@ pub fn adapter_files() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// Paths under `dir` (relative), sorted: what is on disk.
-pub fn files_under(dir: &std::path::Path) -> Vec<String> {
-    fn walk(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec<String>) {
+pub fn files_under(dir: &Path) -> Vec<String> {
+    tree(dir).into_keys().collect()
+}
+
+/// Every regular file under `dir` (none if it does not exist), by
+/// `/`-separated relative path.
+pub fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, files: &mut BTreeMap<String, Vec<u8>>) {
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let path = entry.path();
             if path.is_dir() {
-                walk(root, &path, out);
+                walk(root, &path, files);
             } else {
-                out.push(path.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+                let relative = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+                files.insert(relative, std::fs::read(&path).unwrap());
             }
         }
     }
-    let mut out = Vec::new();
-    walk(dir, dir, &mut out);
-    out.sort();
-    out
+    let mut files = BTreeMap::new();
+    walk(dir, dir, &mut files);
+    files
+}
+
+/// A `.tar.gz`'s regular files by path.
+#[track_caller]
+pub fn unpack(archive: &[u8]) -> BTreeMap<String, Vec<u8>> {
+    use std::io::Read;
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(archive));
+    let mut files = BTreeMap::new();
+    for entry in tar.entries().expect("a tar stream") {
+        let mut entry = entry.expect("a tar entry");
+        assert_eq!(entry.header().entry_type(), tar::EntryType::Regular, "only regular files");
+        let path = entry.path().unwrap().to_string_lossy().into_owned();
+        let mut bytes = Vec::new();
+        entry.read_to_end(&mut bytes).unwrap();
+        assert!(files.insert(path.clone(), bytes).is_none(), "{path} is in the archive twice");
+    }
+    files
 }
