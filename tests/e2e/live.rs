@@ -15,6 +15,7 @@ on_both_backends!(
     cancelling_during_the_fetch_leaves_no_unverified_file,
     cancelling_during_the_deployer_interrupts_the_guest,
     a_deployments_log_holds_what_its_deployer_said,
+    sigterm_interrupts_running_deployments_and_stops_cleanly,
 );
 
 async fn deploy_in_background(berth: &Berth, model_id: i64, deployer: &str, options: Value) -> Value {
@@ -154,4 +155,32 @@ async fn a_deployments_log_holds_what_its_deployer_said(backend: Backend) {
     }
     assert_eq!(deployment["progress"]["deployer"], json!({ "done": 1, "total": 2, "note": "half" }));
     assert_eq!(berth.get("/v1/deployments/999/logs").await.0, StatusCode::NOT_FOUND);
+}
+
+async fn sigterm_interrupts_running_deployments_and_stops_cleanly(backend: Backend) {
+    let files = FileServer::start().await;
+    let mut berth = Berth::start(backend).await;
+    let id = berth.register(&model(&files, "job-term", &adapter_files())).await;
+    // A subscriber and a synchronous request stay open across the stop.
+    let _events = berth.client().get(format!("{}/v1/events", berth.url)).send().await.unwrap();
+    let sync = {
+        let (client, url) = (berth.client().clone(), format!("{}/v1/models/{id}/deployments", berth.url));
+        tokio::spawn(async move { client.post(url).json(&json!({ "deployer": "misbehave", "options": { "mode": "loop" } })).send().await })
+    };
+    let background = deploy_in_background(&berth, id, "misbehave", json!({ "mode": "loop" })).await;
+    wait_for(&berth, &background["id"], |d| d["phase"] == "deploying").await;
+
+    let status = tokio::task::block_in_place(|| berth.terminate());
+    assert!(status.success(), "berth exits cleanly: {status}");
+    let answered = sync.await.unwrap().unwrap();
+    assert_eq!(answered.status(), StatusCode::BAD_GATEWAY);
+    let row: Value = answered.json().await.unwrap();
+    assert_eq!(row["error"], "interrupted: the server stopped before it finished");
+    assert!(berth.log().contains("stopping: running deployments are interrupted"), "{}", berth.log());
+
+    berth.restart();
+    let (_, stopped) = berth.get(&format!("/v1/deployments/{}", background["id"])).await;
+    assert_eq!(stopped["status"], "failed");
+    assert_eq!(stopped["error"], "interrupted: the server stopped before it finished");
+    assert!(!berth.log().contains("marked deployments left running"), "the stop itself recorded them: {}", berth.log());
 }

@@ -21,7 +21,10 @@ pub fn router() -> Router<Arc<Pipeline>> {
 }
 
 async fn stream(State(pipeline): State<Arc<Pipeline>>) -> axum::response::Sse<impl Stream<Item = Result<Sse, Infallible>>> {
-    let events = BroadcastStream::new(pipeline.events.subscribe()).map(|item| {
+    // The stream ends when the server stops, or a graceful shutdown would
+    // wait for subscribers forever.
+    let stop = pipeline.shutdown.clone().cancelled_owned();
+    let events = BroadcastStream::new(pipeline.events.subscribe()).take_until(stop).map(|item| {
         Ok(match item {
             Ok(event) => Sse::default().event(event.kind()).data(body(&event).to_string()),
             // A subscriber that fell behind is told how much it missed.

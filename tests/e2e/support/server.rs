@@ -117,6 +117,20 @@ impl Berth {
         self.child.wait().unwrap();
     }
 
+    /// Asks the server to stop (SIGTERM) and waits until it has.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(sent.success());
+        for _ in 0..600 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("berth did not stop within 30s of SIGTERM; its log:\n{}", self.log());
+    }
+
     /// Starts the server again on the same data, database and port.
     pub fn restart(&mut self) {
         let port = self.url.rsplit(':').next().unwrap().to_string();
