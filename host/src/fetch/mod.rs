@@ -1,26 +1,34 @@
 //! Fetch and verify: puts every recorded file of a model into
 //! `<models dir>/<job id>/`, checked against its recorded size and sha256.
 //! Bytes are streamed to a `.fetch-*` file beside the target, hashed as they
-//! arrive, fsynced, and renamed only when verified: a real name never holds
-//! unverified bytes, even after `kill -9`. Never deletes a model file; knows
-//! nothing of deployers or the database.
+//! arrive (on a writer thread, overlapping the network), fsynced, and
+//! renamed only when verified: a real name never holds unverified bytes,
+//! even after `kill -9`. An interrupted download keeps its `.fetch-*` file
+//! and the next fetch continues it with a range request, hashing the kept
+//! bytes again. A model whose verification record vouches for every file is
+//! ready without reading a byte or taking the lock. Never deletes a model
+//! file; knows nothing of deployers or the database.
 
 mod lock;
+mod partial;
 mod source;
 mod stamp;
+#[cfg(test)]
+mod tests;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{ModelFile, TrainedModel};
 use lock::DirLock;
+use partial::{TEMP_PREFIX, Writer, partial_path};
 use stamp::{Stamp, Stamps};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -63,7 +71,6 @@ pub struct Fetcher {
 /// verification records. Job ids cannot start with a dot, so no model
 /// directory can be called this.
 const META_DIR: &str = ".berth";
-const TEMP_PREFIX: &str = ".fetch-";
 
 impl Fetcher {
     pub fn new(models_dir: PathBuf, timeout: Duration) -> anyhow::Result<Self> {
@@ -104,29 +111,56 @@ impl Fetcher {
         }
     }
 
-    async fn fill(&self, model: &TrainedModel, progress: Arc<dyn Progress>) -> Result<PathBuf, Error> {
+    async fn fill(
+        &self,
+        model: &TrainedModel,
+        progress: Arc<dyn Progress>,
+    ) -> Result<PathBuf, Error> {
         let dir = self.dir_of(&model.job_id);
         let meta = self.models_dir.join(META_DIR);
         let disk = |e: std::io::Error| Error::Disk {
             dir: dir.display().to_string(),
             reason: e.to_string(),
         };
-        let _lock = DirLock::acquire(&meta.join(format!("{}.lock", model.job_id)))
-            .await
-            .map_err(disk)?;
-        std::fs::create_dir_all(&dir).map_err(disk)?;
-        // We hold the lock, so any temp file is the leftover of a fetch that
-        // died; its bytes were never verified.
-        remove_temp_files(&dir);
-
         let stamps_path = meta.join(format!("{}.stamps.json", model.job_id));
-        let mut stamps = Stamps::load(&stamps_path);
         let total_bytes: u64 = model.files.iter().map(|f| f.size_bytes).sum();
         let tally = Arc::new(Tally::new(progress, total_bytes, model.files.len()));
 
+        // A re-deployment of an unchanged model: the record vouches for
+        // every file as it is now. Real names are only ever given verified
+        // files, so this needs neither the lock nor a read of any byte.
+        if Stamps::load(&stamps_path).vouch_for_all(&dir, &model.files) {
+            for file in &model.files {
+                tally.file_done(file.size_bytes);
+            }
+            return Ok(dir);
+        }
+
+        // Shared with the writer threads: a download that is dropped
+        // (cancelled, timed out) keeps the directory locked until its
+        // writer has stopped touching it.
+        let lock = Arc::new(
+            DirLock::acquire(&meta.join(format!("{}.lock", model.job_id)))
+                .await
+                .map_err(disk)?,
+        );
+        std::fs::create_dir_all(&dir).map_err(disk)?;
+        // Read again: the fetch we may have waited for has just written it.
+        let mut stamps = Stamps::load(&stamps_path);
+
+        // Owned values in the streams below: futures that borrow their
+        // stream's items are not `Send` enough for `tokio::spawn`.
+        let checked: Vec<Option<Stamp>> = futures::stream::iter(model.files.clone())
+            .map(|file| {
+                let stamp = stamps.get(&file.path).cloned();
+                verified_in_place(dir.join(&file.path), file, stamp)
+            })
+            .buffered(self.parallel)
+            .collect()
+            .await;
         let mut missing = Vec::new();
-        for file in &model.files {
-            match self.verified_in_place(&dir, file, stamps.get(&file.path).cloned()).await {
+        for (file, checked) in model.files.iter().zip(checked) {
+            match checked {
                 Some(stamp) => {
                     stamps.insert(&file.path, stamp);
                     tally.file_done(file.size_bytes);
@@ -134,144 +168,264 @@ impl Fetcher {
                 None => missing.push(file.clone()),
             }
         }
+        // We hold the lock, so no other fetch writes here: a `.fetch-*` file
+        // is either a missing file's partial download, kept to be continued,
+        // or a leftover with nothing to continue.
+        let keep: BTreeSet<PathBuf> = missing
+            .iter()
+            .filter(|file| resumable(file))
+            .map(|file| partial_path(&dir.join(&file.path)))
+            .collect();
+        remove_temp_files(&dir, &keep);
 
-        let fetched: Vec<(String, Stamp)> = futures::stream::iter(missing)
+        let mut downloads = futures::stream::iter(missing)
             .map(|file| {
-                let tally = tally.clone();
-                let dir = &dir;
+                let (tally, lock, dir) = (tally.clone(), lock.clone(), &dir);
                 async move {
                     let stamp = self
-                        .download(model, &file, dir, &tally)
+                        .download(model, &file, dir, &tally, lock)
                         .await
-                        .map_err(|reason| Error::File { path: file.path.clone(), reason })?;
+                        .map_err(|reason| Error::File {
+                            path: file.path.clone(),
+                            reason,
+                        })?;
                     tally.file_done(0);
-                    Ok::<_, Error>((file.path.clone(), stamp))
+                    Ok::<_, Error>((file, stamp))
                 }
             })
-            .buffer_unordered(self.parallel)
-            .try_collect()
-            .await?;
-        for (path, stamp) in fetched {
-            stamps.insert(&path, stamp);
-        }
-        stamps.save(&stamps_path).map_err(disk)?;
-        Ok(dir)
-    }
-
-    /// The file's stamp if the copy on disk is already right: trusted from
-    /// its verification record when that still matches, re-hashed otherwise.
-    async fn verified_in_place(&self, dir: &Path, file: &ModelFile, stamp: Option<Stamp>) -> Option<Stamp> {
-        let path = dir.join(&file.path);
-        let meta = std::fs::symlink_metadata(&path).ok()?;
-        if !meta.is_file() || meta.len() != file.size_bytes {
-            return None;
-        }
-        let expected = file.sha256.as_deref();
-        if stamp.is_some_and(|s| s.vouches_for(&meta, expected)) || expected.is_none() {
-            return Some(Stamp::of(&meta, expected));
-        }
-        let expected = expected?.to_string();
-        tokio::task::spawn_blocking(move || {
-            let mut hasher = Sha256::new();
-            std::io::copy(&mut std::fs::File::open(&path).ok()?, &mut hasher).ok()?;
-            let meta_after = std::fs::symlink_metadata(&path).ok()?;
-            (hex::encode(hasher.finalize()) == expected && meta_after.len() == meta.len())
-                .then(|| Stamp::of(&meta_after, Some(&expected)))
-        })
-        .await
-        .ok()?
-    }
-
-    async fn download(&self, model: &TrainedModel, file: &ModelFile, dir: &Path, tally: &Tally) -> Result<Stamp, String> {
-        let target = dir.join(&file.path);
-        let parent = target.parent().expect("a model file has a parent directory");
-        std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-        let location = source::locate(&model.source, &model.job_id, &file.path)?;
-        let mut stream = source::open(&self.client, &location).await?;
-
-        let temp = TempFile::new(parent, &file.path);
-        // Created synchronously: an async create still running on the
-        // blocking pool when a cancelled download drops `temp` would leave
-        // the file behind.
-        let mut out = std::fs::File::create(&temp.path)
-            .map(tokio::fs::File::from_std)
-            .map_err(|e| format!("cannot write {}: {e}", temp.path.display()))?;
-        let mut hasher = Sha256::new();
-        let mut received: u64 = 0;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| format!("{e} after {received} of {} bytes", file.size_bytes))?;
-            received += chunk.len() as u64;
-            if received > file.size_bytes {
-                return Err(format!(
-                    "the source sent more than the expected {} bytes ({location})",
-                    file.size_bytes
-                ));
+            .buffer_unordered(self.parallel);
+        let mut failed = None;
+        let mut renamed_in = BTreeSet::new();
+        while let Some(done) = downloads.next().await {
+            match done {
+                Ok((file, stamp)) => {
+                    stamps.insert(&file.path, stamp);
+                    renamed_in.extend(dir.join(&file.path).parent().map(Path::to_path_buf));
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
             }
-            hasher.update(&chunk);
-            out.write_all(&chunk).await.map_err(|e| format!("cannot write {}: {e}", temp.path.display()))?;
-            tally.bytes(chunk.len() as u64);
         }
-        if received != file.size_bytes {
-            return Err(format!("expected {} bytes, got {received} ({location})", file.size_bytes));
+        // Stops the other downloads; each keeps what it has for next time.
+        drop(downloads);
+        // Renames are made durable once per directory, not once per file.
+        for parent in renamed_in {
+            sync_dir(&parent).map_err(disk)?;
         }
-        let actual = hex::encode(hasher.finalize());
-        if let Some(expected) = &file.sha256
-            && *expected != actual
-        {
-            return Err(format!("sha256 mismatch: expected {expected}, got {actual} ({location})"));
+        // Also after a failure: the files that did verify need not be
+        // hashed again next time.
+        if stamps.changed() {
+            stamps.save(&stamps_path).map_err(disk)?;
         }
-        out.sync_all().await.map_err(|e| format!("cannot sync {}: {e}", temp.path.display()))?;
-        drop(out);
-        temp.commit(&target).map_err(|e| format!("cannot move the verified file into place: {e}"))?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(dir),
+        }
+    }
+
+    /// Puts one file in place. A partial download left by an earlier
+    /// attempt is continued; if the result then fails its hash, the file is
+    /// downloaded whole once more, in case the kept bytes were the wrong ones.
+    async fn download(
+        &self,
+        model: &TrainedModel,
+        file: &ModelFile,
+        dir: &Path,
+        tally: &Tally,
+        lock: Arc<DirLock>,
+    ) -> Result<Stamp, String> {
+        let target = dir.join(&file.path);
+        let parent = target
+            .parent()
+            .expect("a model file has a parent directory");
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        let location = source::locate(&model.source, &model.job_id, &file.path)?;
+        let partial = partial_path(&target);
+        let kept = match std::fs::metadata(&partial) {
+            Ok(meta) if resumable(file) && meta.len() <= file.size_bytes => meta.len(),
+            _ => 0,
+        };
+        let attempt = |from| self.attempt(file, &location, &partial, from, tally, &lock);
+        let outcome = match attempt(kept).await {
+            Err(Failure::Rejected {
+                counted,
+                resumed: true,
+                ..
+            }) => {
+                tally.rewind(counted);
+                attempt(0).await
+            }
+            outcome => outcome,
+        };
+        let sha256 = outcome.map_err(|failure| match failure {
+            Failure::Interrupted(reason) => reason,
+            Failure::Rejected { reason, .. } => {
+                // Known-bad bytes are not worth continuing.
+                let _ = std::fs::remove_file(&partial);
+                reason
+            }
+        })?;
+        std::fs::rename(&partial, &target)
+            .map_err(|e| format!("cannot move the verified file into place: {e}"))?;
         let meta = std::fs::metadata(&target).map_err(|e| e.to_string())?;
-        Ok(Stamp::of(&meta, file.sha256.as_ref().map(|_| actual.as_str())))
+        Ok(Stamp::of(
+            &meta,
+            file.sha256.as_ref().map(|_| sha256.as_str()),
+        ))
+    }
+
+    /// One try at filling `partial` from byte `from` on (or from 0, if the
+    /// source does not do ranges). Returns the verified hash.
+    async fn attempt(
+        &self,
+        file: &ModelFile,
+        location: &source::Location,
+        partial: &Path,
+        from: u64,
+        tally: &Tally,
+        lock: &Arc<DirLock>,
+    ) -> Result<String, Failure> {
+        let size = file.size_bytes;
+        // An earlier attempt that got every byte but died before the rename
+        // left nothing to ask the source for.
+        let body = match from {
+            0 => Some(source::open(&self.client, location, 0).await),
+            from if from == size => None,
+            from => Some(source::open(&self.client, location, from).await),
+        }
+        .transpose()
+        .map_err(Failure::Interrupted)?;
+        let start = body.as_ref().map_or(from, |body| body.start);
+        let writer = Writer::start(partial, start, lock.clone()).map_err(Failure::Interrupted)?;
+        tally.bytes(start);
+        let mut received = start;
+        let rejected = |reason, received| Failure::Rejected {
+            reason,
+            resumed: start > 0,
+            counted: received,
+        };
+        if let Some(mut body) = body {
+            while let Some(chunk) = body.stream.next().await {
+                let chunk = match chunk {
+                    Ok(chunk) => chunk,
+                    Err(e) => {
+                        let _ = writer.abandon().await;
+                        return Err(Failure::Interrupted(format!(
+                            "{e} after {received} of {size} bytes"
+                        )));
+                    }
+                };
+                let len = chunk.len() as u64;
+                received += len;
+                if received > size {
+                    let _ = writer.abandon().await;
+                    let reason =
+                        format!("the source sent more than the expected {size} bytes ({location})");
+                    return Err(rejected(reason, received - len));
+                }
+                if writer.write(chunk).await.is_err() {
+                    let reason = writer.abandon().await.err().unwrap_or_default();
+                    return Err(Failure::Interrupted(reason));
+                }
+                tally.bytes(len);
+            }
+        }
+        if received != size {
+            let _ = writer.abandon().await;
+            return Err(rejected(
+                format!("expected {size} bytes, got {received} ({location})"),
+                received,
+            ));
+        }
+        let written = writer.finish().await.map_err(Failure::Interrupted)?;
+        if let Some(expected) = &file.sha256
+            && *expected != written.sha256
+        {
+            let reason = format!(
+                "sha256 mismatch: expected {expected}, got {} ({location})",
+                written.sha256
+            );
+            return Err(rejected(reason, received));
+        }
+        Ok(written.sha256)
     }
 }
 
-/// A `.fetch-*` file that is removed unless committed — also when the
-/// download's future is dropped by a cancellation or timeout.
-struct TempFile {
-    path: PathBuf,
-    committed: bool,
+/// Why an attempt at one file did not end with verified bytes.
+enum Failure {
+    /// Cut short (the connection, the disk, the source's answer): the bytes
+    /// so far are kept to be continued.
+    Interrupted(String),
+    /// The bytes are wrong: they are thrown away.
+    Rejected {
+        reason: String,
+        /// Whether the attempt continued bytes kept from an earlier one.
+        resumed: bool,
+        /// Bytes already reported as progress.
+        counted: u64,
+    },
 }
 
-impl TempFile {
-    fn new(parent: &Path, file: &str) -> Self {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let base = file.rsplit('/').next().unwrap_or(file);
-        let unique = format!("{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
-        Self {
-            path: parent.join(format!("{TEMP_PREFIX}{base}-{unique}")),
-            committed: false,
+/// Only a file with a recorded hash is continued: the hash is what catches
+/// kept bytes that belong to another version of the file.
+fn resumable(file: &ModelFile) -> bool {
+    file.sha256.is_some()
+}
+
+/// The file's stamp if the copy on disk is already right: trusted from its
+/// verification record when that still matches, re-hashed otherwise.
+async fn verified_in_place(path: PathBuf, file: ModelFile, stamp: Option<Stamp>) -> Option<Stamp> {
+    let meta = std::fs::symlink_metadata(&path).ok()?;
+    if !meta.is_file() || meta.len() != file.size_bytes {
+        return None;
+    }
+    let expected = file.sha256.clone();
+    if stamp.is_some_and(|s| s.vouches_for(&meta, expected.as_deref())) || expected.is_none() {
+        return Some(Stamp::of(&meta, expected.as_deref()));
+    }
+    let expected = expected?;
+    tokio::task::spawn_blocking(move || {
+        let actual = hash_file(&path).ok()?;
+        // A file that changed while it was read proves nothing.
+        let before = Stamp::of(&meta, Some(&expected));
+        let after = Stamp::of(&std::fs::symlink_metadata(&path).ok()?, Some(&expected));
+        (actual == expected && before == after).then_some(after)
+    })
+    .await
+    .ok()?
+}
+
+fn hash_file(path: &Path) -> std::io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0; 1 << 20];
+    loop {
+        match std::io::Read::read(&mut file, &mut buf)? {
+            0 => return Ok(hex::encode(hasher.finalize())),
+            n => hasher.update(&buf[..n]),
         }
     }
-
-    /// Renames into place and makes the rename durable.
-    fn commit(mut self, target: &Path) -> std::io::Result<()> {
-        std::fs::rename(&self.path, target)?;
-        self.committed = true;
-        if let Some(parent) = target.parent() {
-            std::fs::File::open(parent)?.sync_all()?;
-        }
-        Ok(())
-    }
 }
 
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
 }
 
-fn remove_temp_files(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+/// Removes every `.fetch-*` file under `dir` but those in `keep`.
+fn remove_temp_files(dir: &Path, keep: &BTreeSet<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_temp_files(&path);
-        } else if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+            remove_temp_files(&path, keep);
+        } else if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX)
+            && !keep.contains(&path)
+        {
             let _ = std::fs::remove_file(&path);
         }
     }
@@ -300,12 +454,19 @@ impl Tally {
     fn bytes(&self, n: u64) {
         let done = self.bytes.fetch_add(n, Ordering::Relaxed) + n;
         let files = self.files.load(Ordering::Relaxed);
-        self.progress.fetched(done, self.total_bytes, files, self.total_files);
+        self.progress
+            .fetched(done, self.total_bytes, files, self.total_files);
+    }
+
+    /// Takes back bytes reported for an attempt that is being redone.
+    fn rewind(&self, n: u64) {
+        self.bytes.fetch_sub(n, Ordering::Relaxed);
     }
 
     fn file_done(&self, bytes: u64) {
         let files = self.files.fetch_add(1, Ordering::Relaxed) + 1;
         let done = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.progress.fetched(done, self.total_bytes, files, self.total_files);
+        self.progress
+            .fetched(done, self.total_bytes, files, self.total_files);
     }
 }

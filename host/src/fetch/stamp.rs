@@ -12,6 +12,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::ModelFile;
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Stamp {
     size: u64,
@@ -47,6 +49,10 @@ impl Stamp {
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Stamps {
     files: BTreeMap<String, Stamp>,
+    /// Whether anything was recorded since loading: an unchanged record is
+    /// not written again.
+    #[serde(skip)]
+    changed: bool,
 }
 
 impl Stamps {
@@ -63,12 +69,39 @@ impl Stamps {
     }
 
     pub(crate) fn insert(&mut self, file: &str, stamp: Stamp) {
-        self.files.insert(file.to_string(), stamp);
+        if self.files.get(file) != Some(&stamp) {
+            self.files.insert(file.to_string(), stamp);
+            self.changed = true;
+        }
     }
 
+    pub(crate) fn changed(&self) -> bool {
+        self.changed
+    }
+
+    /// Whether every file of the model is in `dir` exactly as it was when
+    /// last verified: one `lstat` per file, no byte read.
+    pub(crate) fn vouch_for_all(&self, dir: &Path, files: &[ModelFile]) -> bool {
+        files.iter().all(|file| {
+            let Some(stamp) = self.files.get(&file.path) else {
+                return false;
+            };
+            std::fs::symlink_metadata(dir.join(&file.path)).is_ok_and(|meta| {
+                meta.is_file()
+                    && meta.len() == file.size_bytes
+                    && stamp.vouches_for(&meta, file.sha256.as_deref())
+            })
+        })
+    }
+
+    /// Written without an fsync: a record lost in a crash only costs a
+    /// re-hash, and the rename keeps a reader from seeing half of one.
     pub(crate) fn save(&self, path: &Path) -> std::io::Result<()> {
         let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec(self).map_err(std::io::Error::other)?)?;
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(self).map_err(std::io::Error::other)?,
+        )?;
         std::fs::rename(tmp, path)
     }
 }

@@ -1,0 +1,191 @@
+//! A download in progress: the `.fetch-<name>` file beside its target,
+//! written and hashed on a thread of its own so that hashing and disk writes
+//! overlap the network, pushed towards the disk as it grows so the final
+//! fsync has little left to do, and kept when the download is interrupted
+//! so that the next fetch continues where this one stopped. Knows nothing of
+//! where the bytes come from or what they should hash to.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+pub(crate) const TEMP_PREFIX: &str = ".fetch-";
+
+/// Chunks in flight between the network and the writer: enough to ride out
+/// a slow write, small enough that memory stays flat (hyper hands over at
+/// most ~400 KiB per chunk).
+const QUEUE: usize = 64;
+/// Written bytes are handed to the disk in windows of this size, so the
+/// disk works while the network does.
+const WRITEBACK_WINDOW: u64 = 8 << 20;
+/// Read size when hashing a resumed file's earlier bytes.
+const READ_BUF: usize = 1 << 20;
+
+/// Where the download of `target` is kept until it is verified: beside it,
+/// under a name registration refuses, the same for every attempt so that
+/// an attempt finds what the one before it left.
+pub(crate) fn partial_path(target: &Path) -> PathBuf {
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    target.with_file_name(format!("{TEMP_PREFIX}{name}"))
+}
+
+/// What the writer hands back once every byte is on disk.
+pub(crate) struct Written {
+    pub(crate) sha256: String,
+}
+
+enum Message {
+    Chunk(Bytes),
+    /// No more bytes: make them durable and report the hash.
+    Finish,
+}
+
+/// The thread writing one partial file. Dropping it without `finish` (a
+/// cancelled or broken-off download) leaves the file for the next attempt.
+pub(crate) struct Writer {
+    tx: mpsc::Sender<Message>,
+    done: tokio::task::JoinHandle<Result<Written, String>>,
+}
+
+impl Writer {
+    /// Writes `path` from byte `start` on; what is in the file before
+    /// `start` (a resumed download) is read back and hashed first, so the
+    /// hash covers every byte. `hold` is kept until the thread ends: the
+    /// directory lock outlives a writer whose download was dropped.
+    pub(crate) fn start<H: Send + Sync + 'static>(
+        path: &Path,
+        start: u64,
+        hold: Arc<H>,
+    ) -> Result<Self, String> {
+        // Opened here, synchronously: a download dropped before the thread
+        // runs must still find the file where it expects it.
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        file.set_len(start)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let path = path.to_path_buf();
+        let done = tokio::task::spawn_blocking(move || {
+            let _hold = hold;
+            write(file, &path, start, rx)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        });
+        Ok(Self { tx, done })
+    }
+
+    /// Queues a chunk; waits while the writer is behind.
+    pub(crate) async fn write(&self, chunk: Bytes) -> Result<(), ()> {
+        self.tx.send(Message::Chunk(chunk)).await.map_err(drop)
+    }
+
+    /// Every byte is queued: waits until they are on disk.
+    pub(crate) async fn finish(self) -> Result<Written, String> {
+        let _ = self.tx.send(Message::Finish).await;
+        self.end().await
+    }
+
+    /// Stops after what is queued, keeping the file. The writer's own error,
+    /// if it failed, explains a refused `write`.
+    pub(crate) async fn abandon(self) -> Result<Written, String> {
+        self.end().await
+    }
+
+    async fn end(self) -> Result<Written, String> {
+        drop(self.tx);
+        self.done
+            .await
+            .map_err(|e| format!("the writer crashed: {e}"))?
+    }
+}
+
+fn write(
+    file: File,
+    path: &Path,
+    start: u64,
+    mut rx: mpsc::Receiver<Message>,
+) -> std::io::Result<Written> {
+    let mut hasher = Sha256::new();
+    hash_prefix(&file, start, &mut hasher)?;
+    let mut position = start;
+    let mut handed_over = start;
+    while let Some(message) = rx.blocking_recv() {
+        match message {
+            Message::Chunk(chunk) => {
+                hasher.update(&chunk);
+                file.write_all_at(&chunk, position)?;
+                position += chunk.len() as u64;
+                if position - handed_over >= WRITEBACK_WINDOW {
+                    start_writeback(&file, handed_over, position - handed_over);
+                    handed_over = position;
+                }
+            }
+            Message::Finish => {
+                file.sync_data()?;
+                return Ok(Written {
+                    sha256: hex::encode(hasher.finalize()),
+                });
+            }
+        }
+    }
+    // Dropped without Finish: the download was interrupted; what was
+    // written stays for the next attempt, which hashes it again.
+    Err(std::io::Error::other(format!(
+        "the download of {} stopped",
+        path.display()
+    )))
+}
+
+/// Hashes the bytes a previous attempt left, reading them from disk: the
+/// file is trusted for nothing but being the place to continue.
+fn hash_prefix(file: &File, len: u64, hasher: &mut Sha256) -> std::io::Result<()> {
+    let mut buf = vec![0; READ_BUF];
+    let mut at = 0;
+    while at < len {
+        let want = usize::try_from(len - at)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let n = file.read_at(&mut buf[..want], at)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the partial file shrank",
+            ));
+        }
+        hasher.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Asks the kernel to start writing a range out now, without waiting for
+/// it: otherwise nothing reaches the disk until the fsync at the end (or
+/// until dirty memory hits the kernel's threshold), and the fsync then
+/// costs a whole file's worth of disk time after the network is done.
+#[cfg(target_os = "linux")]
+fn start_writeback(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: a plain syscall on a file descriptor we own; failure only
+    // means the writeback happens later, at the fsync.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_: &File, _: u64, _: u64) {}

@@ -1,0 +1,489 @@
+//! The fetcher against a loopback file server that can honour or ignore
+//! ranges, cut a download off, or send slowly: resuming, and what the
+//! verification record vouches for and what it does not.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use bytes::Bytes;
+
+use super::*;
+
+#[derive(Default)]
+struct Served {
+    files: HashMap<String, Vec<u8>>,
+    /// Send this many bytes of the answer, then drop the connection.
+    cut_after: Option<usize>,
+    /// Pause between 64 KiB chunks.
+    slow: Option<Duration>,
+    ignore_ranges: bool,
+    /// Each request: file and the `Range` header it carried.
+    requests: Vec<(String, Option<String>)>,
+}
+
+#[derive(Clone)]
+struct Source {
+    base: String,
+    served: Arc<Mutex<Served>>,
+}
+
+impl Source {
+    async fn start() -> Self {
+        let served = Arc::new(Mutex::new(Served::default()));
+        let app = Router::new()
+            .route("/{*key}", get(serve))
+            .with_state(served.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { base, served }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Served) -> T) -> T {
+        f(&mut self.served.lock().unwrap())
+    }
+
+    /// Requests so far for `path`, with their ranges.
+    fn requests(&self, path: &str) -> Vec<Option<String>> {
+        self.with(|s| {
+            s.requests
+                .iter()
+                .filter(|(p, _)| p == path)
+                .map(|(_, r)| r.clone())
+                .collect()
+        })
+    }
+}
+
+async fn serve(
+    State(served): State<Arc<Mutex<Served>>>,
+    UrlPath(key): UrlPath<String>,
+    headers: HeaderMap,
+) -> Response {
+    let range = headers
+        .get(header::RANGE)
+        .map(|v| v.to_str().unwrap().to_string());
+    let (bytes, cut_after, slow, ignore_ranges) = {
+        let mut served = served.lock().unwrap();
+        served.requests.push((key.clone(), range.clone()));
+        let Some(bytes) = served.files.get(&key).cloned() else {
+            return StatusCode::NOT_FOUND.into_response();
+        };
+        (bytes, served.cut_after, served.slow, served.ignore_ranges)
+    };
+    let len = bytes.len();
+    let from = match range.as_deref().filter(|_| !ignore_ranges) {
+        None => None,
+        Some(range) => {
+            let from: usize = range
+                .strip_prefix("bytes=")
+                .unwrap()
+                .trim_end_matches('-')
+                .parse()
+                .unwrap();
+            if from >= len {
+                return StatusCode::RANGE_NOT_SATISFIABLE.into_response();
+            }
+            Some(from)
+        }
+    };
+    let body = bytes[from.unwrap_or(0)..].to_vec();
+    let promised = body.len();
+    let sent = cut_after.map_or(body.len(), |n| n.min(body.len()));
+    let mut chunks: Vec<Result<Bytes, std::io::Error>> = body[..sent]
+        .chunks(64 * 1024)
+        .map(|c| Ok(Bytes::copy_from_slice(c)))
+        .collect();
+    if sent < promised {
+        chunks.push(Err(std::io::Error::other("cut off on purpose")));
+    }
+    let stream = futures::StreamExt::then(futures::stream::iter(chunks), move |chunk| async move {
+        match (&chunk, slow) {
+            (Ok(_), Some(pause)) => tokio::time::sleep(pause).await,
+            // The pause lets what was sent reach the client before the cut.
+            (Err(_), _) => tokio::time::sleep(Duration::from_millis(100)).await,
+            _ => {}
+        }
+        chunk
+    });
+    let mut response = Response::new(Body::from_stream(stream));
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_LENGTH, promised.into());
+    if let Some(from) = from {
+        *response.status_mut() = StatusCode::PARTIAL_CONTENT;
+        let value = format!("bytes {from}-{}/{len}", len - 1);
+        response
+            .headers_mut()
+            .insert(header::CONTENT_RANGE, value.parse().unwrap());
+    }
+    response
+}
+
+fn bytes(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8)
+        .collect()
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+struct Setup {
+    source: Source,
+    _models: tempfile::TempDir,
+    fetcher: Fetcher,
+    model: TrainedModel,
+}
+
+impl Setup {
+    /// A model `job` whose files are served by a fresh source.
+    async fn new(files: &[(&str, Vec<u8>)]) -> Self {
+        let source = Source::start().await;
+        let models = tempfile::tempdir().unwrap();
+        let fetcher = Fetcher::new(models.path().to_path_buf(), Duration::from_secs(60)).unwrap();
+        let mut model_files = Vec::new();
+        for (path, contents) in files {
+            source.with(|s| s.files.insert(format!("job/{path}"), contents.clone()));
+            model_files.push(ModelFile {
+                path: path.to_string(),
+                size_bytes: contents.len() as u64,
+                sha256: Some(sha(contents)),
+            });
+        }
+        let model = TrainedModel {
+            id: 1,
+            name: "model".into(),
+            job_id: "job".into(),
+            base_model: String::new(),
+            model_size: String::new(),
+            dataset: String::new(),
+            num_examples: 0,
+            num_train_steps: 0,
+            final_loss: None,
+            params_json: "{}".into(),
+            source: format!("{}/{{job_id}}/{{path}}", source.base),
+            files: model_files,
+            created_at: String::new(),
+        };
+        Self {
+            source,
+            _models: models,
+            fetcher,
+            model,
+        }
+    }
+
+    async fn fetch(&self) -> Result<PathBuf, Error> {
+        self.fetcher
+            .fetch(&self.model, Arc::new(Quiet), &CancellationToken::new())
+            .await
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.fetcher.dir_of("job").join(file)
+    }
+
+    /// Every entry under the model directory, relative, sorted.
+    fn on_disk(&self) -> Vec<String> {
+        fn walk(dir: &Path, base: &Path, out: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).unwrap().flatten() {
+                if entry.file_type().unwrap().is_dir() {
+                    walk(&entry.path(), base, out);
+                } else {
+                    out.push(
+                        entry
+                            .path()
+                            .strip_prefix(base)
+                            .unwrap()
+                            .display()
+                            .to_string(),
+                    );
+                }
+            }
+        }
+        let mut out = Vec::new();
+        let dir = self.fetcher.dir_of("job");
+        walk(&dir, &dir, &mut out);
+        out.sort();
+        out
+    }
+}
+
+#[track_caller]
+fn assert_file(setup: &Setup, path: &str, expected: &[u8]) {
+    let actual = std::fs::read(setup.path(path)).unwrap();
+    assert!(
+        actual == expected,
+        "{path} holds other bytes than the source's"
+    );
+}
+
+const BIG: usize = 3 * 1024 * 1024 + 17;
+
+#[tokio::test]
+async fn a_broken_off_download_continues_where_it_stopped() {
+    let contents = bytes(1, BIG);
+    let setup = Setup::new(&[("w/big.bin", contents.clone())]).await;
+    setup.source.with(|s| s.cut_after = Some(2 * 1024 * 1024));
+
+    let error = setup.fetch().await.unwrap_err().to_string();
+    assert!(
+        error.starts_with("file w/big.bin: the download broke off"),
+        "{error}"
+    );
+    assert_eq!(
+        setup.on_disk(),
+        ["w/.fetch-big.bin"],
+        "only the partial download, under its temp name"
+    );
+    let kept = std::fs::metadata(setup.path("w/.fetch-big.bin"))
+        .unwrap()
+        .len();
+    assert!(kept > 0 && kept <= 2 * 1024 * 1024, "kept {kept} bytes");
+
+    setup.source.with(|s| s.cut_after = None);
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "w/big.bin", &contents);
+    assert_eq!(setup.on_disk(), ["w/big.bin"]);
+    assert_eq!(
+        setup.source.requests("job/w/big.bin"),
+        [None, Some(format!("bytes={kept}-"))]
+    );
+}
+
+#[tokio::test]
+async fn kept_bytes_are_hashed_again_and_a_wrong_partial_is_downloaded_whole() {
+    let contents = bytes(2, BIG);
+    let setup = Setup::new(&[("big.bin", contents.clone())]).await;
+    // What an earlier attempt left, with one byte changed since.
+    let mut partial = contents[..BIG / 2].to_vec();
+    partial[1000] ^= 0xff;
+    std::fs::create_dir_all(setup.fetcher.dir_of("job")).unwrap();
+    std::fs::write(setup.path(".fetch-big.bin"), &partial).unwrap();
+
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "big.bin", &contents);
+    assert_eq!(
+        setup.source.requests("job/big.bin"),
+        [Some(format!("bytes={}-", BIG / 2)), None]
+    );
+}
+
+#[tokio::test]
+async fn a_source_without_ranges_is_read_from_the_start() {
+    let contents = bytes(3, BIG);
+    let setup = Setup::new(&[("big.bin", contents.clone())]).await;
+    setup.source.with(|s| s.ignore_ranges = true);
+    std::fs::create_dir_all(setup.fetcher.dir_of("job")).unwrap();
+    std::fs::write(setup.path(".fetch-big.bin"), &contents[..1000]).unwrap();
+
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "big.bin", &contents);
+    assert_eq!(setup.on_disk(), ["big.bin"]);
+}
+
+#[tokio::test]
+async fn a_complete_partial_is_verified_without_asking_the_source() {
+    let contents = bytes(4, BIG);
+    let setup = Setup::new(&[("big.bin", contents.clone())]).await;
+    std::fs::create_dir_all(setup.fetcher.dir_of("job")).unwrap();
+    std::fs::write(setup.path(".fetch-big.bin"), &contents).unwrap();
+
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "big.bin", &contents);
+    assert!(setup.source.requests("job/big.bin").is_empty());
+}
+
+#[tokio::test]
+async fn a_partial_longer_than_the_file_or_of_a_file_without_hash_is_not_continued() {
+    let contents = bytes(5, BIG);
+    let mut setup = Setup::new(&[("a.bin", contents.clone()), ("b.bin", contents.clone())]).await;
+    setup.model.files[1].sha256 = None;
+    std::fs::create_dir_all(setup.fetcher.dir_of("job")).unwrap();
+    std::fs::write(setup.path(".fetch-a.bin"), vec![0; BIG + 1]).unwrap();
+    std::fs::write(setup.path(".fetch-b.bin"), vec![0; 1000]).unwrap();
+
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "a.bin", &contents);
+    assert_file(&setup, "b.bin", &contents);
+    assert_eq!(setup.source.requests("job/a.bin"), [None]);
+    assert_eq!(setup.source.requests("job/b.bin"), [None]);
+    assert_eq!(setup.on_disk(), ["a.bin", "b.bin"]);
+}
+
+#[tokio::test]
+async fn a_cancelled_download_keeps_its_bytes_for_the_next_fetch() {
+    let contents = bytes(6, BIG);
+    let setup = Setup::new(&[("big.bin", contents.clone())]).await;
+    setup
+        .source
+        .with(|s| s.slow = Some(Duration::from_millis(20)));
+    let cancel = CancellationToken::new();
+    let fetching = setup.fetcher.fetch(&setup.model, Arc::new(Quiet), &cancel);
+    let partial = setup.path(".fetch-big.bin");
+    let watch = async {
+        while std::fs::metadata(&partial).map_or(0, |m| m.len()) < 256 * 1024 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cancel.cancel();
+    };
+    let (fetched, ()) = tokio::join!(fetching, watch);
+    assert_eq!(fetched, Err(Error::Cancelled));
+
+    setup.source.with(|s| s.slow = None);
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "big.bin", &contents);
+    let requests = setup.source.requests("job/big.bin");
+    assert_eq!(requests.len(), 2);
+    let resumed_at: u64 = requests[1]
+        .as_deref()
+        .unwrap()
+        .trim_start_matches("bytes=")
+        .trim_end_matches('-')
+        .parse()
+        .unwrap();
+    assert!(resumed_at >= 256 * 1024, "resumed at {resumed_at}");
+}
+
+#[tokio::test]
+async fn wrong_bytes_are_never_kept() {
+    let contents = bytes(7, BIG);
+    let mut setup = Setup::new(&[("big.bin", contents.clone())]).await;
+    setup.model.files[0].sha256 = Some("0".repeat(64));
+    let error = setup.fetch().await.unwrap_err().to_string();
+    assert!(
+        error.starts_with("file big.bin: sha256 mismatch: expected 0000"),
+        "{error}"
+    );
+    assert_eq!(setup.on_disk(), Vec::<String>::new());
+}
+
+/// Changes a fetched file behind berth's back; the next fetch must notice.
+type Tamper = fn(&Path, &[u8]);
+
+#[tokio::test]
+async fn the_verification_record_vouches_only_for_untouched_files() {
+    let rewrite_in_place: Tamper = |path, contents| {
+        let mtime = std::fs::metadata(path).unwrap().modified().unwrap();
+        let mut changed = contents.to_vec();
+        changed[12345] ^= 0x01;
+        std::fs::write(path, &changed).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+    };
+    let truncate: Tamper = |path, _| {
+        let mtime = std::fs::metadata(path).unwrap().modified().unwrap();
+        let file = std::fs::File::options().write(true).open(path).unwrap();
+        file.set_len(1000).unwrap();
+        file.set_modified(mtime).unwrap();
+    };
+    let replace: Tamper = |path, contents| {
+        // Another file of the same size and mtime renamed over it.
+        let mtime = std::fs::metadata(path).unwrap().modified().unwrap();
+        let other = path.with_file_name("other");
+        let mut changed = contents.to_vec();
+        changed[0] ^= 0x01;
+        std::fs::write(&other, &changed).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&other)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        std::fs::rename(&other, path).unwrap();
+    };
+    let delete: Tamper = |path, _| std::fs::remove_file(path).unwrap();
+    let cases = [
+        ("rewritten in place", rewrite_in_place),
+        ("truncated", truncate),
+        ("replaced", replace),
+        ("deleted", delete),
+    ];
+
+    for (case, tamper) in cases {
+        let contents = bytes(8, BIG);
+        let kept = bytes(9, 1000);
+        let setup = Setup::new(&[("big.bin", contents.clone()), ("kept.bin", kept.clone())]).await;
+        setup.fetch().await.unwrap();
+        tamper(&setup.path("big.bin"), &contents);
+
+        setup.fetch().await.unwrap();
+        assert_file(&setup, "big.bin", &contents);
+        assert_file(&setup, "kept.bin", &kept);
+        assert_eq!(
+            setup.source.requests("job/big.bin").len(),
+            2,
+            "{case}: fetched again"
+        );
+        assert_eq!(
+            setup.source.requests("job/kept.bin").len(),
+            1,
+            "{case}: the untouched file is kept"
+        );
+        assert_eq!(setup.on_disk(), ["big.bin", "kept.bin"], "{case}");
+    }
+}
+
+#[tokio::test]
+async fn an_unchanged_model_is_ready_without_the_lock_or_its_bytes() {
+    let contents = bytes(10, BIG);
+    let setup = Setup::new(&[("big.bin", contents.clone())]).await;
+    setup.fetch().await.unwrap();
+
+    // Another fetch holds the directory: only the record can answer.
+    let meta = setup.fetcher.models_dir.join(META_DIR);
+    let held = DirLock::acquire(&meta.join("job.lock")).await.unwrap();
+    let refetch = tokio::time::timeout(Duration::from_secs(30), setup.fetch()).await;
+    assert!(
+        refetch
+            .expect("the fetch did not wait for the lock")
+            .is_ok()
+    );
+    drop(held);
+
+    // Without the record, the bytes are read again, but not downloaded.
+    std::fs::remove_file(meta.join("job.stamps.json")).unwrap();
+    let before = std::fs::metadata(setup.path("big.bin"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    setup.fetch().await.unwrap();
+    assert_eq!(setup.source.requests("job/big.bin").len(), 1);
+    assert!(
+        meta.join("job.stamps.json").exists(),
+        "the record is written again"
+    );
+    let after: SystemTime = std::fs::metadata(setup.path("big.bin"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(before, after, "the file was not rewritten");
+}
+
+#[tokio::test]
+async fn a_re_hash_still_catches_a_damaged_file_without_a_record() {
+    let contents = bytes(11, BIG);
+    let setup = Setup::new(&[("big.bin", contents.clone())]).await;
+    setup.fetch().await.unwrap();
+    let meta = setup.fetcher.models_dir.join(META_DIR);
+    std::fs::remove_file(meta.join("job.stamps.json")).unwrap();
+    let mut damaged = contents.clone();
+    damaged[BIG - 1] ^= 0x80;
+    std::fs::write(setup.path("big.bin"), &damaged).unwrap();
+
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "big.bin", &contents);
+    assert_eq!(setup.source.requests("job/big.bin").len(), 2);
+}
