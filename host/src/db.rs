@@ -80,16 +80,26 @@ impl Db {
                     if !postgres {
                         // Foreign keys make `ON DELETE CASCADE` real; the
                         // busy timeout lets writers queue instead of failing.
-                        sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *conn).await?;
-                        sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut *conn).await?;
-                        sqlx::query("PRAGMA journal_mode = WAL").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA foreign_keys = ON")
+                            .execute(&mut *conn)
+                            .await?;
+                        sqlx::query("PRAGMA busy_timeout = 10000")
+                            .execute(&mut *conn)
+                            .await?;
+                        sqlx::query("PRAGMA journal_mode = WAL")
+                            .execute(&mut *conn)
+                            .await?;
                     }
                     Ok(())
                 })
             })
             .connect(&url)
             .await?;
-        let migrator = if postgres { &POSTGRES_MIGRATIONS } else { &SQLITE_MIGRATIONS };
+        let migrator = if postgres {
+            &POSTGRES_MIGRATIONS
+        } else {
+            &SQLITE_MIGRATIONS
+        };
         migrator.run(&pool).await?;
         Ok(Self { pool })
     }
@@ -194,7 +204,11 @@ impl Db {
     }
 
     /// Records a deployment as running. `out_dir` is derived from the new id.
-    pub async fn insert_deployment(&self, new: NewDeployment<'_>, out_dir: OutDirOf<'_>) -> Result<Deployment> {
+    pub async fn insert_deployment(
+        &self,
+        new: NewDeployment<'_>,
+        out_dir: OutDirOf<'_>,
+    ) -> Result<Deployment> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
             "INSERT INTO deployments (model_id, deployer, options, status, dir, out_dir, details, \
@@ -223,11 +237,18 @@ impl Db {
     /// Ends a running deployment. A deployment that already ended (or whose
     /// model was deleted meanwhile) is left as it is: `NotRunning`.
     pub async fn finish_deployment(&self, id: i64, ending: &Ending<'_>) -> Result<Deployment> {
-        let progress = serde_json::to_string(ending.progress).map_err(|e| Error::Corrupt(e.to_string()))?;
+        let progress =
+            serde_json::to_string(ending.progress).map_err(|e| Error::Corrupt(e.to_string()))?;
         let (status, reference, details, error) = match ending.outcome {
-            Outcome::Completed { reference, details_json } => {
-                (Status::Completed, Some(reference.as_str()), details_json.as_str(), None)
-            }
+            Outcome::Completed {
+                reference,
+                details_json,
+            } => (
+                Status::Completed,
+                Some(reference.as_str()),
+                details_json.as_str(),
+                None,
+            ),
             Outcome::Failed { error } => (Status::Failed, None, "{}", Some(error.as_str())),
         };
         let updated = sqlx::query(
@@ -254,13 +275,16 @@ impl Db {
 
     /// Records where a running deployment stands; a no-op once it ended.
     pub async fn update_progress(&self, id: i64, phase: Phase, progress: &Progress) -> Result<()> {
-        let progress = serde_json::to_string(progress).map_err(|e| Error::Corrupt(e.to_string()))?;
-        sqlx::query("UPDATE deployments SET phase = $1, progress = $2 WHERE id = $3 AND status = 'running'")
-            .bind(phase.as_str())
-            .bind(progress)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
+        let progress =
+            serde_json::to_string(progress).map_err(|e| Error::Corrupt(e.to_string()))?;
+        sqlx::query(
+            "UPDATE deployments SET phase = $1, progress = $2 WHERE id = $3 AND status = 'running'",
+        )
+        .bind(phase.as_str())
+        .bind(progress)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -274,10 +298,12 @@ impl Db {
     }
 
     pub async fn deployment(&self, id: i64) -> Result<Option<Deployment>> {
-        let row = sqlx::query(&format!("SELECT {DEPLOYMENT_COLUMNS} FROM deployments WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(&format!(
+            "SELECT {DEPLOYMENT_COLUMNS} FROM deployments WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
         row.as_ref().map(deployment_row).transpose()
     }
 
@@ -357,7 +383,8 @@ fn deployment_row(row: &AnyRow) -> Result<Deployment> {
         model_id: row.try_get("model_id")?,
         deployer: row.try_get("deployer")?,
         options_json: row.try_get("options")?,
-        status: Status::parse(&status).ok_or_else(|| Error::Corrupt(format!("status = {status:?}")))?,
+        status: Status::parse(&status)
+            .ok_or_else(|| Error::Corrupt(format!("status = {status:?}")))?,
         phase: phase.as_deref().and_then(Phase::parse),
         progress: serde_json::from_str(&progress).unwrap_or_default(),
         dir: row.try_get("dir")?,

@@ -77,20 +77,61 @@ impl Default for Events {
 impl Events {
     pub fn publish(&self, event: Event) {
         match &event {
-            Event::DeploymentStarted { deploy_id, model_id, deployer } => {
+            Event::DeploymentStarted {
+                deploy_id,
+                model_id,
+                deployer,
+            } => {
                 tracing::info!(deploy_id, model_id, deployer, "deployment started");
             }
-            Event::DeploymentCompleted { deploy_id, model_id, deployer, duration_ms, reference } => {
-                tracing::info!(deploy_id, model_id, deployer, duration_ms, reference, "deployment completed");
+            Event::DeploymentCompleted {
+                deploy_id,
+                model_id,
+                deployer,
+                duration_ms,
+                reference,
+            } => {
+                tracing::info!(
+                    deploy_id,
+                    model_id,
+                    deployer,
+                    duration_ms,
+                    reference,
+                    "deployment completed"
+                );
             }
-            Event::DeploymentFailed { deploy_id, model_id, deployer, duration_ms, error } => {
-                tracing::warn!(deploy_id, model_id, deployer, duration_ms, "deployment failed: {error}");
+            Event::DeploymentFailed {
+                deploy_id,
+                model_id,
+                deployer,
+                duration_ms,
+                error,
+            } => {
+                tracing::warn!(
+                    deploy_id,
+                    model_id,
+                    deployer,
+                    duration_ms,
+                    "deployment failed: {error}"
+                );
             }
-            Event::DeploymentProgress { deploy_id, phase, progress, .. } => {
-                tracing::debug!(deploy_id, phase = phase.as_str(), ?progress, "deployment progress");
+            Event::DeploymentProgress {
+                deploy_id,
+                phase,
+                progress,
+                ..
+            } => {
+                tracing::debug!(
+                    deploy_id,
+                    phase = phase.as_str(),
+                    ?progress,
+                    "deployment progress"
+                );
             }
             // The plugin loader logs these itself, with more detail.
-            Event::PluginLoaded { .. } | Event::PluginRejected { .. } | Event::PluginRemoved { .. } => {}
+            Event::PluginLoaded { .. }
+            | Event::PluginRejected { .. }
+            | Event::PluginRemoved { .. } => {}
         }
         // No subscriber is fine: events are not stored.
         let _ = self.sender.send(event);

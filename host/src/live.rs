@@ -23,7 +23,10 @@ pub struct Live {
 
 impl Live {
     pub fn insert(&self, running: Arc<Running>) {
-        self.running.lock().expect("live lock").insert(running.deploy_id, running);
+        self.running
+            .lock()
+            .expect("live lock")
+            .insert(running.deploy_id, running);
     }
 
     pub fn remove(&self, deploy_id: i64) {
@@ -31,7 +34,11 @@ impl Live {
     }
 
     pub fn get(&self, deploy_id: i64) -> Option<Arc<Running>> {
-        self.running.lock().expect("live lock").get(&deploy_id).cloned()
+        self.running
+            .lock()
+            .expect("live lock")
+            .get(&deploy_id)
+            .cloned()
     }
 }
 
@@ -136,7 +143,8 @@ impl fetch::Progress for Running {
     fn fetched(&self, bytes_done: u64, bytes_total: u64, files_done: usize, files_total: usize) {
         let mut state = self.state.lock().expect("running lock");
         let p = &mut state.progress;
-        (p.bytes_done, p.bytes_total, p.files_done, p.files_total) = (bytes_done, bytes_total, files_done, files_total);
+        (p.bytes_done, p.bytes_total, p.files_done, p.files_total) =
+            (bytes_done, bytes_total, files_done, files_total);
         state.dirty = true;
     }
 }
@@ -149,7 +157,9 @@ impl Reporter for Running {
         state.bytes += line.len() + 1;
         state.lines.push_back(line);
         while state.bytes > MAX_LOG_BYTES {
-            let Some(old) = state.lines.pop_front() else { break };
+            let Some(old) = state.lines.pop_front() else {
+                break;
+            };
             state.bytes -= old.len() + 1;
             state.dropped += 1;
         }
@@ -178,7 +188,11 @@ mod tests {
         }
         let logs = running.logs();
         assert!(logs.len() <= MAX_LOG_BYTES + 100, "{}", logs.len());
-        assert!(logs.starts_with("[40 earlier lines dropped]\n"), "{}", &logs[..40]);
+        assert!(
+            logs.starts_with("[40 earlier lines dropped]\n"),
+            "{}",
+            &logs[..40]
+        );
     }
 
     #[test]
@@ -188,7 +202,14 @@ mod tests {
         assert!(running.take_update().is_none());
         running.progress(1, 2, "half");
         let (phase, progress) = running.take_update().unwrap();
-        assert_eq!((phase, progress.deployer_done, progress.deployer_note.as_str()), (Phase::Fetching, 1, "half"));
+        assert_eq!(
+            (
+                phase,
+                progress.deployer_done,
+                progress.deployer_note.as_str()
+            ),
+            (Phase::Fetching, 1, "half")
+        );
         running.cancel("cancelled");
         running.cancel("later");
         assert_eq!(running.reason(), Some("cancelled"));

@@ -88,8 +88,13 @@ pub struct Deployment {
 /// How a deployment ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    Completed { reference: String, details_json: String },
-    Failed { error: String },
+    Completed {
+        reference: String,
+        details_json: String,
+    },
+    Failed {
+        error: String,
+    },
 }
 
 /// What a running deployment is doing.

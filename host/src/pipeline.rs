@@ -132,20 +132,35 @@ impl Pipeline {
     }
 
     /// Steps 1–3: nothing is recorded unless all checks pass.
-    pub async fn start(&self, model_id: i64, deployer: &str, options_json: &str) -> Result<Started, StartError> {
-        let model = self.db.model(model_id).await?.ok_or(StartError::UnknownModel(model_id))?;
+    pub async fn start(
+        &self,
+        model_id: i64,
+        deployer: &str,
+        options_json: &str,
+    ) -> Result<Started, StartError> {
+        let model = self
+            .db
+            .model(model_id)
+            .await?
+            .ok_or(StartError::UnknownModel(model_id))?;
         let plugins = self.plugins();
         if plugins.deployers.is_empty() {
-            return Err(StartError::NoDeployers(self.plugins_dir.display().to_string()));
+            return Err(StartError::NoDeployers(
+                self.plugins_dir.display().to_string(),
+            ));
         }
-        let plugin = plugins.deployers.get(deployer).cloned().ok_or_else(|| StartError::UnknownDeployer {
-            name: deployer.to_string(),
-            known: plugins.deployers.keys().cloned().collect(),
+        let plugin = plugins.deployers.get(deployer).cloned().ok_or_else(|| {
+            StartError::UnknownDeployer {
+                name: deployer.to_string(),
+                known: plugins.deployers.keys().cloned().collect(),
+            }
         })?;
         self.runtime
             .check_options(&plugin, options_json)
             .await
-            .map_err(|e| StartError::BadOptions(format!("deployer {deployer} refused the options: {e}")))?;
+            .map_err(|e| {
+                StartError::BadOptions(format!("deployer {deployer} refused the options: {e}"))
+            })?;
 
         let dir = self.fetcher.dir_of(&model.job_id);
         let out_root = self.out_root.clone();
@@ -162,14 +177,23 @@ impl Pipeline {
                 &move |id| out_root.join(id.to_string()).display().to_string(),
             )
             .await?;
-        let running = Arc::new(Running::new(deployment.id, deployer, self.shutdown.child_token()));
+        let running = Arc::new(Running::new(
+            deployment.id,
+            deployer,
+            self.shutdown.child_token(),
+        ));
         self.live.insert(running.clone());
         self.events.publish(Event::DeploymentStarted {
             deploy_id: deployment.id,
             model_id,
             deployer: deployer.to_string(),
         });
-        Ok(Started { deployment, model, plugin, running })
+        Ok(Started {
+            deployment,
+            model,
+            plugin,
+            running,
+        })
     }
 
     /// Cancels a deployment running in this process.
@@ -178,14 +202,20 @@ impl Pipeline {
             return match self.db.deployment(deploy_id).await? {
                 None => Err(CancelError::Unknown(deploy_id)),
                 Some(d) if d.status == Status::Running => Err(CancelError::Elsewhere(deploy_id)),
-                Some(d) => Err(CancelError::Ended { id: deploy_id, status: d.status.as_str() }),
+                Some(d) => Err(CancelError::Ended {
+                    id: deploy_id,
+                    status: d.status.as_str(),
+                }),
             };
         };
         running.cancel("cancelled");
         // The guest stops within a tick; wait for the row so the answer
         // shows the outcome (bounded: a stuck host call has its own limit).
         let _ = tokio::time::timeout(Duration::from_secs(10), running.finished()).await;
-        self.db.deployment(deploy_id).await?.ok_or(CancelError::Unknown(deploy_id))
+        self.db
+            .deployment(deploy_id)
+            .await?
+            .ok_or(CancelError::Unknown(deploy_id))
     }
 
     /// The deployer's log lines: live while running here, stored after.
@@ -199,7 +229,12 @@ impl Pipeline {
     /// Steps 4–7. Always ends the recorded deployment, whatever happens; the
     /// returned row is the stored one.
     pub async fn run(&self, started: Started) -> Result<Deployment, db::Error> {
-        let Started { deployment, model, plugin, running } = started;
+        let Started {
+            deployment,
+            model,
+            plugin,
+            running,
+        } = started;
         let clock = Instant::now();
         let reporter = tokio::spawn(report_progress(
             self.db.clone(),
@@ -261,8 +296,12 @@ impl Pipeline {
             })?;
         running.set_phase(Phase::Deploying);
         let out_dir = PathBuf::from(&deployment.out_dir);
-        std::fs::create_dir_all(&out_dir)
-            .map_err(|e| format!("cannot create the output directory {}: {e}", out_dir.display()))?;
+        std::fs::create_dir_all(&out_dir).map_err(|e| {
+            format!(
+                "cannot create the output directory {}: {e}",
+                out_dir.display()
+            )
+        })?;
         let call = DeployCall {
             deploy_id: deployment.id,
             model,
@@ -270,7 +309,11 @@ impl Pipeline {
             out_dir: &out_dir,
             options_json: &deployment.options_json,
         };
-        match self.runtime.deploy(plugin, call, running.clone(), cancel).await {
+        match self
+            .runtime
+            .deploy(plugin, call, running.clone(), cancel)
+            .await
+        {
             Ok(deployed) => Ok(Outcome::Completed {
                 reference: deployed.reference,
                 details_json: serde_json::Value::Object(deployed.details).to_string(),
@@ -285,7 +328,9 @@ impl Pipeline {
     fn cancelled(&self, running: &Running) -> String {
         match running.reason() {
             Some(reason) => reason.to_string(),
-            None if self.shutdown.is_cancelled() => "interrupted: the server stopped before it finished".to_string(),
+            None if self.shutdown.is_cancelled() => {
+                "interrupted: the server stopped before it finished".to_string()
+            }
             None => "cancelled".to_string(),
         }
     }
@@ -298,9 +343,17 @@ async fn report_progress(db: Db, events: Events, running: Arc<Running>, model_id
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
     loop {
         tick.tick().await;
-        let Some((phase, progress)) = running.take_update() else { continue };
-        if let Err(e) = db.update_progress(running.deploy_id, phase, &progress).await {
-            tracing::warn!(deploy_id = running.deploy_id, "could not record progress: {e}");
+        let Some((phase, progress)) = running.take_update() else {
+            continue;
+        };
+        if let Err(e) = db
+            .update_progress(running.deploy_id, phase, &progress)
+            .await
+        {
+            tracing::warn!(
+                deploy_id = running.deploy_id,
+                "could not record progress: {e}"
+            );
         }
         events.publish(Event::DeploymentProgress {
             deploy_id: running.deploy_id,

@@ -71,7 +71,10 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
         problems.push(e);
     }
 
-    for (field, value) in [("num_examples", draft.num_examples), ("num_train_steps", draft.num_train_steps)] {
+    for (field, value) in [
+        ("num_examples", draft.num_examples),
+        ("num_train_steps", draft.num_train_steps),
+    ] {
         if value.is_some_and(|v| v > MAX_COUNT) {
             problems.push(format!("{field} is too large"));
         }
@@ -108,16 +111,25 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
         if let Some(hash) = &sha256
             && (hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()))
         {
-            problems.push(format!("files[{i}].sha256 must be 64 hexadecimal characters, got {hash:?}"));
+            problems.push(format!(
+                "files[{i}].sha256 must be 64 hexadecimal characters, got {hash:?}"
+            ));
         }
-        files.push(ModelFile { path, size_bytes, sha256 });
+        files.push(ModelFile {
+            path,
+            size_bytes,
+            sha256,
+        });
     }
     // A file cannot also be the directory of another file.
     for file in &files {
         let mut prefix = file.path.as_str();
         while let Some((parent, _)) = prefix.rsplit_once('/') {
             if seen.contains(parent) {
-                problems.push(format!("files: {parent:?} is listed as a file but is also the directory of {:?}", file.path));
+                problems.push(format!(
+                    "files: {parent:?} is listed as a file but is also the directory of {:?}",
+                    file.path
+                ));
             }
             prefix = parent;
         }
@@ -150,7 +162,9 @@ fn job_id_rule(job_id: &str) -> Result<(), String> {
     }
     let mut chars = job_id.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
-    let rest_ok = job_id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    let rest_ok = job_id
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
     if !first_ok || !rest_ok || job_id.len() > MAX_JOB_ID {
         return Err(format!(
             "job_id {job_id:?} cannot be used as a directory name: use letters, digits, '_', '-' and '.', \
@@ -181,8 +195,12 @@ fn path_rule(path: &str) -> Result<(), &'static str> {
         match segment {
             ".." => return Err("must not contain .."),
             "" | "." => return Err("must not contain empty or '.' segments"),
-            s if s.starts_with(".fetch-") => return Err("must not start with .fetch- (berth's temporary files)"),
-            s if s.chars().any(char::is_control) => return Err("must not contain control characters"),
+            s if s.starts_with(".fetch-") => {
+                return Err("must not start with .fetch- (berth's temporary files)");
+            }
+            s if s.chars().any(char::is_control) => {
+                return Err("must not contain control characters");
+            }
             _ => {}
         }
     }
@@ -192,18 +210,25 @@ fn path_rule(path: &str) -> Result<(), &'static str> {
 /// `http`, `https` or `file` URL template with `{path}`.
 fn source_rule(source: &str) -> Result<(), String> {
     if source.is_empty() {
-        return Err("source is required: a URL template such as http://files.local/{job_id}/{path}".into());
+        return Err(
+            "source is required: a URL template such as http://files.local/{job_id}/{path}".into(),
+        );
     }
     if !source.contains("{path}") {
-        return Err(format!("source {source:?} must contain {{path}}, where each file's path goes"));
+        return Err(format!(
+            "source {source:?} must contain {{path}}, where each file's path goes"
+        ));
     }
     let sample = source.replace("{job_id}", "job").replace("{path}", "file");
-    let url = url::Url::parse(&sample).map_err(|e| format!("source {source:?} is not a valid URL template: {e}"))?;
+    let url = url::Url::parse(&sample)
+        .map_err(|e| format!("source {source:?} is not a valid URL template: {e}"))?;
     match url.scheme() {
         "http" | "https" if url.host().is_some() => Ok(()),
         "http" | "https" => Err(format!("source {source:?} has no host")),
         "file" => Ok(()),
-        other => Err(format!("source {source:?}: scheme {other} is not supported (use http, https or file)")),
+        other => Err(format!(
+            "source {source:?}: scheme {other} is not supported (use http, https or file)"
+        )),
     }
 }
 
@@ -232,35 +257,87 @@ mod tests {
         match model(d) {
             Ok(_) if expected.is_empty() => {}
             Ok(m) => panic!("accepted {m:?}, expected {expected:?}"),
-            Err(p) => assert!(!expected.is_empty() && p.to_string().contains(expected), "{p}"),
+            Err(p) => assert!(
+                !expected.is_empty() && p.to_string().contains(expected),
+                "{p}"
+            ),
         }
     }
 
     fn file(path: &str) -> FileDraft {
-        FileDraft { path: Some(path.into()), size_bytes: Some(1), sha256: None }
+        FileDraft {
+            path: Some(path.into()),
+            size_bytes: Some(1),
+            sha256: None,
+        }
     }
 
     #[test]
     fn registrations_are_checked_field_by_field() {
         check(|_| {}, "");
         check(|d| d.name = None, "name is required");
-        check(|d| d.name = Some("a\u{7}b".into()), "name contains control characters");
+        check(
+            |d| d.name = Some("a\u{7}b".into()),
+            "name contains control characters",
+        );
         check(|d| d.job_id = None, "job_id is required");
-        check(|d| d.job_id = Some("../etc".into()), "cannot be used as a directory name");
-        check(|d| d.job_id = Some(".hidden".into()), "cannot be used as a directory name");
-        check(|d| d.job_id = Some("a/b".into()), "cannot be used as a directory name");
-        check(|d| d.job_id = Some("x".repeat(129)), "cannot be used as a directory name");
+        check(
+            |d| d.job_id = Some("../etc".into()),
+            "cannot be used as a directory name",
+        );
+        check(
+            |d| d.job_id = Some(".hidden".into()),
+            "cannot be used as a directory name",
+        );
+        check(
+            |d| d.job_id = Some("a/b".into()),
+            "cannot be used as a directory name",
+        );
+        check(
+            |d| d.job_id = Some("x".repeat(129)),
+            "cannot be used as a directory name",
+        );
         check(|d| d.source = None, "source is required");
-        check(|d| d.source = Some("http://files.local/{job_id}".into()), "must contain {path}");
-        check(|d| d.source = Some("ftp://files.local/{path}".into()), "scheme ftp is not supported");
-        check(|d| d.source = Some("not a url {path}".into()), "not a valid URL template");
-        check(|d| d.source = Some("file:///srv/{job_id}/{path}".into()), "");
-        check(|d| d.final_loss = Some(f64::NAN), "final_loss must be a finite number");
-        check(|d| d.params = Some(serde_json::json!([1])), "params must be a JSON object");
-        check(|d| d.num_examples = Some(u64::MAX), "num_examples is too large");
-        check(|d| d.files[0].sha256 = Some("abc".into()), "files[0].sha256 must be 64 hexadecimal");
-        check(|d| d.files[0].sha256 = Some("g".repeat(64)), "files[0].sha256 must be 64 hexadecimal");
-        check(|d| d.files[0].size_bytes = None, "files[0].size_bytes is required");
+        check(
+            |d| d.source = Some("http://files.local/{job_id}".into()),
+            "must contain {path}",
+        );
+        check(
+            |d| d.source = Some("ftp://files.local/{path}".into()),
+            "scheme ftp is not supported",
+        );
+        check(
+            |d| d.source = Some("not a url {path}".into()),
+            "not a valid URL template",
+        );
+        check(
+            |d| d.source = Some("file:///srv/{job_id}/{path}".into()),
+            "",
+        );
+        check(
+            |d| d.final_loss = Some(f64::NAN),
+            "final_loss must be a finite number",
+        );
+        check(
+            |d| d.params = Some(serde_json::json!([1])),
+            "params must be a JSON object",
+        );
+        check(
+            |d| d.num_examples = Some(u64::MAX),
+            "num_examples is too large",
+        );
+        check(
+            |d| d.files[0].sha256 = Some("abc".into()),
+            "files[0].sha256 must be 64 hexadecimal",
+        );
+        check(
+            |d| d.files[0].sha256 = Some("g".repeat(64)),
+            "files[0].sha256 must be 64 hexadecimal",
+        );
+        check(
+            |d| d.files[0].size_bytes = None,
+            "files[0].size_bytes is required",
+        );
         check(|d| d.files = vec![], "");
     }
 
@@ -281,8 +358,14 @@ mod tests {
         for (path, expected) in cases {
             check(|d| d.files = vec![file(path)], expected);
         }
-        check(|d| d.files = vec![file("a.bin"), file("a.bin")], "listed twice");
-        check(|d| d.files = vec![file("a"), file("a/b")], "is listed as a file but is also the directory");
+        check(
+            |d| d.files = vec![file("a.bin"), file("a.bin")],
+            "listed twice",
+        );
+        check(
+            |d| d.files = vec![file("a"), file("a/b")],
+            "is listed as a file but is also the directory",
+        );
         check(|d| d.files = vec![file("a/b c.bin"), file("a/.hidden")], "");
     }
 

@@ -104,9 +104,16 @@ impl Watcher {
         self.seen = None;
     }
 
-    async fn reload(&self, pipeline: &Pipeline, now: &Scan, changed: &BTreeSet<String>) -> PluginSet {
+    async fn reload(
+        &self,
+        pipeline: &Pipeline,
+        now: &Scan,
+        changed: &BTreeSet<String>,
+    ) -> PluginSet {
         let current = pipeline.plugins();
-        let concerns = |file: &str, name: &str| file == format!("{name}.wasm") || file == format!("{name}.toml");
+        let concerns = |file: &str, name: &str| {
+            file == format!("{name}.wasm") || file == format!("{name}.toml")
+        };
         let mut set = PluginSet {
             deployers: current
                 .deployers
@@ -126,20 +133,34 @@ impl Watcher {
             let previous = current.deployers.get(name);
             if !now.contains_key(&wasm) {
                 if now.contains_key(&format!("{name}.toml")) {
-                    reject(pipeline, &mut set, format!("{name}.toml"), format!("a manifest without a plugin: there is no {wasm} beside it"));
+                    reject(
+                        pipeline,
+                        &mut set,
+                        format!("{name}.toml"),
+                        format!("a manifest without a plugin: there is no {wasm} beside it"),
+                    );
                 }
                 if previous.is_some() {
                     tracing::info!(plugin = %name, "deployer removed: its file left the plugins folder");
-                    pipeline.events.publish(Event::PluginRemoved { name: name.clone() });
+                    pipeline
+                        .events
+                        .publish(Event::PluginRemoved { name: name.clone() });
                 }
                 continue;
             }
             if previous.is_none() && set.deployers.len() >= self.max {
-                let reason = format!("too many deployers: this server loads at most {} (--max-deployers)", self.max);
+                let reason = format!(
+                    "too many deployers: this server loads at most {} (--max-deployers)",
+                    self.max
+                );
                 reject(pipeline, &mut set, wasm, reason);
                 continue;
             }
-            match pipeline.runtime.load_file(&pipeline.plugins_dir.join(&wasm), name).await {
+            match pipeline
+                .runtime
+                .load_file(&pipeline.plugins_dir.join(&wasm), name)
+                .await
+            {
                 Ok(plugin) => {
                     tracing::info!(
                         plugin = %name,
@@ -149,12 +170,17 @@ impl Watcher {
                         plugin.description
                     );
                     set.deployers.insert(name.clone(), Arc::new(plugin));
-                    pipeline.events.publish(Event::PluginLoaded { name: name.clone() });
+                    pipeline
+                        .events
+                        .publish(Event::PluginLoaded { name: name.clone() });
                 }
                 Err(reason) => match previous {
                     Some(old) => {
                         set.deployers.insert(name.clone(), old.clone());
-                        let reason = format!("{reason} (still serving the previous version, sha256 {})", old.sha256);
+                        let reason = format!(
+                            "{reason} (still serving the previous version, sha256 {})",
+                            old.sha256
+                        );
                         reject(pipeline, &mut set, wasm, reason);
                     }
                     None => reject(pipeline, &mut set, wasm, reason),

@@ -40,7 +40,10 @@ async fn happy_path_fetches_verifies_deploys_and_records(backend: Backend) {
     assert!(deployment["duration_ms"].as_i64().unwrap() >= 0);
     assert!(deployment["completed_at"].is_string());
     let deploy_id = deployment["id"].as_i64().unwrap();
-    assert_eq!(deployment["ref"], format!("/out/job-happy-{deploy_id}.tar.gz"));
+    assert_eq!(
+        deployment["ref"],
+        format!("/out/job-happy-{deploy_id}.tar.gz")
+    );
 
     // The files on disk are byte-identical to the source, and nothing else is there.
     let dir = berth.model_dir("job-happy");
@@ -53,7 +56,8 @@ async fn happy_path_fetches_verifies_deploys_and_records(backend: Backend) {
     }
     // The deployer's output is where the row says, and matches its details.
     let archive = std::fs::read(
-        std::path::Path::new(deployment["out_dir"].as_str().unwrap()).join(format!("job-happy-{deploy_id}.tar.gz")),
+        std::path::Path::new(deployment["out_dir"].as_str().unwrap())
+            .join(format!("job-happy-{deploy_id}.tar.gz")),
     )
     .unwrap();
     assert_eq!(deployment["details"]["sha256"], sha256_hex(&archive));
@@ -61,7 +65,10 @@ async fn happy_path_fetches_verifies_deploys_and_records(backend: Backend) {
 
     let (status, stored) = berth.get(&format!("/v1/deployments/{deploy_id}")).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(stored, deployment, "GET returns the row the POST answered with");
+    assert_eq!(
+        stored, deployment,
+        "GET returns the row the POST answered with"
+    );
     let (status, listing) = berth.get(&format!("/v1/models/{id}/deployments")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(listing["deployments"], json!([deployment]));
@@ -70,7 +77,9 @@ async fn happy_path_fetches_verifies_deploys_and_records(backend: Backend) {
 async fn a_second_deployment_downloads_nothing(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::start(backend).await;
-    let id = berth.register(&model(&files, "job-again", &adapter_files())).await;
+    let id = berth
+        .register(&model(&files, "job-again", &adapter_files()))
+        .await;
     let (status, first) = berth.deploy(id, "archive", json!({})).await;
     assert_eq!(status, StatusCode::OK, "{first}");
     let hits = files.total_hits();
@@ -82,9 +91,20 @@ async fn a_second_deployment_downloads_nothing(backend: Backend) {
     assert_ne!(first["id"], second["id"]);
 
     let (_, listing) = berth.get(&format!("/v1/models/{id}/deployments")).await;
-    let ids: Vec<_> = listing["deployments"].as_array().unwrap().iter().map(|d| d["id"].clone()).collect();
-    assert_eq!(ids, [second["id"].clone(), first["id"].clone()], "newest first");
-    let (_, limited) = berth.get(&format!("/v1/models/{id}/deployments?limit=1")).await;
+    let ids: Vec<_> = listing["deployments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].clone())
+        .collect();
+    assert_eq!(
+        ids,
+        [second["id"].clone(), first["id"].clone()],
+        "newest first"
+    );
+    let (_, limited) = berth
+        .get(&format!("/v1/models/{id}/deployments?limit=1"))
+        .await;
     assert_eq!(limited["deployments"].as_array().unwrap().len(), 1);
 }
 
@@ -94,7 +114,11 @@ async fn concurrent_deployments_of_a_fresh_model_download_each_file_once(backend
     let contents = adapter_files();
     let id = berth.register(&model(&files, "job-crowd", &contents)).await;
     // Slow enough that all ten requests arrive while the first fetch runs.
-    files.fault("job-crowd", "adapter_model.safetensors", Some(Fault::Slow(Duration::from_millis(5))));
+    files.fault(
+        "job-crowd",
+        "adapter_model.safetensors",
+        Some(Fault::Slow(Duration::from_millis(5))),
+    );
 
     let deployments = (0..10).map(|_| berth.deploy(id, "archive", json!({})));
     let results = futures::future::join_all(deployments).await;
@@ -102,7 +126,11 @@ async fn concurrent_deployments_of_a_fresh_model_download_each_file_once(backend
         assert_eq!(*status, StatusCode::OK, "{body}");
     }
     for (path, _) in &contents {
-        assert_eq!(files.hits("job-crowd", path), 1, "{path} was downloaded once");
+        assert_eq!(
+            files.hits("job-crowd", path),
+            1,
+            "{path} was downloaded once"
+        );
     }
 }
 
@@ -110,17 +138,29 @@ async fn a_damaged_file_on_disk_is_fetched_again(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::start(backend).await;
     let contents = adapter_files();
-    let id = berth.register(&model(&files, "job-damaged", &contents)).await;
-    assert_eq!(berth.deploy(id, "archive", json!({})).await.0, StatusCode::OK);
+    let id = berth
+        .register(&model(&files, "job-damaged", &contents))
+        .await;
+    assert_eq!(
+        berth.deploy(id, "archive", json!({})).await.0,
+        StatusCode::OK
+    );
 
     // Same size, different bytes, mtime put back: the verification record
     // must not vouch for it (its ctime changed).
-    let path = berth.model_dir("job-damaged").join("adapter_model.safetensors");
+    let path = berth
+        .model_dir("job-damaged")
+        .join("adapter_model.safetensors");
     let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
     let mut damaged = std::fs::read(&path).unwrap();
     damaged[1000] ^= 0xff;
     std::fs::write(&path, &damaged).unwrap();
-    std::fs::File::options().write(true).open(&path).unwrap().set_modified(mtime).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
     // And one file deleted outright.
     std::fs::remove_file(berth.model_dir("job-damaged").join("adapter_config.json")).unwrap();
 
@@ -128,9 +168,17 @@ async fn a_damaged_file_on_disk_is_fetched_again(backend: Backend) {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(files.hits("job-damaged", "adapter_model.safetensors"), 2);
     assert_eq!(files.hits("job-damaged", "adapter_config.json"), 2);
-    assert_eq!(files.hits("job-damaged", "tokenizer/tokenizer.json"), 1, "the intact file was reused");
+    assert_eq!(
+        files.hits("job-damaged", "tokenizer/tokenizer.json"),
+        1,
+        "the intact file was reused"
+    );
     for (path, bytes) in &contents {
-        assert_eq!(&std::fs::read(berth.model_dir("job-damaged").join(path)).unwrap(), bytes, "{path}");
+        assert_eq!(
+            &std::fs::read(berth.model_dir("job-damaged").join(path)).unwrap(),
+            bytes,
+            "{path}"
+        );
     }
 }
 
@@ -141,19 +189,63 @@ async fn bad_sources_fail_with_the_file_named_and_leave_no_unverified_bytes(back
     let bad = "weights.bin";
 
     // Each case: how the registration or the source lies, what the error says.
-    type Case = (&'static str, Box<dyn Fn(&mut Value)>, Option<Fault>, &'static str);
+    type Case = (
+        &'static str,
+        Box<dyn Fn(&mut Value)>,
+        Option<Fault>,
+        &'static str,
+    );
     let cases: Vec<Case> = vec![
-        ("sha", Box::new(|m| m["files"][1]["sha256"] = json!("0".repeat(64))), None, "sha256 mismatch: expected 0000"),
-        ("short", Box::new(|m| m["files"][1]["size_bytes"] = json!(300_001)), None, "expected 300001 bytes, got 300000"),
-        ("long", Box::new(|m| m["files"][1]["size_bytes"] = json!(299_999)), None, "the source sent more than the expected 299999 bytes"),
-        ("cut", Box::new(|_| {}), Some(Fault::CutAfter(100_000)), "the download broke off"),
-        ("missing", Box::new(|_| {}), Some(Fault::Status(404)), "the source answered 404 Not Found"),
-        ("broken", Box::new(|_| {}), Some(Fault::Status(500)), "the source answered 500 Internal Server Error"),
-        ("down", Box::new(|m| m["source"] = json!("http://127.0.0.1:9/{job_id}/{path}")), None, "cannot reach the source (http://127.0.0.1:9/job-down/"),
+        (
+            "sha",
+            Box::new(|m| m["files"][1]["sha256"] = json!("0".repeat(64))),
+            None,
+            "sha256 mismatch: expected 0000",
+        ),
+        (
+            "short",
+            Box::new(|m| m["files"][1]["size_bytes"] = json!(300_001)),
+            None,
+            "expected 300001 bytes, got 300000",
+        ),
+        (
+            "long",
+            Box::new(|m| m["files"][1]["size_bytes"] = json!(299_999)),
+            None,
+            "the source sent more than the expected 299999 bytes",
+        ),
+        (
+            "cut",
+            Box::new(|_| {}),
+            Some(Fault::CutAfter(100_000)),
+            "the download broke off",
+        ),
+        (
+            "missing",
+            Box::new(|_| {}),
+            Some(Fault::Status(404)),
+            "the source answered 404 Not Found",
+        ),
+        (
+            "broken",
+            Box::new(|_| {}),
+            Some(Fault::Status(500)),
+            "the source answered 500 Internal Server Error",
+        ),
+        (
+            "down",
+            Box::new(|m| m["source"] = json!("http://127.0.0.1:9/{job_id}/{path}")),
+            None,
+            "cannot reach the source (http://127.0.0.1:9/job-down/",
+        ),
     ];
     for (job, change, fault, expected) in cases {
         let job_id = format!("job-{job}");
-        let mut registration = model(&files, &job_id, &[("config.json", b"{}".to_vec()), (bad, good.clone())]);
+        let mut registration = model(
+            &files,
+            &job_id,
+            &[("config.json", b"{}".to_vec()), (bad, good.clone())],
+        );
         change(&mut registration);
         files.fault(&job_id, bad, fault);
         let id = berth.register(&registration).await;
@@ -163,14 +255,20 @@ async fn bad_sources_fail_with_the_file_named_and_leave_no_unverified_bytes(back
         assert_eq!(deployment["status"], "failed", "{job}");
         let error = deployment["error"].as_str().unwrap();
         // With the source down, whichever file is tried first is named.
-        let named = error.contains(&format!("file {bad}: ")) || (job == "down" && error.contains("file config.json: "));
+        let named = error.contains(&format!("file {bad}: "))
+            || (job == "down" && error.contains("file config.json: "));
         assert!(named, "{job}: the error names the file: {error}");
         assert!(error.contains(expected), "{job}: {error}");
-        let (_, stored) = berth.get(&format!("/v1/deployments/{}", deployment["id"])).await;
+        let (_, stored) = berth
+            .get(&format!("/v1/deployments/{}", deployment["id"]))
+            .await;
         assert_eq!(stored, deployment, "{job}: the failed row is stored");
 
         let on_disk = files_under(&berth.model_dir(&job_id));
-        assert!(!on_disk.contains(&bad.to_string()), "{job}: unverified bytes under the real name: {on_disk:?}");
+        assert!(
+            !on_disk.contains(&bad.to_string()),
+            "{job}: unverified bytes under the real name: {on_disk:?}"
+        );
         // A download that broke off keeps its bytes under the temp name for
         // the next fetch to continue (so may the other file's, stopped
         // midway by this failure); wrong bytes are never kept.
@@ -182,14 +280,23 @@ async fn bad_sources_fail_with_the_file_named_and_leave_no_unverified_bytes(back
 async fn a_deployer_failure_is_a_502_with_the_row_stored(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::start(backend).await;
-    let id = berth.register(&model(&files, "job-panic", &adapter_files())).await;
-    let (status, deployment) = berth.deploy(id, "misbehave", json!({ "mode": "panic" })).await;
+    let id = berth
+        .register(&model(&files, "job-panic", &adapter_files()))
+        .await;
+    let (status, deployment) = berth
+        .deploy(id, "misbehave", json!({ "mode": "panic" }))
+        .await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{deployment}");
     let error = deployment["error"].as_str().unwrap();
     assert!(error.starts_with("deployer misbehave: crashed"), "{error}");
-    assert!(error.contains("deliberate panic"), "the guest's stderr explains the crash: {error}");
+    assert!(
+        error.contains("deliberate panic"),
+        "the guest's stderr explains the crash: {error}"
+    );
 
-    let (status, deployment) = berth.deploy(id, "misbehave", json!({ "mode": "bad-details" })).await;
+    let (status, deployment) = berth
+        .deploy(id, "misbehave", json!({ "mode": "bad-details" }))
+        .await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert_eq!(
         deployment["error"],
@@ -203,7 +310,9 @@ async fn a_deployer_failure_is_a_502_with_the_row_stored(backend: Backend) {
 async fn a_client_that_disconnects_cancels_its_deployment(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::start(backend).await;
-    let id = berth.register(&model(&files, "job-leave", &adapter_files())).await;
+    let id = berth
+        .register(&model(&files, "job-leave", &adapter_files()))
+        .await;
 
     let request = berth
         .client()
@@ -216,7 +325,13 @@ async fn a_client_that_disconnects_cancels_its_deployment(backend: Backend) {
 
     let deployment = wait_for_end(&berth, id).await;
     assert_eq!(deployment["status"], "failed");
-    assert!(deployment["error"].as_str().unwrap().starts_with("cancelled"), "{deployment}");
+    assert!(
+        deployment["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("cancelled"),
+        "{deployment}"
+    );
 }
 
 async fn a_server_killed_during_a_fetch_recovers_on_restart(backend: Backend) {
@@ -224,44 +339,80 @@ async fn a_server_killed_during_a_fetch_recovers_on_restart(backend: Backend) {
     let mut berth = Berth::start(backend).await;
     let contents = vec![("big.bin", bytes(3, 4 * 1024 * 1024))];
     let id = berth.register(&model(&files, "job-kill", &contents)).await;
-    files.fault("job-kill", "big.bin", Some(Fault::Slow(Duration::from_millis(20))));
+    files.fault(
+        "job-kill",
+        "big.bin",
+        Some(Fault::Slow(Duration::from_millis(20))),
+    );
 
     let url = format!("{}/v1/models/{id}/deployments", berth.url);
     let client = berth.client().clone();
     let pending = tokio::spawn(async move {
-        client.post(url).json(&json!({ "deployer": "archive" })).send().await
+        client
+            .post(url)
+            .json(&json!({ "deployer": "archive" }))
+            .send()
+            .await
     });
     // Wait until part of the file has arrived, then kill -9.
     let dir = berth.model_dir("job-kill");
     wait_until(|| files_under(&dir).iter().any(|f| f.starts_with(".fetch-"))).await;
     berth.kill9();
-    assert!(pending.await.unwrap().is_err(), "the client saw the connection drop");
-    assert!(!dir.join("big.bin").exists(), "no half file under the real name");
+    assert!(
+        pending.await.unwrap().is_err(),
+        "the client saw the connection drop"
+    );
+    assert!(
+        !dir.join("big.bin").exists(),
+        "no half file under the real name"
+    );
 
     berth.restart();
     let (_, listing) = berth.get(&format!("/v1/models/{id}/deployments")).await;
     let interrupted = &listing["deployments"][0];
     assert_eq!(interrupted["status"], "failed");
-    assert_eq!(interrupted["error"], "interrupted: the server stopped before it finished");
+    assert_eq!(
+        interrupted["error"],
+        "interrupted: the server stopped before it finished"
+    );
 
     files.fault("job-kill", "big.bin", None);
     let (status, body) = berth.deploy(id, "archive", json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(std::fs::read(dir.join("big.bin")).unwrap(), contents[0].1);
-    assert_eq!(files_under(&dir), ["big.bin"], "the dead fetch's temp file was cleaned");
+    assert_eq!(
+        files_under(&dir),
+        ["big.bin"],
+        "the dead fetch's temp file was cleaned"
+    );
 }
 
 async fn deleting_a_model_deletes_its_deployments_but_not_its_files(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::start(backend).await;
-    let id = berth.register(&model(&files, "job-delete", &adapter_files())).await;
+    let id = berth
+        .register(&model(&files, "job-delete", &adapter_files()))
+        .await;
     let (_, deployment) = berth.deploy(id, "archive", json!({})).await;
 
     let (status, _) = berth.delete(&format!("/v1/models/{id}")).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
-    assert_eq!(berth.get(&format!("/v1/models/{id}")).await.0, StatusCode::NOT_FOUND);
-    assert_eq!(berth.get(&format!("/v1/deployments/{}", deployment["id"])).await.0, StatusCode::NOT_FOUND);
-    assert_eq!(files_under(&berth.model_dir("job-delete")).len(), 3, "files are never deleted");
+    assert_eq!(
+        berth.get(&format!("/v1/models/{id}")).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        berth
+            .get(&format!("/v1/deployments/{}", deployment["id"]))
+            .await
+            .0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        files_under(&berth.model_dir("job-delete")).len(),
+        3,
+        "files are never deleted"
+    );
     let (status, body) = berth.delete(&format!("/v1/models/{id}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["error"], format!("model {id} does not exist"));
@@ -270,29 +421,50 @@ async fn deleting_a_model_deletes_its_deployments_but_not_its_files(backend: Bac
 async fn a_fetch_that_takes_too_long_is_stopped(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::start_with(backend, &["--fetch-timeout-s", "1"]).await;
-    let id = berth.register(&model(&files, "job-slow", &[("slow.bin", bytes(4, 1024 * 1024))])).await;
-    files.fault("job-slow", "slow.bin", Some(Fault::Slow(Duration::from_millis(200))));
+    let id = berth
+        .register(&model(
+            &files,
+            "job-slow",
+            &[("slow.bin", bytes(4, 1024 * 1024))],
+        ))
+        .await;
+    files.fault(
+        "job-slow",
+        "slow.bin",
+        Some(Fault::Slow(Duration::from_millis(200))),
+    );
     let (status, deployment) = berth.deploy(id, "archive", json!({})).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{deployment}");
     assert_eq!(
         deployment["error"],
-        format!("fetching model {id}: fetching the model's files took longer than the limit of 1s (--fetch-timeout-s)")
+        format!(
+            "fetching model {id}: fetching the model's files took longer than the limit of 1s (--fetch-timeout-s)"
+        )
     );
     // Nothing under the real name; the partial download is kept to be continued.
-    assert_eq!(files_under(&berth.model_dir("job-slow")), [".fetch-slow.bin"], "only the partial download is left");
+    assert_eq!(
+        files_under(&berth.model_dir("job-slow")),
+        [".fetch-slow.bin"],
+        "only the partial download is left"
+    );
 }
 
 /// The model's newest deployment once it has ended.
 async fn wait_for_end(berth: &Berth, model_id: i64) -> Value {
     for _ in 0..600 {
-        let (_, listing) = berth.get(&format!("/v1/models/{model_id}/deployments")).await;
+        let (_, listing) = berth
+            .get(&format!("/v1/models/{model_id}/deployments"))
+            .await;
         let newest = &listing["deployments"][0];
         if newest["status"] != "running" && !newest.is_null() {
             return newest.clone();
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("the deployment did not end within 30s; server log:\n{}", berth.log());
+    panic!(
+        "the deployment did not end within 30s; server log:\n{}",
+        berth.log()
+    );
 }
 
 async fn wait_until(mut condition: impl FnMut() -> bool) {

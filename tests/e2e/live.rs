@@ -18,7 +18,12 @@ on_both_backends!(
     sigterm_interrupts_running_deployments_and_stops_cleanly,
 );
 
-async fn deploy_in_background(berth: &Berth, model_id: i64, deployer: &str, options: Value) -> Value {
+async fn deploy_in_background(
+    berth: &Berth,
+    model_id: i64,
+    deployer: &str,
+    options: Value,
+) -> Value {
     let (status, body) = berth
         .post(
             &format!("/v1/models/{model_id}/deployments?wait=false"),
@@ -39,30 +44,54 @@ async fn wait_for(berth: &Berth, id: &Value, condition: impl Fn(&Value) -> bool)
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("deployment {id} never reached the condition; server log:\n{}", berth.log());
+    panic!(
+        "deployment {id} never reached the condition; server log:\n{}",
+        berth.log()
+    );
 }
 
 async fn a_background_deployment_reports_progress_in_order(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::start(backend).await;
-    let contents = vec![("big.bin", bytes(5, 3 * 1024 * 1024)), ("config.json", b"{}".to_vec())];
+    let contents = vec![
+        ("big.bin", bytes(5, 3 * 1024 * 1024)),
+        ("config.json", b"{}".to_vec()),
+    ];
     let id = berth.register(&model(&files, "job-bg", &contents)).await;
-    files.fault("job-bg", "big.bin", Some(Fault::Slow(Duration::from_millis(30))));
-    let events = berth.client().get(format!("{}/v1/events", berth.url)).send().await.unwrap();
+    files.fault(
+        "job-bg",
+        "big.bin",
+        Some(Fault::Slow(Duration::from_millis(30))),
+    );
+    let events = berth
+        .client()
+        .get(format!("{}/v1/events", berth.url))
+        .send()
+        .await
+        .unwrap();
     let mut events = events.bytes_stream();
 
     let clock = Instant::now();
     let started = deploy_in_background(&berth, id, "archive", json!({})).await;
     let deploy_id = started["id"].clone();
-    let midway = wait_for(&berth, &deploy_id, |d| d["progress"]["bytes_done"].as_u64() > Some(0)).await;
+    let midway = wait_for(&berth, &deploy_id, |d| {
+        d["progress"]["bytes_done"].as_u64() > Some(0)
+    })
+    .await;
     assert_eq!(midway["status"], "running");
     assert_eq!(midway["phase"], "fetching");
     assert_eq!(midway["progress"]["bytes_total"], 3 * 1024 * 1024 + 2);
     assert_eq!(midway["progress"]["files_total"], 2);
 
     let mut text = String::new();
-    while !text.contains("event: deployment.completed") && !text.contains("event: deployment.failed") {
-        let chunk = tokio::time::timeout(Duration::from_secs(60), events.next()).await.unwrap().unwrap().unwrap();
+    while !text.contains("event: deployment.completed")
+        && !text.contains("event: deployment.failed")
+    {
+        let chunk = tokio::time::timeout(Duration::from_secs(60), events.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
     let elapsed = clock.elapsed();
@@ -70,21 +99,48 @@ async fn a_background_deployment_reports_progress_in_order(backend: Backend) {
         .split("\n\n")
         .filter_map(|block| {
             let kind = block.lines().find_map(|l| l.strip_prefix("event: "))?;
-            let data: Value = serde_json::from_str(block.lines().find_map(|l| l.strip_prefix("data: "))?).unwrap();
+            let data: Value =
+                serde_json::from_str(block.lines().find_map(|l| l.strip_prefix("data: "))?)
+                    .unwrap();
             (data["deploy_id"] == deploy_id).then(|| (kind.to_string(), data))
         })
         .collect();
     assert_eq!(mine.first().unwrap().0, "deployment.started");
     assert_eq!(mine.last().unwrap().0, "deployment.completed", "{mine:?}");
-    let progress: Vec<&Value> = mine.iter().filter(|(k, _)| k == "deployment.progress").map(|(_, d)| d).collect();
-    assert!(progress.len() >= 2, "progress was reported while fetching: {mine:?}");
-    let done: Vec<u64> = progress.iter().map(|p| p["progress"]["bytes_done"].as_u64().unwrap()).collect();
-    assert!(done.windows(2).all(|w| w[0] <= w[1]), "bytes only grow: {done:?}");
-    let phases: Vec<&str> = progress.iter().map(|p| p["phase"].as_str().unwrap()).collect();
-    assert!(phases.windows(2).all(|w| !(w[0] == "deploying" && w[1] == "fetching")), "{phases:?}");
+    let progress: Vec<&Value> = mine
+        .iter()
+        .filter(|(k, _)| k == "deployment.progress")
+        .map(|(_, d)| d)
+        .collect();
+    assert!(
+        progress.len() >= 2,
+        "progress was reported while fetching: {mine:?}"
+    );
+    let done: Vec<u64> = progress
+        .iter()
+        .map(|p| p["progress"]["bytes_done"].as_u64().unwrap())
+        .collect();
+    assert!(
+        done.windows(2).all(|w| w[0] <= w[1]),
+        "bytes only grow: {done:?}"
+    );
+    let phases: Vec<&str> = progress
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
+    assert!(
+        phases
+            .windows(2)
+            .all(|w| !(w[0] == "deploying" && w[1] == "fetching")),
+        "{phases:?}"
+    );
     // Throttled: a few events a second at most (4/s, plus the edges).
     let ceiling = (elapsed.as_secs_f64() * 4.0).ceil() as usize + 2;
-    assert!(progress.len() <= ceiling, "{} progress events in {elapsed:?}", progress.len());
+    assert!(
+        progress.len() <= ceiling,
+        "{} progress events in {elapsed:?}",
+        progress.len()
+    );
 
     let (_, finished) = berth.get(&format!("/v1/deployments/{deploy_id}")).await;
     assert_eq!(finished["status"], "completed");
@@ -95,77 +151,138 @@ async fn cancelling_during_the_fetch_leaves_no_unverified_file(backend: Backend)
     let files = FileServer::start().await;
     let berth = Berth::start(backend).await;
     let contents = vec![("big.bin", bytes(6, 4 * 1024 * 1024))];
-    let id = berth.register(&model(&files, "job-cancel-fetch", &contents)).await;
-    files.fault("job-cancel-fetch", "big.bin", Some(Fault::Slow(Duration::from_millis(30))));
+    let id = berth
+        .register(&model(&files, "job-cancel-fetch", &contents))
+        .await;
+    files.fault(
+        "job-cancel-fetch",
+        "big.bin",
+        Some(Fault::Slow(Duration::from_millis(30))),
+    );
 
     let started = deploy_in_background(&berth, id, "archive", json!({})).await;
     let deploy_id = &started["id"];
-    wait_for(&berth, deploy_id, |d| d["progress"]["bytes_done"].as_u64() > Some(0)).await;
-    let (status, cancelled) = berth.post(&format!("/v1/deployments/{deploy_id}/cancel"), &json!({})).await;
+    wait_for(&berth, deploy_id, |d| {
+        d["progress"]["bytes_done"].as_u64() > Some(0)
+    })
+    .await;
+    let (status, cancelled) = berth
+        .post(&format!("/v1/deployments/{deploy_id}/cancel"), &json!({}))
+        .await;
     assert_eq!(status, StatusCode::OK, "{cancelled}");
     assert_eq!(cancelled["status"], "failed");
     assert_eq!(cancelled["error"], "cancelled");
     let on_disk = files_under(&berth.model_dir("job-cancel-fetch"));
-    assert!(on_disk.iter().all(|f| f != "big.bin"), "unverified bytes under the real name: {on_disk:?}");
+    assert!(
+        on_disk.iter().all(|f| f != "big.bin"),
+        "unverified bytes under the real name: {on_disk:?}"
+    );
 
     files.fault("job-cancel-fetch", "big.bin", None);
     let (status, again) = berth.deploy(id, "archive", json!({})).await;
     assert_eq!(status, StatusCode::OK, "{again}");
-    assert_eq!(files_under(&berth.model_dir("job-cancel-fetch")), ["big.bin"]);
+    assert_eq!(
+        files_under(&berth.model_dir("job-cancel-fetch")),
+        ["big.bin"]
+    );
 }
 
 async fn cancelling_during_the_deployer_interrupts_the_guest(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::start(backend).await;
-    let id = berth.register(&model(&files, "job-cancel-guest", &adapter_files())).await;
+    let id = berth
+        .register(&model(&files, "job-cancel-guest", &adapter_files()))
+        .await;
     let started = deploy_in_background(&berth, id, "misbehave", json!({ "mode": "loop" })).await;
     let deploy_id = &started["id"];
     wait_for(&berth, deploy_id, |d| d["phase"] == "deploying").await;
 
-    let (status, cancelled) = berth.post(&format!("/v1/deployments/{deploy_id}/cancel"), &json!({})).await;
+    let (status, cancelled) = berth
+        .post(&format!("/v1/deployments/{deploy_id}/cancel"), &json!({}))
+        .await;
     assert_eq!(status, StatusCode::OK, "{cancelled}");
     assert_eq!(cancelled["status"], "failed");
     assert_eq!(cancelled["error"], "cancelled");
 
-    let (status, body) = berth.post(&format!("/v1/deployments/{deploy_id}/cancel"), &json!({})).await;
+    let (status, body) = berth
+        .post(&format!("/v1/deployments/{deploy_id}/cancel"), &json!({}))
+        .await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(
         body["error"],
-        format!("deployment {deploy_id} already ended (failed); only a running deployment can be cancelled")
+        format!(
+            "deployment {deploy_id} already ended (failed); only a running deployment can be cancelled"
+        )
     );
     let (status, body) = berth.post("/v1/deployments/999/cancel", &json!({})).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["error"], "deployment 999 does not exist");
 
     let (status, body) = berth.deploy(id, "archive", json!({})).await;
-    assert_eq!(status, StatusCode::OK, "the server runs the next deployment: {body}");
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the server runs the next deployment: {body}"
+    );
 }
 
 async fn a_deployments_log_holds_what_its_deployer_said(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::start(backend).await;
-    let id = berth.register(&model(&files, "job-logs", &adapter_files())).await;
-    let (status, deployment) = berth.deploy(id, "misbehave", json!({ "mode": "stdio" })).await;
+    let id = berth
+        .register(&model(&files, "job-logs", &adapter_files()))
+        .await;
+    let (status, deployment) = berth
+        .deploy(id, "misbehave", json!({ "mode": "stdio" }))
+        .await;
     assert_eq!(status, StatusCode::OK, "{deployment}");
-    let (status, logs) = berth.get(&format!("/v1/deployments/{}/logs", deployment["id"])).await;
+    let (status, logs) = berth
+        .get(&format!("/v1/deployments/{}/logs", deployment["id"]))
+        .await;
     assert_eq!(status, StatusCode::OK);
     let logs = logs.as_str().unwrap();
-    for line in ["info hello from stdout", "warn hello from stderr", "info hello from host::log at Level::Info"] {
+    for line in [
+        "info hello from stdout",
+        "warn hello from stderr",
+        "info hello from host::log at Level::Info",
+    ] {
         assert!(logs.contains(line), "{line:?} missing from:\n{logs}");
     }
-    assert_eq!(deployment["progress"]["deployer"], json!({ "done": 1, "total": 2, "note": "half" }));
-    assert_eq!(berth.get("/v1/deployments/999/logs").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        deployment["progress"]["deployer"],
+        json!({ "done": 1, "total": 2, "note": "half" })
+    );
+    assert_eq!(
+        berth.get("/v1/deployments/999/logs").await.0,
+        StatusCode::NOT_FOUND
+    );
 }
 
 async fn sigterm_interrupts_running_deployments_and_stops_cleanly(backend: Backend) {
     let files = FileServer::start().await;
     let mut berth = Berth::start(backend).await;
-    let id = berth.register(&model(&files, "job-term", &adapter_files())).await;
+    let id = berth
+        .register(&model(&files, "job-term", &adapter_files()))
+        .await;
     // A subscriber and a synchronous request stay open across the stop.
-    let _events = berth.client().get(format!("{}/v1/events", berth.url)).send().await.unwrap();
+    let _events = berth
+        .client()
+        .get(format!("{}/v1/events", berth.url))
+        .send()
+        .await
+        .unwrap();
     let sync = {
-        let (client, url) = (berth.client().clone(), format!("{}/v1/models/{id}/deployments", berth.url));
-        tokio::spawn(async move { client.post(url).json(&json!({ "deployer": "misbehave", "options": { "mode": "loop" } })).send().await })
+        let (client, url) = (
+            berth.client().clone(),
+            format!("{}/v1/models/{id}/deployments", berth.url),
+        );
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .json(&json!({ "deployer": "misbehave", "options": { "mode": "loop" } }))
+                .send()
+                .await
+        })
     };
     let background = deploy_in_background(&berth, id, "misbehave", json!({ "mode": "loop" })).await;
     wait_for(&berth, &background["id"], |d| d["phase"] == "deploying").await;
@@ -175,12 +292,30 @@ async fn sigterm_interrupts_running_deployments_and_stops_cleanly(backend: Backe
     let answered = sync.await.unwrap().unwrap();
     assert_eq!(answered.status(), StatusCode::BAD_GATEWAY);
     let row: Value = answered.json().await.unwrap();
-    assert_eq!(row["error"], "interrupted: the server stopped before it finished");
-    assert!(berth.log().contains("stopping: running deployments are interrupted"), "{}", berth.log());
+    assert_eq!(
+        row["error"],
+        "interrupted: the server stopped before it finished"
+    );
+    assert!(
+        berth
+            .log()
+            .contains("stopping: running deployments are interrupted"),
+        "{}",
+        berth.log()
+    );
 
     berth.restart();
-    let (_, stopped) = berth.get(&format!("/v1/deployments/{}", background["id"])).await;
+    let (_, stopped) = berth
+        .get(&format!("/v1/deployments/{}", background["id"]))
+        .await;
     assert_eq!(stopped["status"], "failed");
-    assert_eq!(stopped["error"], "interrupted: the server stopped before it finished");
-    assert!(!berth.log().contains("marked deployments left running"), "the stop itself recorded them: {}", berth.log());
+    assert_eq!(
+        stopped["error"],
+        "interrupted: the server stopped before it finished"
+    );
+    assert!(
+        !berth.log().contains("marked deployments left running"),
+        "the stop itself recorded them: {}",
+        berth.log()
+    );
 }

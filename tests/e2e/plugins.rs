@@ -24,7 +24,11 @@ async fn deployers(berth: &Berth) -> Value {
 }
 
 fn sha_of(deployers: &Value, name: &str) -> Option<String> {
-    deployers["deployers"].as_array()?.iter().find(|d| d["name"] == name).map(|d| d["sha256"].as_str().unwrap().to_string())
+    deployers["deployers"]
+        .as_array()?
+        .iter()
+        .find(|d| d["name"] == name)
+        .map(|d| d["sha256"].as_str().unwrap().to_string())
 }
 
 async fn wait_for_deployers(berth: &Berth, condition: impl Fn(&Value) -> bool) -> Value {
@@ -35,17 +39,31 @@ async fn wait_for_deployers(berth: &Berth, condition: impl Fn(&Value) -> bool) -
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("the plugins folder change was not applied; log:\n{}", berth.log());
+    panic!(
+        "the plugins folder change was not applied; log:\n{}",
+        berth.log()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
     let files = FileServer::start().await;
-    let berth = Berth::options(Backend::Sqlite).arg("--plugins-poll-ms").arg("200").start().await;
-    let id = berth.register(&model(&files, "job-hot", &adapter_files())).await;
+    let berth = Berth::options(Backend::Sqlite)
+        .arg("--plugins-poll-ms")
+        .arg("200")
+        .start()
+        .await;
+    let id = berth
+        .register(&model(&files, "job-hot", &adapter_files()))
+        .await;
     let dir = berth.plugins_dir().to_path_buf();
     let archive = std::fs::read(plugins::example("archive")).unwrap();
-    let events = berth.client().get(format!("{}/v1/events", berth.url)).send().await.unwrap();
+    let events = berth
+        .client()
+        .get(format!("{}/v1/events", berth.url))
+        .send()
+        .await
+        .unwrap();
 
     // Add.
     install(&dir, "packer", &archive);
@@ -63,19 +81,30 @@ async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED);
     install(&dir, "misbehave", &archive);
-    wait_for_deployers(&berth, |d| sha_of(d, "misbehave").is_some_and(|s| s != before)).await;
+    wait_for_deployers(&berth, |d| {
+        sha_of(d, "misbehave").is_some_and(|s| s != before)
+    })
+    .await;
     let finished = loop {
-        let (_, d) = berth.get(&format!("/v1/deployments/{}", running["id"])).await;
+        let (_, d) = berth
+            .get(&format!("/v1/deployments/{}", running["id"]))
+            .await;
         if d["status"] != "running" {
             break d;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(finished["status"], "completed", "{finished}");
-    assert_eq!(finished["ref"], "ok", "the running deployment finished on the version it started with");
+    assert_eq!(
+        finished["ref"], "ok",
+        "the running deployment finished on the version it started with"
+    );
     let (status, replaced) = berth.deploy(id, "misbehave", json!({})).await;
     assert_eq!(status, StatusCode::OK, "{replaced}");
-    assert!(replaced["ref"].as_str().unwrap().ends_with(".tar.gz"), "new deployments use the new version");
+    assert!(
+        replaced["ref"].as_str().unwrap().ends_with(".tar.gz"),
+        "new deployments use the new version"
+    );
 
     // A bad replacement keeps the previous version serving and says why.
     let serving = sha_of(&deployers(&berth).await, "packer").unwrap();
@@ -85,13 +114,25 @@ async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
     let reason = now["rejected"][0]["reason"].as_str().unwrap();
     assert_eq!(now["rejected"][0]["file"], "packer.wasm");
     assert!(reason.starts_with("is not a WebAssembly file"), "{reason}");
-    assert!(reason.contains(&format!("still serving the previous version, sha256 {serving}")), "{reason}");
-    assert_eq!(berth.deploy(id, "packer", json!({})).await.0, StatusCode::OK);
+    assert!(
+        reason.contains(&format!(
+            "still serving the previous version, sha256 {serving}"
+        )),
+        "{reason}"
+    );
+    assert_eq!(
+        berth.deploy(id, "packer", json!({})).await.0,
+        StatusCode::OK
+    );
 
     // Remove.
     std::fs::remove_file(dir.join("packer.wasm")).unwrap();
     let now = wait_for_deployers(&berth, |d| sha_of(d, "packer").is_none()).await;
-    assert_eq!(now["rejected"], json!([]), "the rejection left with its file");
+    assert_eq!(
+        now["rejected"],
+        json!([]),
+        "the rejection left with its file"
+    );
     let (status, body) = berth.deploy(id, "packer", json!({})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 
@@ -100,22 +141,43 @@ async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
     let mut stream = events.bytes_stream();
     while !text.contains("event: plugin.removed") {
         use futures::StreamExt;
-        let chunk = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap().unwrap().unwrap();
+        let chunk = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
-    assert!(text.contains("event: plugin.loaded\ndata: {\"name\":\"packer\"}"), "{text}");
-    assert!(text.contains("event: plugin.rejected\ndata: {\"file\":\"packer.wasm\""), "{text}");
-    assert!(text.contains("event: plugin.removed\ndata: {\"name\":\"packer\"}"), "{text}");
+    assert!(
+        text.contains("event: plugin.loaded\ndata: {\"name\":\"packer\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("event: plugin.rejected\ndata: {\"file\":\"packer.wasm\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("event: plugin.removed\ndata: {\"name\":\"packer\"}"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_reuses_compiled_code_and_rebuilds_a_tampered_entry() {
     let mut berth = Berth::start(Backend::Sqlite).await;
-    assert!(berth.log().contains("compiled=2 from_cache=0"), "{}", berth.log());
+    assert!(
+        berth.log().contains("compiled=2 from_cache=0"),
+        "{}",
+        berth.log()
+    );
 
     berth.kill9();
     berth.restart();
-    assert!(berth.log().contains("compiled=0 from_cache=2"), "{}", berth.log());
+    assert!(
+        berth.log().contains("compiled=0 from_cache=2"),
+        "{}",
+        berth.log()
+    );
 
     let cache = berth.data_dir().join("cache");
     let entries: Vec<_> = std::fs::read_dir(&cache)
@@ -135,5 +197,8 @@ async fn a_restart_reuses_compiled_code_and_rebuilds_a_tampered_entry() {
     let log = berth.log();
     assert!(log.contains("does not match its recorded hash"), "{log}");
     assert!(log.contains("compiled=1 from_cache=1"), "{log}");
-    assert!(sha_of(&deployers(&berth).await, "archive").is_some(), "the rebuilt plugin serves");
+    assert!(
+        sha_of(&deployers(&berth).await, "archive").is_some(),
+        "the rebuilt plugin serves"
+    );
 }

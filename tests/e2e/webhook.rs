@@ -23,10 +23,12 @@ async fn receiver() -> (String, Received) {
     let app = Router::new()
         .route(
             "/hook",
-            post(|State(r): State<Received>, headers: HeaderMap, body: Bytes| async move {
-                r.lock().unwrap().push((headers, body));
-                StatusCode::NO_CONTENT
-            }),
+            post(
+                |State(r): State<Received>, headers: HeaderMap, body: Bytes| async move {
+                    r.lock().unwrap().push((headers, body));
+                    StatusCode::NO_CONTENT
+                },
+            ),
         )
         .with_state(received.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -45,23 +47,37 @@ async fn a_receiver_gets_every_deployment_event_signed() {
         .env("BERTH_WEBHOOK_SECRET", "hook-secret")
         .start()
         .await;
-    let id = berth.register(&model(&files, "job-hook", &adapter_files())).await;
+    let id = berth
+        .register(&model(&files, "job-hook", &adapter_files()))
+        .await;
     let (status, deployment) = berth.deploy(id, "archive", json!({})).await;
     assert_eq!(status, StatusCode::OK);
 
     let mut kinds = Vec::new();
     for _ in 0..100 {
-        kinds = received.lock().unwrap().iter().map(|(h, _)| h["x-berth-event"].to_str().unwrap().to_string()).collect();
+        kinds = received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(h, _)| h["x-berth-event"].to_str().unwrap().to_string())
+            .collect();
         if kinds.contains(&"deployment.completed".to_string()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let lifecycle: Vec<_> = kinds.iter().filter(|k| *k != "deployment.progress").collect();
+    let lifecycle: Vec<_> = kinds
+        .iter()
+        .filter(|k| *k != "deployment.progress")
+        .collect();
     assert_eq!(lifecycle, ["deployment.started", "deployment.completed"]);
     for (headers, body) in received.lock().unwrap().iter() {
         let signature = headers["x-berth-signature"].to_str().unwrap();
-        assert_eq!(signature, berth::http::signature("hook-secret", body), "every body is signed");
+        assert_eq!(
+            signature,
+            berth::http::signature("hook-secret", body),
+            "every body is signed"
+        );
         assert_ne!(signature, berth::http::signature("other-secret", body));
     }
     let last: Value = serde_json::from_slice(&received.lock().unwrap().last().unwrap().1).unwrap();
@@ -73,8 +89,14 @@ async fn a_receiver_gets_every_deployment_event_signed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_that_is_down_does_not_hold_deployments_back() {
     let files = FileServer::start().await;
-    let berth = Berth::options(Backend::Sqlite).arg("--webhook-url").arg("http://127.0.0.1:9/hook").start().await;
-    let id = berth.register(&model(&files, "job-hook-down", &adapter_files())).await;
+    let berth = Berth::options(Backend::Sqlite)
+        .arg("--webhook-url")
+        .arg("http://127.0.0.1:9/hook")
+        .start()
+        .await;
+    let id = berth
+        .register(&model(&files, "job-hook-down", &adapter_files()))
+        .await;
     for _ in 0..3 {
         let (status, body) = berth.deploy(id, "archive", json!({})).await;
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -82,5 +104,8 @@ async fn a_receiver_that_is_down_does_not_hold_deployments_back() {
     // The deployments answered while the first event was still being retried.
     let log = berth.log();
     assert!(log.contains("webhook delivery failed"), "{log}");
-    assert!(!log.contains("gave up"), "deliveries were still being retried when all three deployments had ended");
+    assert!(
+        !log.contains("gave up"),
+        "deliveries were still being retried when all three deployments had ended"
+    );
 }

@@ -13,7 +13,11 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Parser)]
-#[command(name = "berth", version, about = "Hands trained models to deployers written as WebAssembly components")]
+#[command(
+    name = "berth",
+    version,
+    about = "Hands trained models to deployers written as WebAssembly components"
+)]
 pub struct Args {
     #[command(subcommand)]
     command: Command,
@@ -34,7 +38,10 @@ enum Command {
 
 pub fn main(args: Args) -> ExitCode {
     init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

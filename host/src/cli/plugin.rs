@@ -50,8 +50,18 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
     let runtime = Runtime::new(Limits::default(), None)?;
     match command {
         PluginCommand::Check { file } => check(&runtime, &file).await,
-        PluginCommand::Run { file, dir, options, out, memory_mib, timeout_s } => {
-            let overrides = Overrides { memory_mib, timeout: timeout_s.map(Duration::from_secs) };
+        PluginCommand::Run {
+            file,
+            dir,
+            options,
+            out,
+            memory_mib,
+            timeout_s,
+        } => {
+            let overrides = Overrides {
+                memory_mib,
+                timeout: timeout_s.map(Duration::from_secs),
+            };
             run_once(&runtime, &file, &dir, &options, out, overrides).await
         }
     }
@@ -79,10 +89,34 @@ async fn check(runtime: &Runtime, file: &Path) -> anyhow::Result<ExitCode> {
                 plugin.limits.memory_mib,
                 plugin.limits.timeout.as_secs()
             );
-            let hosts: Vec<_> = plugin.manifest.allowed_hosts.iter().map(|h| h.to_string()).collect();
-            println!("network:     {}", if hosts.is_empty() { "none".into() } else { hosts.join(", ") });
-            let env: Vec<_> = plugin.manifest.env.iter().map(|(k, _)| k.as_str()).collect();
-            println!("env:         {}", if env.is_empty() { "none".into() } else { env.join(", ") });
+            let hosts: Vec<_> = plugin
+                .manifest
+                .allowed_hosts
+                .iter()
+                .map(|h| h.to_string())
+                .collect();
+            println!(
+                "network:     {}",
+                if hosts.is_empty() {
+                    "none".into()
+                } else {
+                    hosts.join(", ")
+                }
+            );
+            let env: Vec<_> = plugin
+                .manifest
+                .env
+                .iter()
+                .map(|(k, _)| k.as_str())
+                .collect();
+            println!(
+                "env:         {}",
+                if env.is_empty() {
+                    "none".into()
+                } else {
+                    env.join(", ")
+                }
+            );
             if let Some(schema) = &plugin.options_schema {
                 let compact = serde_json::from_str::<serde_json::Value>(schema)
                     .map(|v| v.to_string())
@@ -110,7 +144,10 @@ async fn run_once(
     let name = plugin_name(file)?;
     let parsed: serde_json::Value =
         serde_json::from_str(options).context("--options is not valid JSON")?;
-    anyhow::ensure!(parsed.is_object(), "--options must be a JSON object, like '{{\"level\": 9}}'");
+    anyhow::ensure!(
+        parsed.is_object(),
+        "--options must be a JSON object, like '{{\"level\": 9}}'"
+    );
 
     let mut plugin = runtime
         .load_file(file, name)
@@ -138,7 +175,10 @@ async fn run_once(
         out_dir: &out_dir,
         options_json: options,
     };
-    let reporter = Arc::new(LogReporter { plugin: name.to_string(), deploy_id: Some(1) });
+    let reporter = Arc::new(LogReporter {
+        plugin: name.to_string(),
+        deploy_id: Some(1),
+    });
     // Ctrl-C interrupts the guest instead of killing the process mid-write.
     let cancel = CancellationToken::new();
     let on_ctrl_c = cancel.clone();
@@ -208,7 +248,10 @@ fn collect_files(root: &Path, dir: &Path, files: &mut Vec<ModelFile>) -> anyhow:
         } else if kind.is_file() {
             let mut hasher = Sha256::new();
             let size = std::io::copy(&mut std::fs::File::open(&path)?, &mut hasher)?;
-            let relative = path.strip_prefix(root)?.to_string_lossy().replace('\\', "/");
+            let relative = path
+                .strip_prefix(root)?
+                .to_string_lossy()
+                .replace('\\', "/");
             files.push(ModelFile {
                 path: relative,
                 size_bytes: size,

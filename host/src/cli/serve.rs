@@ -64,7 +64,11 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     // working directory of whoever reads them.
     args.data_dir = std::path::absolute(&args.data_dir)?;
     args.plugins_dir = std::path::absolute(&args.plugins_dir)?;
-    args.models_dir = args.models_dir.as_deref().map(std::path::absolute).transpose()?;
+    args.models_dir = args
+        .models_dir
+        .as_deref()
+        .map(std::path::absolute)
+        .transpose()?;
     let data_dir = &args.data_dir;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create the data dir {}", data_dir.display()))?;
@@ -77,20 +81,35 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open the database {}", redact(&database_url)))?;
     let server_id = server_id(data_dir)?;
     let failed = db
-        .fail_leftovers(&server_id, "interrupted: the server stopped before it finished")
+        .fail_leftovers(
+            &server_id,
+            "interrupted: the server stopped before it finished",
+        )
         .await?;
     if failed > 0 {
-        tracing::warn!(count = failed, "marked deployments left running by the previous run as failed");
+        tracing::warn!(
+            count = failed,
+            "marked deployments left running by the previous run as failed"
+        );
     }
 
     let limits = Limits {
         memory_mib: args.memory_mib,
         timeout: Duration::from_secs(args.timeout_s),
     };
-    let runtime = Arc::new(Runtime::new(limits, Some(CodeCache::new(data_dir.join("cache"))))?);
+    let runtime = Arc::new(Runtime::new(
+        limits,
+        Some(CodeCache::new(data_dir.join("cache"))),
+    )?);
     let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
-    let plugins = runtime.load_dir(&args.plugins_dir, args.max_deployers).await;
-    let compiled = plugins.deployers.values().filter(|p| p.origin == Origin::Compiled).count();
+    let plugins = runtime
+        .load_dir(&args.plugins_dir, args.max_deployers)
+        .await;
+    let compiled = plugins
+        .deployers
+        .values()
+        .filter(|p| p.origin == Origin::Compiled)
+        .count();
     tracing::info!(
         loaded = plugins.deployers.len(),
         compiled,
@@ -112,10 +131,17 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
 
     if let Some(url) = args.webhook_url.clone() {
         url::Url::parse(&url).with_context(|| format!("--webhook-url {url} is not a URL"))?;
-        Webhook { url, secret: args.webhook_secret.clone() }.spawn(&events)?;
+        Webhook {
+            url,
+            secret: args.webhook_secret.clone(),
+        }
+        .spawn(&events)?;
     }
 
-    let models_dir = args.models_dir.clone().unwrap_or_else(|| data_dir.join("models"));
+    let models_dir = args
+        .models_dir
+        .clone()
+        .unwrap_or_else(|| data_dir.join("models"));
     let fetcher = Fetcher::new(models_dir, Duration::from_secs(args.fetch_timeout_s))?;
     let pipeline = Arc::new(Pipeline::new(
         db.clone(),
@@ -129,7 +155,10 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     ));
 
     if args.plugins_poll_ms > 0 {
-        tokio::spawn(watcher.run(pipeline.clone(), Duration::from_millis(args.plugins_poll_ms)));
+        tokio::spawn(watcher.run(
+            pipeline.clone(),
+            Duration::from_millis(args.plugins_poll_ms),
+        ));
     }
 
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -172,7 +201,10 @@ fn server_id(data_dir: &Path) -> anyhow::Result<String> {
         return Ok(id.trim().to_string());
     }
     use std::hash::{BuildHasher, RandomState};
-    let id = format!("{:016x}", RandomState::new().hash_one((std::process::id(), std::time::SystemTime::now())));
+    let id = format!(
+        "{:016x}",
+        RandomState::new().hash_one((std::process::id(), std::time::SystemTime::now()))
+    );
     std::fs::write(&path, &id).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(id)
 }

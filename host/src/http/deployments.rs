@@ -45,7 +45,9 @@ async fn deploy(
     Body(body): Body<DeployBody>,
 ) -> Result<(StatusCode, Json<Value>), Error> {
     let Some(deployer) = body.deployer.filter(|d| !d.is_empty()) else {
-        return Err(Error::BadRequest("deployer is required: the name of a loaded deployer (see GET /v1/deployers)".into()));
+        return Err(Error::BadRequest(
+            "deployer is required: the name of a loaded deployer (see GET /v1/deployers)".into(),
+        ));
     };
     let options = match body.options {
         None | Some(Value::Null) => "{}".to_string(),
@@ -104,13 +106,17 @@ async fn list(
 ) -> Result<Json<Value>, Error> {
     let limit = params.limit.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(Error::BadRequest(format!("limit must be between 1 and {MAX_LIMIT}, got {limit}")));
+        return Err(Error::BadRequest(format!(
+            "limit must be between 1 and {MAX_LIMIT}, got {limit}"
+        )));
     }
     if pipeline.db.model(model_id).await?.is_none() {
         return Err(Error::NotFound(format!("model {model_id} does not exist")));
     }
     let deployments = pipeline.db.deployments_of(model_id, limit).await?;
-    Ok(Json(json!({ "deployments": deployments.iter().map(json::deployment).collect::<Vec<_>>() })))
+    Ok(Json(
+        json!({ "deployments": deployments.iter().map(json::deployment).collect::<Vec<_>>() }),
+    ))
 }
 
 async fn show(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<Json<Value>, Error> {
@@ -125,7 +131,9 @@ async fn cancel(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<Jso
     match pipeline.cancel(id).await {
         Ok(deployment) => Ok(Json(json::deployment(&deployment))),
         Err(e @ CancelError::Unknown(_)) => Err(Error::NotFound(e.to_string())),
-        Err(e @ (CancelError::Ended { .. } | CancelError::Elsewhere(_))) => Err(Error::Conflict(e.to_string())),
+        Err(e @ (CancelError::Ended { .. } | CancelError::Elsewhere(_))) => {
+            Err(Error::Conflict(e.to_string()))
+        }
         Err(CancelError::Record(e)) => Err(e.into()),
     }
 }

@@ -53,9 +53,9 @@ impl From<StartError> for Error {
     fn from(e: StartError) -> Self {
         match e {
             StartError::UnknownModel(_) => Error::NotFound(e.to_string()),
-            StartError::NoDeployers(_) | StartError::UnknownDeployer { .. } | StartError::BadOptions(_) => {
-                Error::BadRequest(e.to_string())
-            }
+            StartError::NoDeployers(_)
+            | StartError::UnknownDeployer { .. }
+            | StartError::BadOptions(_) => Error::BadRequest(e.to_string()),
             StartError::Record(e) => Error::Internal(format!("recording a deployment: {e}")),
         }
     }

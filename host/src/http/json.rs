@@ -22,7 +22,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
             Err(JsonRejection::MissingJsonContentType(_)) => Err(Error::BadRequest(
                 "send the body as JSON with the header Content-Type: application/json".into(),
             )),
-            Err(e) => Err(Error::BadRequest(format!("the request body is not acceptable: {}", e.body_text()))),
+            Err(e) => Err(Error::BadRequest(format!(
+                "the request body is not acceptable: {}",
+                e.body_text()
+            ))),
         }
     }
 }
@@ -39,7 +42,10 @@ impl<S: Send + Sync> FromRequestParts<S> for Id {
             .map_err(|e: PathRejection| Error::BadRequest(e.body_text()))?;
         match raw.0.parse::<i64>() {
             Ok(id) if id > 0 => Ok(Id(id)),
-            _ => Err(Error::BadRequest(format!("{:?} is not an id: ids are positive integers", raw.0))),
+            _ => Err(Error::BadRequest(format!(
+                "{:?} is not an id: ids are positive integers",
+                raw.0
+            ))),
         }
     }
 }

@@ -29,7 +29,11 @@ pub fn app(pipeline: Arc<Pipeline>) -> Router {
         .merge(deployers::router())
         .merge(events::router())
         .route("/healthz", get(|| async { "ok" }))
-        .fallback(|| async { error::Error::NotFound("no such endpoint; the API lives under /v1 (see README.md)".into()) })
+        .fallback(|| async {
+            error::Error::NotFound(
+                "no such endpoint; the API lives under /v1 (see README.md)".into(),
+            )
+        })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(pipeline)
 }

@@ -71,7 +71,8 @@ async fn register(
             })
             .collect(),
     };
-    let model = validate::model(draft).map_err(|p| Error::BadRequest(format!("invalid model: {p}")))?;
+    let model =
+        validate::model(draft).map_err(|p| Error::BadRequest(format!("invalid model: {p}")))?;
     let stored = pipeline.db.insert_model(&model).await?;
     tracing::info!(model_id = stored.id, job_id = %stored.job_id, files = stored.files.len(), "model registered");
     Ok((StatusCode::CREATED, Json(json::model(&stored))))
@@ -79,7 +80,9 @@ async fn register(
 
 async fn list(State(pipeline): State<Arc<Pipeline>>) -> Result<Json<Value>, Error> {
     let models = pipeline.db.models().await?;
-    Ok(Json(json!({ "models": models.iter().map(json::model).collect::<Vec<_>>() })))
+    Ok(Json(
+        json!({ "models": models.iter().map(json::model).collect::<Vec<_>>() }),
+    ))
 }
 
 async fn show(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<Json<Value>, Error> {

@@ -24,7 +24,9 @@ pub struct Webhook {
 impl Webhook {
     /// Starts delivering; runs until the event stream closes.
     pub fn spawn(self, events: &Events) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()?;
         let mut receiver = events.subscribe();
         Ok(tokio::spawn(async move {
             loop {
@@ -44,7 +46,8 @@ impl Webhook {
     }
 
     async fn deliver(&self, client: &reqwest::Client, event: &Event) {
-        let body = serde_json::json!({ "type": event.kind(), "data": super::events::body(event) }).to_string();
+        let body = serde_json::json!({ "type": event.kind(), "data": super::events::body(event) })
+            .to_string();
         let mut backoff = FIRST_BACKOFF;
         for attempt in 1..=ATTEMPTS {
             let mut request = client
@@ -72,7 +75,8 @@ impl Webhook {
 
 /// `sha256=<hex>` of the HMAC-SHA256 of `body` under `secret`.
 pub fn signature(secret: &str, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
     mac.update(body);
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
@@ -83,6 +87,9 @@ mod tests {
     fn signatures_match_the_rfc_4231_test_vector() {
         // RFC 4231, test case 2.
         let sig = super::signature("Jefe", b"what do ya want for nothing?");
-        assert_eq!(sig, "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+        assert_eq!(
+            sig,
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
     }
 }

@@ -11,7 +11,9 @@ pub enum CallError {
     Refused(String),
     #[error("{}", crashed(.trap, .output))]
     Crashed { trap: String, output: String },
-    #[error("ran out of memory: its limit is {limit_mib} MiB (memory_mib in its manifest raises it)")]
+    #[error(
+        "ran out of memory: its limit is {limit_mib} MiB (memory_mib in its manifest raises it)"
+    )]
     OutOfMemory { limit_mib: u64 },
     #[error("did not finish within its time limit of {} (timeout_s in its manifest raises it)", human(*.limit))]
     TimedOut { limit: Duration },

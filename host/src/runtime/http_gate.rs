@@ -35,7 +35,10 @@ impl AllowedHost {
             }
             None => (None, entry),
         };
-        if rest.is_empty() || rest.contains(['/', '?', '#', '@', '*']) || rest.contains(char::is_whitespace) {
+        if rest.is_empty()
+            || rest.contains(['/', '?', '#', '@', '*'])
+            || rest.contains(char::is_whitespace)
+        {
             return Err(format!(
                 "allowed host {entry:?}: expected host, host:port or scheme://host:port (no paths, users or wildcards)"
             ));
@@ -48,7 +51,9 @@ impl AllowedHost {
             None => rest.rsplit_once(':').map(|(_, port)| port),
         };
         if port_text.is_some_and(|p| !p.parse::<u16>().is_ok_and(|p| p > 0)) {
-            return Err(format!("allowed host {entry:?}: the port must be a number from 1 to 65535"));
+            return Err(format!(
+                "allowed host {entry:?}: the port must be a number from 1 to 65535"
+            ));
         }
         Ok(Self {
             scheme,
@@ -61,7 +66,9 @@ impl AllowedHost {
         if self.scheme.as_deref().is_some_and(|s| s != scheme) {
             return false;
         }
-        let wanted_port = self.port.unwrap_or(default_port(self.scheme.as_deref().unwrap_or(scheme)));
+        let wanted_port = self
+            .port
+            .unwrap_or(default_port(self.scheme.as_deref().unwrap_or(scheme)));
         self.host == host && wanted_port == port
     }
 }
@@ -148,7 +155,10 @@ mod tests {
 
     #[track_caller]
     fn check(allowed: &[&str], uri: &str, expected: bool) {
-        let allowed = allowed.iter().map(|a| AllowedHost::parse(a).unwrap()).collect();
+        let allowed = allowed
+            .iter()
+            .map(|a| AllowedHost::parse(a).unwrap())
+            .collect();
         let gate = HttpGate::new("test", allowed);
         assert_eq!(gate.permits(&uri.parse().unwrap()), expected, "{uri}");
     }
@@ -156,27 +166,71 @@ mod tests {
     #[test]
     fn requests_pass_only_to_listed_scheme_host_and_port() {
         check(&[], "http://anything/", false);
-        check(&["mirror.internal:8443"], "https://mirror.internal:8443/x", true);
-        check(&["mirror.internal:8443"], "http://mirror.internal:8443/x", true);
-        check(&["mirror.internal:8443"], "https://mirror.internal/x", false);
-        check(&["mirror.internal:8443"], "https://MIRROR.internal.:8443/x", true);
-        check(&["mirror.internal:8443"], "https://evil.internal:8443/x", false);
-        check(&["mirror.internal:8443"], "https://mirror.internal.evil.com:8443/", false);
+        check(
+            &["mirror.internal:8443"],
+            "https://mirror.internal:8443/x",
+            true,
+        );
+        check(
+            &["mirror.internal:8443"],
+            "http://mirror.internal:8443/x",
+            true,
+        );
+        check(
+            &["mirror.internal:8443"],
+            "https://mirror.internal/x",
+            false,
+        );
+        check(
+            &["mirror.internal:8443"],
+            "https://MIRROR.internal.:8443/x",
+            true,
+        );
+        check(
+            &["mirror.internal:8443"],
+            "https://evil.internal:8443/x",
+            false,
+        );
+        check(
+            &["mirror.internal:8443"],
+            "https://mirror.internal.evil.com:8443/",
+            false,
+        );
         check(&["mirror.internal"], "https://mirror.internal/x", true);
         check(&["mirror.internal"], "http://mirror.internal/x", true);
         check(&["mirror.internal"], "http://mirror.internal:8080/x", false);
-        check(&["https://mirror.internal"], "http://mirror.internal:443/x", false);
-        check(&["https://mirror.internal"], "https://mirror.internal/x", true);
+        check(
+            &["https://mirror.internal"],
+            "http://mirror.internal:443/x",
+            false,
+        );
+        check(
+            &["https://mirror.internal"],
+            "https://mirror.internal/x",
+            true,
+        );
         check(&["127.0.0.1:9000"], "http://127.0.0.1:9000/", true);
         check(&["127.0.0.1:9000"], "http://localhost:9000/", false);
         check(&["127.0.0.1:9000"], "http://2130706433:9000/", false);
         check(&["[::1]:9000"], "http://[::1]:9000/", true);
-        check(&["mirror.internal:8443"], "http://user@mirror.internal:8443/", true);
+        check(
+            &["mirror.internal:8443"],
+            "http://user@mirror.internal:8443/",
+            true,
+        );
     }
 
     #[test]
     fn bad_entries_are_refused_with_the_entry_named() {
-        for entry in ["", "ftp://x", "x/path", "*.example.com", "a b", "host:notaport", "u@host"] {
+        for entry in [
+            "",
+            "ftp://x",
+            "x/path",
+            "*.example.com",
+            "a b",
+            "host:notaport",
+            "u@host",
+        ] {
             let err = AllowedHost::parse(entry).expect_err(entry);
             assert!(err.contains(&format!("{entry:?}")), "{err}");
         }

@@ -66,12 +66,18 @@ impl Manifest {
         if let Some(mib) = raw.memory_mib
             && !(1..=MAX_MEMORY_MIB).contains(&mib)
         {
-            problems.push(format!("memory_mib = {mib}: must be between 1 and {MAX_MEMORY_MIB}"));
+            problems.push(format!(
+                "memory_mib = {mib}: must be between 1 and {MAX_MEMORY_MIB}"
+            ));
         }
         if raw.timeout_s == Some(0) {
             problems.push("timeout_s = 0: must be at least 1 second".to_string());
         }
-        if raw.description.as_deref().is_some_and(|d| d.trim().is_empty()) {
+        if raw
+            .description
+            .as_deref()
+            .is_some_and(|d| d.trim().is_empty())
+        {
             problems.push("description is empty: remove it to use the plugin's own".to_string());
         }
 
@@ -90,7 +96,9 @@ impl Manifest {
 
 fn is_env_name(name: &str) -> bool {
     let mut chars = name.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
@@ -110,12 +118,16 @@ fn expand(template: &str, lookup: &impl Fn(&str) -> Option<String>) -> Result<St
                 .ok_or_else(|| format!("{template:?} has an unclosed ${{"))?;
             let name = &after[..end];
             let value = lookup(name).ok_or_else(|| {
-                format!("the host environment variable {name} is not set (set it before starting berth)")
+                format!(
+                    "the host environment variable {name} is not set (set it before starting berth)"
+                )
             })?;
             out.push_str(&value);
             rest = &after[end + 1..];
         } else {
-            return Err(format!("{template:?}: write ${{NAME}} for a variable, $$ for a literal $"));
+            return Err(format!(
+                "{template:?}: write ${{NAME}} for a variable, $$ for a literal $"
+            ));
         }
     }
     out.push_str(rest);
@@ -164,7 +176,10 @@ mod tests {
             ("memory_mib = \"big\"", "invalid type"),
             ("memory_mib = 0", "memory_mib = 0: must be between"),
             ("timeout_s = 0", "timeout_s = 0"),
-            ("env = { T = \"${MISSING}\" }", "env.T: the host environment variable MISSING is not set"),
+            (
+                "env = { T = \"${MISSING}\" }",
+                "env.T: the host environment variable MISSING is not set",
+            ),
             ("env = { T = \"${TOKEN\" }", "unclosed"),
             ("env = { T = \"$TOKEN\" }", "write ${NAME}"),
             ("env = { \"1X\" = \"a\" }", "not a valid variable name"),

@@ -126,7 +126,10 @@ impl Drop for Runtime {
 enum Sandbox<'a> {
     /// `describe` / `check-options`: no files at all.
     Bare,
-    Deploy { model_dir: &'a Path, out_dir: &'a Path },
+    Deploy {
+        model_dir: &'a Path,
+        out_dir: &'a Path,
+    },
 }
 
 enum Question {
@@ -192,17 +195,28 @@ impl Runtime {
 
     /// Compiles (or loads from the cache) and checks one plugin, and asks it
     /// to describe itself. The error is the reason to show for the file.
-    pub async fn load(&self, name: &str, wasm: Vec<u8>, manifest: Manifest) -> Result<Plugin, String> {
+    pub async fn load(
+        &self,
+        name: &str,
+        wasm: Vec<u8>,
+        manifest: Manifest,
+    ) -> Result<Plugin, String> {
         check_name(name)?;
         let sha256 = hex::encode(Sha256::digest(&wasm));
         let (component, origin) = self.compile(wasm, &sha256).await?;
         let wit_version = self.check_world(&component)?;
-        let instance_pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| format!("needs an import berth does not provide: {}", root_message(&e)))?;
-        let pre = DeployerPre::new(instance_pre)
-            .map_err(|e| format!("does not implement berth:deployer@{WIT_VERSION}: {}", root_message(&e)))?;
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            format!(
+                "needs an import berth does not provide: {}",
+                root_message(&e)
+            )
+        })?;
+        let pre = DeployerPre::new(instance_pre).map_err(|e| {
+            format!(
+                "does not implement berth:deployer@{WIT_VERSION}: {}",
+                root_message(&e)
+            )
+        })?;
 
         let limits = Limits {
             memory_mib: manifest.memory_mib.unwrap_or(self.defaults.memory_mib),
@@ -219,9 +233,18 @@ impl Runtime {
             origin,
             pre,
         };
-        let reporter = Arc::new(LogReporter { plugin: name.to_string(), deploy_id: None });
+        let reporter = Arc::new(LogReporter {
+            plugin: name.to_string(),
+            deploy_id: None,
+        });
         let info = match self
-            .ask(&plugin, Sandbox::Bare, reporter, &CancellationToken::new(), Question::Describe)
+            .ask(
+                &plugin,
+                Sandbox::Bare,
+                reporter,
+                &CancellationToken::new(),
+                Question::Describe,
+            )
             .await
         {
             Ok(Answer::Info(info)) => info,
@@ -233,19 +256,29 @@ impl Runtime {
         {
             return Err("describe returned an options-schema that is not valid JSON".into());
         }
-        plugin.description = plugin.manifest.description.clone().unwrap_or(info.description);
+        plugin.description = plugin
+            .manifest
+            .description
+            .clone()
+            .unwrap_or(info.description);
         plugin.options_schema = info.options_schema;
         Ok(plugin)
     }
 
     async fn compile(&self, wasm: Vec<u8>, sha256: &str) -> Result<(Component, Origin), String> {
         if !wasm.starts_with(b"\0asm") {
-            return Err("is not a WebAssembly file (it does not start with the \\0asm magic)".into());
+            return Err(
+                "is not a WebAssembly file (it does not start with the \\0asm magic)".into(),
+            );
         }
         if wasm.get(4..8) == Some(&[1, 0, 0, 0]) {
             return Err("is a core WebAssembly module, not a component (build it for wasm32-wasip2, or wrap it with `wasm-tools component new`)".into());
         }
-        if let Some(component) = self.cache.as_ref().and_then(|c| c.load(&self.engine, sha256)) {
+        if let Some(component) = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.load(&self.engine, sha256))
+        {
             return Ok((component, Origin::Cached));
         }
         let engine = self.engine.clone();
@@ -254,7 +287,11 @@ impl Runtime {
             .await
             .map_err(|e| format!("compiling it crashed: {e}"))?
             .map_err(|e| format!("is not a valid component: {}", root_message(&e)))?;
-        tracing::debug!(sha256, elapsed_ms = started.elapsed().as_millis() as u64, "compiled a plugin");
+        tracing::debug!(
+            sha256,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "compiled a plugin"
+        );
         if let Some(cache) = &self.cache {
             cache.store(&self.engine, sha256, &component);
         }
@@ -268,15 +305,25 @@ impl Runtime {
         let wanted = format!("{PLUGIN_INTERFACE}@{WIT_VERSION}");
         let mut found = None;
         for (name, item) in ty.exports(&self.engine) {
-            if let Some(version) = name.strip_prefix(PLUGIN_INTERFACE).and_then(|v| v.strip_prefix('@')) {
+            if let Some(version) = name
+                .strip_prefix(PLUGIN_INTERFACE)
+                .and_then(|v| v.strip_prefix('@'))
+            {
                 found = Some((version.to_string(), item));
             }
         }
         let Some((version, item)) = found else {
-            let exports: Vec<_> = ty.exports(&self.engine).map(|(name, _)| name.to_string()).collect();
+            let exports: Vec<_> = ty
+                .exports(&self.engine)
+                .map(|(name, _)| name.to_string())
+                .collect();
             return Err(format!(
                 "exports no {wanted} interface (exports: {}); is it built for another world? Generate its bindings from berth's wit/ with world \"deployer\"",
-                if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") }
+                if exports.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    exports.join(", ")
+                }
             ));
         };
         if !compatible(&version, WIT_VERSION) {
@@ -287,7 +334,10 @@ impl Runtime {
         let ComponentItem::ComponentInstance(instance) = item.ty else {
             return Err(format!("exports {wanted} but not as an interface"));
         };
-        let functions: Vec<_> = instance.exports(&self.engine).map(|(n, _)| n.to_string()).collect();
+        let functions: Vec<_> = instance
+            .exports(&self.engine)
+            .map(|(n, _)| n.to_string())
+            .collect();
         for function in PLUGIN_FUNCTIONS {
             if !functions.iter().any(|f| f == function) {
                 return Err(format!("exports no {function} function"));
@@ -297,10 +347,26 @@ impl Runtime {
     }
 
     /// Asks the plugin whether it accepts these options (a JSON object).
-    pub async fn check_options(&self, plugin: &Plugin, options_json: &str) -> Result<(), CallError> {
-        let reporter = Arc::new(LogReporter { plugin: plugin.name.clone(), deploy_id: None });
+    pub async fn check_options(
+        &self,
+        plugin: &Plugin,
+        options_json: &str,
+    ) -> Result<(), CallError> {
+        let reporter = Arc::new(LogReporter {
+            plugin: plugin.name.clone(),
+            deploy_id: None,
+        });
         let question = Question::CheckOptions(options_json.to_string());
-        match self.ask(plugin, Sandbox::Bare, reporter, &CancellationToken::new(), question).await? {
+        match self
+            .ask(
+                plugin,
+                Sandbox::Bare,
+                reporter,
+                &CancellationToken::new(),
+                question,
+            )
+            .await?
+        {
             Answer::Checked(verdict) => verdict.map_err(CallError::Refused),
             _ => unreachable!("check-options answers with a verdict"),
         }
@@ -316,14 +382,23 @@ impl Runtime {
         cancel: &CancellationToken,
     ) -> Result<Deployed, CallError> {
         let request = deploy_request(&call);
-        let sandbox = Sandbox::Deploy { model_dir: call.model_dir, out_dir: call.out_dir };
+        let sandbox = Sandbox::Deploy {
+            model_dir: call.model_dir,
+            out_dir: call.out_dir,
+        };
         let question = Question::Deploy(Box::new(request));
-        let result = match self.ask(plugin, sandbox, reporter, cancel, question).await? {
+        let result = match self
+            .ask(plugin, sandbox, reporter, cancel, question)
+            .await?
+        {
             Answer::Deployed(result) => result.map_err(CallError::Refused)?,
             _ => unreachable!("deploy answers with a result"),
         };
         let details = parse_details(&result.details_json)?;
-        Ok(Deployed { reference: result.ref_, details })
+        Ok(Deployed {
+            reference: result.ref_,
+            details,
+        })
     }
 
     async fn ask(
@@ -363,7 +438,9 @@ impl Runtime {
                 Question::CheckOptions(options) => {
                     Answer::Checked(api.call_check_options(&mut store, &options).await?)
                 }
-                Question::Deploy(request) => Answer::Deployed(api.call_deploy(&mut store, &request).await?),
+                Question::Deploy(request) => {
+                    Answer::Deployed(api.call_deploy(&mut store, &request).await?)
+                }
             })
         };
         // The epoch deadline stops wasm code; this outer bound also stops a
@@ -375,7 +452,13 @@ impl Runtime {
         match outcome {
             Err(_elapsed) => Err(CallError::TimedOut { limit }),
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => Err(classify(e, store.data().memory.exhausted, plugin, limit, &stderr)),
+            Ok(Err(e)) => Err(classify(
+                e,
+                store.data().memory.exhausted,
+                plugin,
+                limit,
+                &stderr,
+            )),
         }
     }
 
@@ -400,11 +483,16 @@ impl Runtime {
             .allow_blocking_current_thread(true);
         if let Sandbox::Deploy { model_dir, out_dir } = sandbox {
             wasi.preopened_dir(model_dir, MODEL_DIR, FsPerms::ReadOnly)
-                .map_err(|e| CallError::Sandbox(format!("model directory {}: {e}", model_dir.display())))?;
+                .map_err(|e| {
+                    CallError::Sandbox(format!("model directory {}: {e}", model_dir.display()))
+                })?;
             wasi.preopened_dir(out_dir, OUT_DIR, FsPerms::ReadWrite)
-                .map_err(|e| CallError::Sandbox(format!("output directory {}: {e}", out_dir.display())))?;
+                .map_err(|e| {
+                    CallError::Sandbox(format!("output directory {}: {e}", out_dir.display()))
+                })?;
         }
-        let memory_bytes = usize::try_from(plugin.limits.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+        let memory_bytes =
+            usize::try_from(plugin.limits.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         let state = State {
             wasi: wasi.build(),
             http: WasiHttpCtx::new(),
@@ -420,7 +508,13 @@ impl Runtime {
 }
 
 /// Turns a failed call into the reason a person reads.
-fn classify(e: wasmtime::Error, out_of_memory: bool, plugin: &Plugin, limit: Duration, stderr: &GuestOutput) -> CallError {
+fn classify(
+    e: wasmtime::Error,
+    out_of_memory: bool,
+    plugin: &Plugin,
+    limit: Duration,
+    stderr: &GuestOutput,
+) -> CallError {
     if let Some(stop) = e.downcast_ref::<Stop>() {
         return match stop {
             Stop::Cancelled => CallError::Cancelled,
@@ -428,13 +522,18 @@ fn classify(e: wasmtime::Error, out_of_memory: bool, plugin: &Plugin, limit: Dur
         };
     }
     if out_of_memory {
-        return CallError::OutOfMemory { limit_mib: plugin.limits.memory_mib };
+        return CallError::OutOfMemory {
+            limit_mib: plugin.limits.memory_mib,
+        };
     }
     let trap = match e.downcast_ref::<Trap>() {
         Some(trap) => trap.to_string(),
         None => root_message(&e),
     };
-    CallError::Crashed { trap, output: stderr.tail() }
+    CallError::Crashed {
+        trap,
+        output: stderr.tail(),
+    }
 }
 
 fn root_message(e: &wasmtime::Error) -> String {
@@ -512,9 +611,15 @@ mod tests {
         assert!(parse_details("").unwrap().is_empty());
         assert_eq!(parse_details(r#"{"a": 1}"#).unwrap()["a"], 1);
         let err = parse_details("[1, 2, 3]").unwrap_err().to_string();
-        assert_eq!(err, "returned details-json that is not a JSON object: [1,2,3]");
+        assert_eq!(
+            err,
+            "returned details-json that is not a JSON object: [1,2,3]"
+        );
         let err = parse_details("{not json").unwrap_err().to_string();
-        assert!(err.starts_with("returned details-json that is not valid JSON"), "{err}");
+        assert!(
+            err.starts_with("returned details-json that is not valid JSON"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -35,9 +35,14 @@ pub fn check_name(name: &str) -> Result<(), String> {
         return Err(format!("name {name:?} must start with a letter or digit"));
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(format!("name {name:?} is longer than {MAX_NAME_LEN} characters"));
+        return Err(format!(
+            "name {name:?} is longer than {MAX_NAME_LEN} characters"
+        ));
     }
-    if let Some(bad) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))) {
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
         return Err(format!(
             "name {name:?} contains {bad:?}; use letters, digits, '_', '-' and '.'"
         ));
@@ -71,7 +76,9 @@ impl Runtime {
             {
                 set.rejected.push(Rejection {
                     file: file.clone(),
-                    reason: format!("a manifest without a plugin: there is no {stem}.wasm beside it"),
+                    reason: format!(
+                        "a manifest without a plugin: there is no {stem}.wasm beside it"
+                    ),
                 });
             }
             let Some(name) = file.strip_suffix(".wasm") else {
@@ -80,7 +87,9 @@ impl Runtime {
             if set.deployers.len() >= max {
                 set.rejected.push(Rejection {
                     file: file.clone(),
-                    reason: format!("too many deployers: this server loads at most {max} (--max-deployers)"),
+                    reason: format!(
+                        "too many deployers: this server loads at most {max} (--max-deployers)"
+                    ),
                 });
                 continue;
             }
@@ -97,7 +106,10 @@ impl Runtime {
                 }
                 Err(reason) => {
                     tracing::warn!(file, "skipped plugin: {reason}");
-                    set.rejected.push(Rejection { file: file.clone(), reason });
+                    set.rejected.push(Rejection {
+                        file: file.clone(),
+                        reason,
+                    });
                 }
             }
         }

@@ -48,10 +48,18 @@ impl Reporter for LogReporter {
     fn log(&self, level: GuestLevel, message: &str) {
         let (plugin, deploy_id) = (&self.plugin, self.deploy_id);
         match level {
-            GuestLevel::Debug => tracing::debug!(target: "berth::plugin", plugin, deploy_id, "{message}"),
-            GuestLevel::Info => tracing::info!(target: "berth::plugin", plugin, deploy_id, "{message}"),
-            GuestLevel::Warn => tracing::warn!(target: "berth::plugin", plugin, deploy_id, "{message}"),
-            GuestLevel::Error => tracing::error!(target: "berth::plugin", plugin, deploy_id, "{message}"),
+            GuestLevel::Debug => {
+                tracing::debug!(target: "berth::plugin", plugin, deploy_id, "{message}")
+            }
+            GuestLevel::Info => {
+                tracing::info!(target: "berth::plugin", plugin, deploy_id, "{message}")
+            }
+            GuestLevel::Warn => {
+                tracing::warn!(target: "berth::plugin", plugin, deploy_id, "{message}")
+            }
+            GuestLevel::Error => {
+                tracing::error!(target: "berth::plugin", plugin, deploy_id, "{message}")
+            }
         }
     }
 
@@ -194,6 +202,10 @@ mod tests {
         assert_eq!(lines.0.lock().unwrap()[..2], ["first", "second"]);
         let tail = out.tail();
         assert_eq!(tail.len(), TAIL_BYTES, "the tail is bounded");
-        assert_eq!(lines.0.lock().unwrap().len(), 3, "tail() flushes the partial line");
+        assert_eq!(
+            lines.0.lock().unwrap().len(),
+            3,
+            "tail() flushes the partial line"
+        );
     }
 }

@@ -55,7 +55,11 @@ impl FileServer {
     }
 
     pub fn put(&self, job_id: &str, path: &str, bytes: Vec<u8>) {
-        self.inner.lock().unwrap().files.insert(format!("{job_id}/{path}"), bytes);
+        self.inner
+            .lock()
+            .unwrap()
+            .files
+            .insert(format!("{job_id}/{path}"), bytes);
     }
 
     pub fn fault(&self, job_id: &str, path: &str, fault: Option<Fault>) {
@@ -69,7 +73,11 @@ impl FileServer {
 
     pub fn hits(&self, job_id: &str, path: &str) -> usize {
         let inner = self.inner.lock().unwrap();
-        inner.hits.get(&format!("{job_id}/{path}")).copied().unwrap_or(0)
+        inner
+            .hits
+            .get(&format!("{job_id}/{path}"))
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn total_hits(&self) -> usize {
@@ -81,7 +89,10 @@ async fn serve(State(inner): State<Arc<Mutex<Inner>>>, Path(key): Path<String>) 
     let (bytes, fault) = {
         let mut inner = inner.lock().unwrap();
         *inner.hits.entry(key.clone()).or_default() += 1;
-        (inner.files.get(&key).cloned(), inner.faults.get(&key).copied())
+        (
+            inner.files.get(&key).cloned(),
+            inner.faults.get(&key).copied(),
+        )
     };
     let Some(bytes) = bytes else {
         return StatusCode::NOT_FOUND.into_response();
@@ -102,11 +113,17 @@ async fn serve(State(inner): State<Arc<Mutex<Inner>>>, Path(key): Path<String>) 
             }))
         }
         Some(Fault::Slow(pause)) => {
-            let chunks: Vec<Bytes> = bytes.chunks(64 * 1024).map(Bytes::copy_from_slice).collect();
-            Body::from_stream(futures::StreamExt::then(futures::stream::iter(chunks), move |chunk| async move {
-                tokio::time::sleep(pause).await;
-                Ok::<_, std::io::Error>(chunk)
-            }))
+            let chunks: Vec<Bytes> = bytes
+                .chunks(64 * 1024)
+                .map(Bytes::copy_from_slice)
+                .collect();
+            Body::from_stream(futures::StreamExt::then(
+                futures::stream::iter(chunks),
+                move |chunk| async move {
+                    tokio::time::sleep(pause).await;
+                    Ok::<_, std::io::Error>(chunk)
+                },
+            ))
         }
     };
     ([(header::CONTENT_LENGTH, len.to_string())], body).into_response()

@@ -16,10 +16,14 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// Deterministic incompressible bytes, so a failure reproduces; never
 /// starting with `\0asm`, so they never pass for a WebAssembly file.
 pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     let mut bytes: Vec<u8> = (0..len)
         .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (state >> 33) as u8
         })
         .collect();
@@ -54,7 +58,11 @@ macro_rules! on_both_backends {
 pub(crate) use on_both_backends;
 
 /// A model of a few files served by `files`: returns its registration.
-pub fn model(files: &files::FileServer, job_id: &str, contents: &[(&str, Vec<u8>)]) -> serde_json::Value {
+pub fn model(
+    files: &files::FileServer,
+    job_id: &str,
+    contents: &[(&str, Vec<u8>)],
+) -> serde_json::Value {
     let mut listed = Vec::new();
     for (path, bytes) in contents {
         files.put(job_id, path, bytes.clone());
@@ -82,7 +90,10 @@ pub fn model(files: &files::FileServer, job_id: &str, contents: &[(&str, Vec<u8>
 /// Three files, one nested, one of a couple of MiB.
 pub fn adapter_files() -> Vec<(&'static str, Vec<u8>)> {
     vec![
-        ("adapter_config.json", br#"{"r": 16, "lora_alpha": 32}"#.to_vec()),
+        (
+            "adapter_config.json",
+            br#"{"r": 16, "lora_alpha": 32}"#.to_vec(),
+        ),
         ("adapter_model.safetensors", bytes(1, 2 * 1024 * 1024 + 17)),
         ("tokenizer/tokenizer.json", bytes(2, 10_000)),
     ]
@@ -102,7 +113,11 @@ pub fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
             if path.is_dir() {
                 walk(root, &path, files);
             } else {
-                let relative = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+                let relative = path
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .replace('\\', "/");
                 files.insert(relative, std::fs::read(&path).unwrap());
             }
         }
@@ -120,11 +135,18 @@ pub fn unpack(archive: &[u8]) -> BTreeMap<String, Vec<u8>> {
     let mut files = BTreeMap::new();
     for entry in tar.entries().expect("a tar stream") {
         let mut entry = entry.expect("a tar entry");
-        assert_eq!(entry.header().entry_type(), tar::EntryType::Regular, "only regular files");
+        assert_eq!(
+            entry.header().entry_type(),
+            tar::EntryType::Regular,
+            "only regular files"
+        );
         let path = entry.path().unwrap().to_string_lossy().into_owned();
         let mut bytes = Vec::new();
         entry.read_to_end(&mut bytes).unwrap();
-        assert!(files.insert(path.clone(), bytes).is_none(), "{path} is in the archive twice");
+        assert!(
+            files.insert(path.clone(), bytes).is_none(),
+            "{path} is in the archive twice"
+        );
     }
     files
 }

@@ -25,5 +25,9 @@ pub fn example(name: &str) -> PathBuf {
 /// A test plugin from `target/test-plugins/`.
 #[track_caller]
 pub fn test_plugin(name: &str) -> PathBuf {
-    existing(root().join("target/test-plugins").join(format!("{name}.wasm")))
+    existing(
+        root()
+            .join("target/test-plugins")
+            .join(format!("{name}.wasm")),
+    )
 }

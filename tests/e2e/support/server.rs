@@ -75,9 +75,22 @@ impl Options {
             Backend::Sqlite => format!("sqlite://{}", data_dir.join("berth.db").display()),
             Backend::Postgres => fresh_postgres_database().await,
         };
-        let launch = Launch { data_dir, plugins_dir, database_url, args: self.args, env: self.env };
+        let launch = Launch {
+            data_dir,
+            plugins_dir,
+            database_url,
+            args: self.args,
+            env: self.env,
+        };
         let (child, url, log) = launch.spawn(None);
-        Berth { url, launch, child, log, _temp: temp, client: reqwest::Client::new() }
+        Berth {
+            url,
+            launch,
+            child,
+            log,
+            _temp: temp,
+            client: reqwest::Client::new(),
+        }
     }
 }
 
@@ -88,7 +101,10 @@ impl Berth {
     }
 
     pub async fn start_with(backend: Backend, args: &[&str]) -> Self {
-        args.iter().fold(Self::options(backend), |o, a| o.arg(a)).start().await
+        args.iter()
+            .fold(Self::options(backend), |o, a| o.arg(a))
+            .start()
+            .await
     }
 
     /// The default plugins, to add to.
@@ -100,7 +116,13 @@ impl Berth {
 
     /// No plugins at all.
     pub fn bare(backend: Backend) -> Options {
-        Options { backend, plugins: Vec::new(), files: Vec::new(), args: Vec::new(), env: Vec::new() }
+        Options {
+            backend,
+            plugins: Vec::new(),
+            files: Vec::new(),
+            args: Vec::new(),
+            env: Vec::new(),
+        }
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -128,7 +150,10 @@ impl Berth {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("berth did not stop within 30s of SIGTERM; its log:\n{}", self.log());
+        panic!(
+            "berth did not stop within 30s of SIGTERM; its log:\n{}",
+            self.log()
+        );
     }
 
     /// Starts the server again on the same data, database and port.
@@ -150,17 +175,33 @@ impl Berth {
     }
 
     pub async fn get(&self, path: &str) -> (StatusCode, Value) {
-        let response = self.client.get(format!("{}{path}", self.url)).send().await.unwrap();
+        let response = self
+            .client
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap();
         answer(response).await
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
-        let response = self.client.post(format!("{}{path}", self.url)).json(body).send().await.unwrap();
+        let response = self
+            .client
+            .post(format!("{}{path}", self.url))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
         answer(response).await
     }
 
     pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
-        let response = self.client.delete(format!("{}{path}", self.url)).send().await.unwrap();
+        let response = self
+            .client
+            .delete(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap();
         answer(response).await
     }
 
@@ -171,9 +212,15 @@ impl Berth {
         body["id"].as_i64().unwrap()
     }
 
-    pub async fn deploy(&self, model_id: i64, deployer: &str, options: Value) -> (StatusCode, Value) {
+    pub async fn deploy(
+        &self,
+        model_id: i64,
+        deployer: &str,
+        options: Value,
+    ) -> (StatusCode, Value) {
         let body = serde_json::json!({ "deployer": deployer, "options": options });
-        self.post(&format!("/v1/models/{model_id}/deployments"), &body).await
+        self.post(&format!("/v1/models/{model_id}/deployments"), &body)
+            .await
     }
 
     /// The model's directory on the server's disk.
@@ -236,7 +283,12 @@ fn wait_until_listening(child: &mut Child) -> (String, Arc<Mutex<String>>) {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Some(at) = line.find("berth is listening on ") {
                 let rest = &line[at + "berth is listening on ".len()..];
-                let _ = ready_tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
+                let _ = ready_tx.send(
+                    rest.split_whitespace()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string(),
+                );
             }
             let mut log = sink.lock().unwrap();
             log.push_str(&line);
@@ -247,7 +299,10 @@ fn wait_until_listening(child: &mut Child) -> (String, Arc<Mutex<String>>) {
         Ok(url) => (url, log),
         Err(_) => {
             let _ = child.kill();
-            panic!("berth did not start listening; its log:\n{}", log.lock().unwrap());
+            panic!(
+                "berth did not start listening; its log:\n{}",
+                log.lock().unwrap()
+            );
         }
     }
 }
@@ -263,10 +318,18 @@ async fn fresh_postgres_database() -> String {
         "berth_{}_{}_{}",
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed),
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos()
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
     );
-    let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connecting to BERTH_TEST_DATABASE_URL");
-    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.unwrap();
+    let mut conn = sqlx::PgConnection::connect(&admin)
+        .await
+        .expect("connecting to BERTH_TEST_DATABASE_URL");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
     let mut url = url::Url::parse(&admin).unwrap();
     url.set_path(&name);
     url.to_string()
