@@ -8,8 +8,8 @@ use std::process::{Command, Output};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use crate::support::{plugins, sha256_hex, tree, unpack};
 use crate::support::bytes as noise;
+use crate::support::{plugins, sha256_hex, tree, unpack};
 
 #[test]
 fn run_packs_every_file_of_the_directory_into_the_archive() {
@@ -238,4 +238,3 @@ fn model_dir() -> ModelDir {
         files,
     }
 }
-

@@ -18,8 +18,8 @@ use berth::runtime::{
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use crate::support::{plugins, sha256_hex, tree, unpack};
 use crate::support::bytes as noise;
+use crate::support::{plugins, sha256_hex, tree, unpack};
 use tokio_util::sync::CancellationToken;
 
 /// No call in these tests should come near this: it turns a hang into a
