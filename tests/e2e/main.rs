@@ -8,3 +8,4 @@ mod support;
 mod api;
 mod client;
 mod deploy;
+mod fetch;
