@@ -218,6 +218,15 @@ impl Pipeline {
             .ok_or(CancelError::Unknown(deploy_id))
     }
 
+    /// Waits (at most `limit`) until no deployment runs here: at shutdown,
+    /// so interrupted deployments get to record how they ended.
+    pub async fn drain(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !self.live.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The deployer's log lines: live while running here, stored after.
     pub async fn logs(&self, deploy_id: i64) -> Result<Option<String>, db::Error> {
         match self.live.get(deploy_id) {

@@ -164,7 +164,10 @@ async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_reuses_compiled_code_and_rebuilds_a_tampered_entry() {
-    let mut berth = Berth::start(Backend::Sqlite).await;
+    let mut berth = Berth::options(Backend::Sqlite)
+        .private_cache()
+        .start()
+        .await;
     assert!(
         berth.log().contains("compiled=2 from_cache=0"),
         "{}",

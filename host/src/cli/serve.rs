@@ -31,6 +31,10 @@ pub struct ServeArgs {
     /// The folder of deployer plugins (NAME.wasm and optional NAME.toml).
     #[arg(long, env = "BERTH_PLUGINS_DIR", default_value = "./plugins")]
     plugins_dir: PathBuf,
+    /// Where compiled plugin code is kept between starts (default:
+    /// DATA_DIR/cache). Servers may share one.
+    #[arg(long, env = "BERTH_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
     /// Where models' files are fetched to (default: DATA_DIR/models).
     #[arg(long, env = "BERTH_MODELS_DIR")]
     models_dir: Option<PathBuf>,
@@ -170,13 +174,14 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         listener.local_addr()?
     );
     let shutdown = pipeline.shutdown.clone();
-    axum::serve(listener, crate::http::app(pipeline))
+    axum::serve(listener, crate::http::app(pipeline.clone()))
         .with_graceful_shutdown(async move {
             stop_signal().await;
             tracing::info!("stopping: running deployments are interrupted and recorded as failed");
             shutdown.cancel();
         })
         .await?;
+    pipeline.drain(Duration::from_secs(30)).await;
     db.close().await;
     tracing::info!("stopped");
     Ok(())

@@ -115,13 +115,28 @@ impl HttpGate {
 
     fn permits(&self, uri: &http::Uri) -> bool {
         let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
-        let Some(host) = uri.host() else {
+        // wasmtime's sender connects to the raw authority: with user info in
+        // it, what connects is not the host checked here.
+        let Some(host) = uri
+            .host()
+            .filter(|_| !uri.authority().is_some_and(|a| a.as_str().contains('@')))
+        else {
             return false;
         };
         let port = uri.port_u16().unwrap_or(default_port(&scheme));
         let host = normalize_host(host);
         self.allowed.iter().any(|a| a.allows(&scheme, &host, port))
     }
+}
+
+/// Scheme, host, port and path only: a query string may carry a secret.
+fn loggable(uri: &http::Uri) -> String {
+    format!(
+        "{}://{}{}",
+        uri.scheme_str().unwrap_or("https"),
+        uri.host().unwrap_or("?"),
+        uri.port().map(|p| format!(":{p}")).unwrap_or_default()
+    ) + uri.path()
 }
 
 type SendResult = wasmtime_wasi_http::Result<(
@@ -137,12 +152,12 @@ impl WasiHttpHooks for HttpGate {
         fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
         if self.permits(request.uri()) {
-            tracing::debug!(plugin = %self.plugin, uri = %request.uri(), "outgoing request allowed");
+            tracing::debug!(plugin = %self.plugin, to = %loggable(request.uri()), "outgoing request allowed");
             return wasmtime_wasi_http::default_hooks().send_request(request, options, fut);
         }
         tracing::warn!(
             plugin = %self.plugin,
-            uri = %request.uri(),
+            to = %loggable(request.uri()),
             "outgoing request denied: the host is not in allowed_hosts of the plugin's manifest"
         );
         Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) })
@@ -216,8 +231,16 @@ mod tests {
         check(
             &["mirror.internal:8443"],
             "http://user@mirror.internal:8443/",
-            true,
+            false,
         );
+    }
+
+    #[test]
+    fn logged_addresses_leave_out_user_info_and_queries() {
+        let uri = "https://u:p@mirror.internal:8443/up/x?token=s3cret"
+            .parse()
+            .unwrap();
+        assert_eq!(loggable(&uri), "https://mirror.internal:8443/up/x");
     }
 
     #[test]

@@ -35,9 +35,18 @@ pub struct Options {
     files: Vec<(String, Vec<u8>)>,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    shared_cache: bool,
 }
 
 impl Options {
+    /// Compiles plugins into this server's own cache instead of the one
+    /// the test servers share (which spares each server compiling the
+    /// Python and JavaScript components again).
+    pub fn private_cache(mut self) -> Self {
+        self.shared_cache = false;
+        self
+    }
+
     /// Adds `NAME.wasm` to the server's plugins folder.
     pub fn plugin(mut self, name: &str, wasm: PathBuf) -> Self {
         self.plugins.push((name.to_string(), wasm));
@@ -75,11 +84,16 @@ impl Options {
             Backend::Sqlite => format!("sqlite://{}", data_dir.join("berth.db").display()),
             Backend::Postgres => fresh_postgres_database().await,
         };
+        let mut args = self.args;
+        if self.shared_cache {
+            let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-cache");
+            args.extend(["--cache-dir".to_string(), shared.display().to_string()]);
+        }
         let launch = Launch {
             data_dir,
             plugins_dir,
             database_url,
-            args: self.args,
+            args,
             env: self.env,
         };
         let (child, url, log) = launch.spawn(None);
@@ -122,6 +136,7 @@ impl Berth {
             files: Vec::new(),
             args: Vec::new(),
             env: Vec::new(),
+            shared_cache: true,
         }
     }
 
