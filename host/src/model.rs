@@ -33,6 +33,28 @@ pub struct TrainedModel {
     pub created_at: String,
 }
 
+impl TrainedModel {
+    /// A model known only by its files, with no training metadata: what
+    /// `berth plugin run` hands a deployer, and what tests and benchmarks use.
+    pub fn from_files(job_id: &str, source: String, files: Vec<ModelFile>) -> Self {
+        Self {
+            id: 1,
+            name: job_id.to_string(),
+            job_id: job_id.to_string(),
+            base_model: String::new(),
+            model_size: String::new(),
+            dataset: String::new(),
+            num_examples: 0,
+            num_train_steps: 0,
+            final_loss: None,
+            params_json: "{}".to_string(),
+            source,
+            files,
+            created_at: String::new(),
+        }
+    }
+}
+
 /// Where a deployment stands. Only `Running` changes, once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {

@@ -8,7 +8,9 @@ use serde_json::{Value, json};
 
 use crate::support::files::{Fault, FileServer};
 use crate::support::server::{Backend, Berth};
-use crate::support::{adapter_files, bytes, files_under, model, on_both_backends, sha256_hex};
+use crate::support::{
+    adapter_files, bytes, eventually, files_under, model, on_both_backends, sha256_hex,
+};
 
 on_both_backends!(
     happy_path_fetches_verifies_deploys_and_records,
@@ -323,7 +325,15 @@ async fn a_client_that_disconnects_cancels_its_deployment(backend: Backend) {
         .await;
     assert!(request.unwrap_err().is_timeout());
 
-    let deployment = wait_for_end(&berth, id).await;
+    let deployment = eventually(
+        || format!("the end of the deployment; log:\n{}", berth.log()),
+        async || {
+            let (_, listing) = berth.get(&format!("/v1/models/{id}/deployments")).await;
+            let newest = &listing["deployments"][0];
+            (!newest.is_null() && newest["status"] != "running").then(|| newest.clone())
+        },
+    )
+    .await;
     assert_eq!(deployment["status"], "failed");
     assert!(
         deployment["error"]
@@ -356,7 +366,16 @@ async fn a_server_killed_during_a_fetch_recovers_on_restart(backend: Backend) {
     });
     // Wait until part of the file has arrived, then kill -9.
     let dir = berth.model_dir("job-kill");
-    wait_until(|| files_under(&dir).iter().any(|f| f.starts_with(".fetch-"))).await;
+    eventually(
+        || "a partial download".to_string(),
+        async || {
+            files_under(&dir)
+                .iter()
+                .any(|f| f.starts_with(".fetch-"))
+                .then_some(())
+        },
+    )
+    .await;
     berth.kill9();
     assert!(
         pending.await.unwrap().is_err(),
@@ -447,32 +466,4 @@ async fn a_fetch_that_takes_too_long_is_stopped(backend: Backend) {
         [".fetch-slow.bin"],
         "only the partial download is left"
     );
-}
-
-/// The model's newest deployment once it has ended.
-async fn wait_for_end(berth: &Berth, model_id: i64) -> Value {
-    for _ in 0..600 {
-        let (_, listing) = berth
-            .get(&format!("/v1/models/{model_id}/deployments"))
-            .await;
-        let newest = &listing["deployments"][0];
-        if newest["status"] != "running" && !newest.is_null() {
-            return newest.clone();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
-        "the deployment did not end within 30s; server log:\n{}",
-        berth.log()
-    );
-}
-
-async fn wait_until(mut condition: impl FnMut() -> bool) {
-    for _ in 0..600 {
-        if condition() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("condition not reached within 30s");
 }

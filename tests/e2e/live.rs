@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::support::files::{Fault, FileServer};
 use crate::support::server::{Backend, Berth};
-use crate::support::{adapter_files, bytes, files_under, model, on_both_backends};
+use crate::support::{adapter_files, bytes, eventually, files_under, model, on_both_backends};
 
 on_both_backends!(
     a_background_deployment_reports_progress_in_order,
@@ -33,21 +33,6 @@ async fn deploy_in_background(
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     assert_eq!(body["status"], "running");
     body
-}
-
-/// Polls the deployment until `condition` holds for it.
-async fn wait_for(berth: &Berth, id: &Value, condition: impl Fn(&Value) -> bool) -> Value {
-    for _ in 0..600 {
-        let (_, deployment) = berth.get(&format!("/v1/deployments/{id}")).await;
-        if condition(&deployment) {
-            return deployment;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
-        "deployment {id} never reached the condition; server log:\n{}",
-        berth.log()
-    );
 }
 
 async fn a_background_deployment_reports_progress_in_order(backend: Backend) {
@@ -256,6 +241,23 @@ async fn a_deployments_log_holds_what_its_deployer_said(backend: Backend) {
         berth.get("/v1/deployments/999/logs").await.0,
         StatusCode::NOT_FOUND
     );
+}
+
+/// Polls the deployment until `condition` holds for it.
+async fn wait_for(berth: &Berth, id: &Value, condition: impl Fn(&Value) -> bool) -> Value {
+    eventually(
+        || {
+            format!(
+                "deployment {id} reaching the condition; log:\n{}",
+                berth.log()
+            )
+        },
+        async || {
+            let (_, deployment) = berth.get(&format!("/v1/deployments/{id}")).await;
+            condition(&deployment).then_some(deployment)
+        },
+    )
+    .await
 }
 
 async fn sigterm_interrupts_running_deployments_and_stops_cleanly(backend: Backend) {

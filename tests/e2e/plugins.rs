@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::support::files::FileServer;
 use crate::support::plugins;
 use crate::support::server::{Backend, Berth};
-use crate::support::{adapter_files, model};
+use crate::support::{adapter_files, eventually, model};
 
 /// Copies like an operator should: to a temp name, then rename.
 fn install(dir: &Path, name: &str, wasm: &[u8]) {
@@ -23,26 +23,23 @@ async fn deployers(berth: &Berth) -> Value {
     berth.get("/v1/deployers").await.1
 }
 
+async fn wait_for_deployers(berth: &Berth, condition: impl Fn(&Value) -> bool) -> Value {
+    eventually(
+        || format!("the plugins folder change; log:\n{}", berth.log()),
+        async || {
+            let now = deployers(berth).await;
+            condition(&now).then_some(now)
+        },
+    )
+    .await
+}
+
 fn sha_of(deployers: &Value, name: &str) -> Option<String> {
     deployers["deployers"]
         .as_array()?
         .iter()
         .find(|d| d["name"] == name)
         .map(|d| d["sha256"].as_str().unwrap().to_string())
-}
-
-async fn wait_for_deployers(berth: &Berth, condition: impl Fn(&Value) -> bool) -> Value {
-    for _ in 0..300 {
-        let now = deployers(berth).await;
-        if condition(&now) {
-            return now;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
-        "the plugins folder change was not applied; log:\n{}",
-        berth.log()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -221,21 +221,8 @@ fn model_of_dir(dir: &Path) -> anyhow::Result<TrainedModel> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    Ok(TrainedModel {
-        id: 1,
-        name: name.clone(),
-        job_id: name,
-        base_model: String::new(),
-        model_size: String::new(),
-        dataset: String::new(),
-        num_examples: 0,
-        num_train_steps: 0,
-        final_loss: None,
-        params_json: "{}".into(),
-        source: format!("file://{}/{{path}}", dir.display()),
-        files,
-        created_at: String::new(),
-    })
+    let source = format!("file://{}/{{path}}", dir.display());
+    Ok(TrainedModel::from_files(&name, source, files))
 }
 
 fn collect_files(root: &Path, dir: &Path, files: &mut Vec<ModelFile>) -> anyhow::Result<()> {

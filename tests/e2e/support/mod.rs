@@ -99,6 +99,21 @@ pub fn adapter_files() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+/// Probes every 50 ms until `probe` answers; panics after 30 s saying
+/// `what()` never happened (a hang guard, not a timing assertion).
+pub async fn eventually<T>(
+    what: impl Fn() -> String,
+    mut probe: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    for _ in 0..600 {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{} did not happen within 30 s", what());
+}
+
 /// Paths under `dir` (relative), sorted: what is on disk.
 pub fn files_under(dir: &Path) -> Vec<String> {
     tree(dir).into_keys().collect()
