@@ -1,0 +1,139 @@
+//! berth's performance benchmarks (`scripts/bench`, or
+//! `cargo bench -p berth --bench perf -- [SECTION…] [--rounds N] [--keep]`).
+//! Every figure is printed beside a baseline measured in the same run, on
+//! the same files: the machine is shared and noisy, so ratios mean more
+//! than absolute times. Sections: `fetch` (one large file, many files),
+//! `resume`, `reverify`, `plugin`, `api`, `memory`; all by default. Data goes
+//! to `target/bench-data` and is deleted at the end unless `--keep`.
+
+mod api;
+mod data;
+mod fetch;
+mod plugin;
+mod report;
+mod source;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+pub struct Ctx {
+    /// `target/bench-data`.
+    pub data_dir: PathBuf,
+    /// What the loopback source serves: `<job id>/<path>`.
+    pub source_root: PathBuf,
+    /// Where downloads go; emptied between runs.
+    pub out_dir: PathBuf,
+    pub source: source::Source,
+    pub rounds: usize,
+    /// Size of the one large file, GiB.
+    pub big_gib: u64,
+    /// Size of the model of the re-verification and memory benchmarks, GiB.
+    pub model_gib: u64,
+    /// Plugin calls per measurement.
+    pub calls: usize,
+}
+
+const SECTIONS: [&str; 6] = ["fetch", "resume", "reverify", "plugin", "api", "memory"];
+
+fn main() -> anyhow::Result<()> {
+    let mut sections = Vec::new();
+    let (mut rounds, mut big_gib, mut model_gib, mut calls, mut keep) = (3, 1, 4, 2000, false);
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut number = |name: &str| -> anyhow::Result<u64> {
+            args.next()
+                .and_then(|v| v.parse().ok())
+                .with_context(|| format!("{name} needs a number"))
+        };
+        match arg.as_str() {
+            // Added by `cargo bench`.
+            "--bench" => {}
+            "--rounds" => rounds = number("--rounds")? as usize,
+            "--big-gib" => big_gib = number("--big-gib")?,
+            "--model-gib" => model_gib = number("--model-gib")?,
+            "--calls" => calls = number("--calls")? as usize,
+            "--keep" => keep = true,
+            section if SECTIONS.contains(&section) => sections.push(section.to_string()),
+            other => anyhow::bail!(
+                "unknown argument {other}; sections: {}",
+                SECTIONS.join(", ")
+            ),
+        }
+    }
+    if sections.is_empty() {
+        sections = SECTIONS.iter().map(|s| s.to_string()).collect();
+    }
+
+    let data_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data");
+    let source_root = data_dir.join("source");
+    let out_dir = data_dir.join("out");
+    std::fs::create_dir_all(&source_root)?;
+    let source = source::Source::start(&source_root)?;
+    let ctx = Ctx {
+        data_dir: data_dir.clone(),
+        source_root,
+        out_dir,
+        source,
+        rounds,
+        big_gib,
+        model_gib,
+        calls,
+    };
+    machine();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let outcome = runtime.block_on(async {
+        for section in &sections {
+            match section.as_str() {
+                "fetch" => fetch::throughput(&ctx).await?,
+                "resume" => fetch::resume(&ctx).await?,
+                "reverify" => fetch::reverify(&ctx).await?,
+                "plugin" => plugin::calls(&ctx).await?,
+                "api" => api::deployments(&ctx).await?,
+                "memory" => api::memory(&ctx).await?,
+                _ => unreachable!("checked above"),
+            }
+        }
+        anyhow::Ok(())
+    });
+    if !keep {
+        let _ = std::fs::remove_dir_all(&data_dir);
+    }
+    outcome
+}
+
+/// What the figures were measured on.
+fn machine() {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_default();
+    let sha_ni = cpuinfo.split_whitespace().any(|w| w == "sha_ni");
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib >> 20);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("# berth benchmarks");
+    println!(
+        "machine: {model}, {cores} cores, {mem_gib} GiB, SHA-NI {}",
+        if sha_ni { "yes" } else { "no" }
+    );
+    println!(
+        "load average at start: {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+}
