@@ -21,6 +21,9 @@ pub enum PluginCommand {
     Check {
         /// The plugin's .wasm file.
         file: PathBuf,
+        /// Also time N fresh instantiate + describe calls (median, p99).
+        #[arg(long, value_name = "N")]
+        repeat: Option<usize>,
     },
     /// Runs one deployment of the files in --dir and prints the result.
     Run {
@@ -49,7 +52,7 @@ pub enum PluginCommand {
 pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
     let runtime = Runtime::new(Limits::default(), None)?;
     match command {
-        PluginCommand::Check { file } => check(&runtime, &file).await,
+        PluginCommand::Check { file, repeat } => check(&runtime, &file, repeat).await,
         PluginCommand::Run {
             file,
             dir,
@@ -76,7 +79,7 @@ fn plugin_name(file: &Path) -> anyhow::Result<&str> {
         .with_context(|| format!("{}: the file name is not valid UTF-8", file.display()))
 }
 
-async fn check(runtime: &Runtime, file: &Path) -> anyhow::Result<ExitCode> {
+async fn check(runtime: &Runtime, file: &Path, repeat: Option<usize>) -> anyhow::Result<ExitCode> {
     let name = plugin_name(file)?;
     match runtime.load_file(file, name).await {
         Ok(plugin) => {
@@ -122,6 +125,21 @@ async fn check(runtime: &Runtime, file: &Path) -> anyhow::Result<ExitCode> {
                     .map(|v| v.to_string())
                     .unwrap_or_else(|_| schema.clone());
                 println!("options:     {compact}");
+            }
+            if let Some(n) = repeat.filter(|n| *n > 0) {
+                let mut took = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let started = std::time::Instant::now();
+                    runtime.describe(&plugin).await?;
+                    took.push(started.elapsed());
+                }
+                took.sort();
+                let at = |q: f64| took[((n - 1) as f64 * q).round() as usize].as_secs_f64() * 1e6;
+                println!(
+                    "describe:    {n} fresh instances: median {:.0} µs, p99 {:.0} µs",
+                    at(0.5),
+                    at(0.99)
+                );
             }
             println!("ok");
             Ok(ExitCode::SUCCESS)

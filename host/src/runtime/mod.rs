@@ -346,6 +346,23 @@ impl Runtime {
         Ok(version)
     }
 
+    /// Instantiates the plugin afresh and asks it to describe itself: the
+    /// cost of the smallest call, which `berth plugin check --repeat` times.
+    pub async fn describe(&self, plugin: &Plugin) -> Result<String, CallError> {
+        let reporter = Arc::new(LogReporter {
+            plugin: plugin.name.clone(),
+            deploy_id: None,
+        });
+        let token = CancellationToken::new();
+        match self
+            .ask(plugin, Sandbox::Bare, reporter, &token, Question::Describe)
+            .await?
+        {
+            Answer::Info(info) => Ok(info.description),
+            _ => unreachable!("describe answers with info"),
+        }
+    }
+
     /// Asks the plugin whether it accepts these options (a JSON object).
     pub async fn check_options(
         &self,

@@ -30,6 +30,7 @@ const MODES: &[&str] = &[
     "env",
     "stdio",
     "error",
+    "read",
 ];
 
 const DEFAULT_SLEEP_MS: u64 = 1000;
@@ -84,9 +85,35 @@ impl Guest for Misbehave {
                 ok(&request)
             }
             "error" => Err("the deployer said no".to_string()),
+            "read" => read_everything(&request),
             _ => ok(&request),
         }
     }
+}
+
+/// Reads every model file through the preopen and says how fast: the
+/// guest-side half of the read-throughput measurement.
+fn read_everything(request: &DeployRequest) -> Result<DeployResult, String> {
+    use std::io::Read;
+    let started = std::time::Instant::now();
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut total: u64 = 0;
+    for file in &request.model.files {
+        let path = Path::new(&request.dir).join(&file.path);
+        let mut reader = File::open(&path).map_err(|e| format!("{}: {e}", file.path))?;
+        loop {
+            let n = reader.read(&mut buffer).map_err(|e| format!("{}: {e}", file.path))?;
+            if n == 0 {
+                break;
+            }
+            total += black_box(n) as u64;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(details(
+        "read",
+        &json!({ "bytes": total, "seconds": seconds, "mb_per_s": total as f64 / seconds / 1e6 }),
+    ))
 }
 
 struct Options {
