@@ -17,10 +17,10 @@ use tokio::sync::mpsc;
 
 pub(crate) const TEMP_PREFIX: &str = ".fetch-";
 
-/// Chunks in flight between the network and the writer: enough to ride out
-/// a slow write, small enough that memory stays flat (hyper hands over at
-/// most ~400 KiB per chunk).
-const QUEUE: usize = 64;
+/// Chunks in flight to each of the two threads: enough to ride out a slow
+/// write or a slow hash, few enough that memory stays flat (hyper hands
+/// over at most ~400 KiB per chunk, so this is a few MiB per file).
+const QUEUE: usize = 16;
 /// Written bytes are handed to the disk in windows of this size, so the
 /// disk works while the network does.
 const WRITEBACK_WINDOW: u64 = 8 << 20;
