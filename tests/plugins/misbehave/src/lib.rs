@@ -102,7 +102,9 @@ fn read_everything(request: &DeployRequest) -> Result<DeployResult, String> {
         let path = Path::new(&request.dir).join(&file.path);
         let mut reader = File::open(&path).map_err(|e| format!("{}: {e}", file.path))?;
         loop {
-            let n = reader.read(&mut buffer).map_err(|e| format!("{}: {e}", file.path))?;
+            let n = reader
+                .read(&mut buffer)
+                .map_err(|e| format!("{}: {e}", file.path))?;
             if n == 0 {
                 break;
             }
