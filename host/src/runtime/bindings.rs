@@ -11,8 +11,8 @@ wasmtime::component::bindgen!({
     },
 });
 
-pub use berth::deployer::host::{Host, Level};
-pub use berth::deployer::types::{
+pub use self::berth::deployer::host::{Host, Level};
+pub use self::berth::deployer::types::{
     DeployRequest, DeployResult, DeployerInfo, ModelFile, TrainedModel,
 };
 
