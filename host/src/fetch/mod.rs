@@ -11,6 +11,7 @@
 
 mod lock;
 mod partial;
+mod sha;
 mod source;
 mod stamp;
 #[cfg(test)]
@@ -28,7 +29,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::model::{ModelFile, TrainedModel};
 use lock::DirLock;
-use partial::{TEMP_PREFIX, Writer, partial_path};
+use partial::{Checkpoint, Resumable, TEMP_PREFIX, Writer, partial_path};
+use sha::Sha256 as ResumableSha256;
 use stamp::{Stamp, Stamps};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -221,7 +223,11 @@ impl Fetcher {
         }
         match failed {
             Some(e) => Err(e),
-            None => Ok(dir),
+            None => {
+                // Every file is in place: no checkpoint is worth keeping.
+                let _ = std::fs::remove_dir_all(meta.join(format!("{}.resume", model.job_id)));
+                Ok(dir)
+            }
         }
     }
 
@@ -244,19 +250,39 @@ impl Fetcher {
             .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
         let location = source::locate(&model.source, &model.job_id, &file.path)?;
         let partial = partial_path(&target);
-        let kept = match std::fs::metadata(&partial) {
-            Ok(meta) if resumable(file) && meta.len() <= file.size_bytes => meta.len(),
-            _ => 0,
+        // The checkpoint an interrupted download of this file left, kept
+        // beside the verification record, out of the deployers' sight.
+        let record = self
+            .models_dir
+            .join(META_DIR)
+            .join(format!("{}.resume", model.job_id))
+            .join(format!("{}.json", file.path));
+        let (kept, hashed) = match (&file.sha256, std::fs::metadata(&partial)) {
+            (Some(sha256), Ok(meta)) if meta.len() <= file.size_bytes => {
+                (meta.len(), Checkpoint::take(&record, &partial, sha256))
+            }
+            _ => {
+                let _ = std::fs::remove_file(&record);
+                (0, None)
+            }
         };
-        let attempt = |from| self.attempt(file, &location, &partial, from, tally, &lock);
-        let outcome = match attempt(kept).await {
+        let attempt = |from, hashed| {
+            let resumable = file.sha256.as_ref().map(|sha256| Resumable {
+                record: record.clone(),
+                sha256: sha256.clone(),
+            });
+            self.attempt(
+                file, &location, &partial, from, hashed, resumable, tally, &lock,
+            )
+        };
+        let outcome = match attempt(kept, hashed).await {
             Err(Failure::Rejected {
                 counted,
                 resumed: true,
                 ..
             }) => {
                 tally.rewind(counted);
-                attempt(0).await
+                attempt(0, None).await
             }
             outcome => outcome,
         };
@@ -278,13 +304,17 @@ impl Fetcher {
     }
 
     /// One try at filling `partial` from byte `from` on (or from 0, if the
-    /// source does not do ranges). Returns the verified hash.
+    /// source does not do ranges); `hashed`, if known, is the hash of the
+    /// bytes before `from`. Returns the verified hash.
+    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
         file: &ModelFile,
         location: &source::Location,
         partial: &Path,
         from: u64,
+        hashed: Option<ResumableSha256>,
+        resumable: Option<Resumable>,
         tally: &Tally,
         lock: &Arc<DirLock>,
     ) -> Result<String, Failure> {
@@ -299,7 +329,9 @@ impl Fetcher {
         .transpose()
         .map_err(Failure::Interrupted)?;
         let start = body.as_ref().map_or(from, |body| body.start);
-        let writer = Writer::start(partial, start, lock.clone()).map_err(Failure::Interrupted)?;
+        let hashed = hashed.filter(|hashed| hashed.len() == start);
+        let writer = Writer::start(partial, start, hashed, resumable, lock.clone())
+            .map_err(Failure::Interrupted)?;
         tally.bytes(start);
         let mut received = start;
         let rejected = |reason, received| Failure::Rejected {

@@ -2,8 +2,11 @@
 //! written by one thread and hashed by another so that hashing, disk writes
 //! and the network all overlap, pushed towards the disk as it grows so the
 //! final fsync has little left to do, and kept when the download is interrupted
-//! so that the next fetch continues where this one stopped. Knows nothing of
-//! where the bytes come from or what they should hash to.
+//! so that the next fetch continues where this one stopped. An interruption
+//! the process lives through also leaves a checkpoint: the hash state and a
+//! stamp of the file, so the next fetch need not read the kept bytes back as
+//! long as the file is untouched since. Knows nothing of where the bytes
+//! come from.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -12,8 +15,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
-use sha2::{Digest, Sha256};
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
+
+use super::sha::Sha256;
+use super::stamp::Stamp;
 
 pub(crate) const TEMP_PREFIX: &str = ".fetch-";
 
@@ -38,6 +44,49 @@ pub(crate) fn partial_path(target: &Path) -> PathBuf {
     target.with_file_name(format!("{TEMP_PREFIX}{name}"))
 }
 
+/// What an interrupted download left besides its bytes: how far the hash
+/// got and what the file looked like then. Trusted only while the file
+/// still matches the stamp (ctime changes with any write, as for the
+/// verification record); otherwise the kept bytes are hashed again.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Checkpoint {
+    stamp: Stamp,
+    hash: Sha256,
+}
+
+impl Checkpoint {
+    /// The hash of the kept bytes of `partial`, if `record` vouches for
+    /// them. The record is used up either way: the next writes outdate it.
+    pub(crate) fn take(record: &Path, partial: &Path, sha256: &str) -> Option<Sha256> {
+        let bytes = std::fs::read(record).ok();
+        let _ = std::fs::remove_file(record);
+        let checkpoint: Checkpoint = serde_json::from_slice(&bytes?).ok()?;
+        let meta = std::fs::symlink_metadata(partial).ok()?;
+        (checkpoint.stamp.vouches_for(&meta, Some(sha256)) && checkpoint.hash.len() == meta.len())
+            .then_some(checkpoint.hash)
+    }
+
+    fn save(&self, record: &Path) -> std::io::Result<()> {
+        if let Some(parent) = record.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        // Replaced whole; not fsynced: a lost record only costs a re-hash.
+        let tmp = record.with_extension("tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(self).map_err(std::io::Error::other)?,
+        )?;
+        std::fs::rename(tmp, record)
+    }
+}
+
+/// Where an interrupted download writes its checkpoint, and the hash the
+/// finished file must have (the checkpoint is only good for that file).
+pub(crate) struct Resumable {
+    pub(crate) record: PathBuf,
+    pub(crate) sha256: String,
+}
+
 /// What the writer hands back once every byte is on disk.
 pub(crate) struct Written {
     pub(crate) sha256: String,
@@ -57,7 +106,7 @@ pub(crate) struct Writer {
     to_disk: mpsc::Sender<Message>,
     to_hash: mpsc::Sender<Bytes>,
     disk: tokio::task::JoinHandle<std::io::Result<()>>,
-    hash: tokio::task::JoinHandle<std::io::Result<String>>,
+    hash: tokio::task::JoinHandle<std::io::Result<Sha256>>,
     path: PathBuf,
     stop: StopOnDrop,
 }
@@ -78,14 +127,18 @@ impl Drop for StopOnDrop {
 }
 
 impl Writer {
-    /// Writes `path` from byte `start` on; what is in the file before
-    /// `start` (a resumed download) is read back and hashed first, while
-    /// the rest arrives, so the hash covers every byte. `hold` is kept
-    /// until both threads end: the directory lock outlives a writer whose
-    /// download was dropped.
+    /// Writes `path` from byte `start` on. What is in the file before
+    /// `start` (a resumed download) is covered by `hashed`, from a
+    /// checkpoint, or else read back and hashed first while the rest
+    /// arrives: the hash covers every byte. `resumable` says where to leave
+    /// a checkpoint if the download is interrupted. `hold` is kept until
+    /// both threads end: the directory lock outlives a writer whose download
+    /// was dropped.
     pub(crate) fn start<H: Send + Sync + 'static>(
         path: &Path,
         start: u64,
+        hashed: Option<Sha256>,
+        resumable: Option<Resumable>,
         hold: Arc<H>,
     ) -> Result<Self, String> {
         let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
@@ -107,13 +160,18 @@ impl Writer {
             armed: true,
         };
         let (held, stopped) = (hold.clone(), stop.flag.clone());
+        // The hash thread hands its state to the disk thread when the
+        // download stops, for the checkpoint.
+        let (last_hash, hash_at_stop) = std::sync::mpsc::sync_channel(1);
         let disk = tokio::task::spawn_blocking(move || {
             let _hold = held;
-            write(file, start, disk_rx)
+            write(file, start, disk_rx, resumable, hash_at_stop)
         });
         let hash = tokio::task::spawn_blocking(move || {
             let _hold = hold;
-            hash(kept, start, hash_rx, &stopped)
+            let hashed = hash(kept, start, hashed, hash_rx, &stopped)?;
+            let _ = last_hash.try_send(hashed.clone());
+            Ok(hashed)
         });
         Ok(Self {
             to_disk,
@@ -159,12 +217,18 @@ impl Writer {
         let (disk, hash) = (disk.await.map_err(crashed)?, hash.await.map_err(crashed)?);
         disk.map_err(failed)?;
         Ok(Written {
-            sha256: hash.map_err(failed)?,
+            sha256: hash.map_err(failed)?.finalize(),
         })
     }
 }
 
-fn write(file: File, start: u64, mut rx: mpsc::Receiver<Message>) -> std::io::Result<()> {
+fn write(
+    file: File,
+    start: u64,
+    mut rx: mpsc::Receiver<Message>,
+    resumable: Option<Resumable>,
+    hash_at_stop: std::sync::mpsc::Receiver<Sha256>,
+) -> std::io::Result<()> {
     let mut position = start;
     let mut handed_over = start;
     while let Some(message) = rx.blocking_recv() {
@@ -181,7 +245,18 @@ fn write(file: File, start: u64, mut rx: mpsc::Receiver<Message>) -> std::io::Re
         }
     }
     // Dropped without Finish: the download was interrupted; what was
-    // written stays for the next attempt, which hashes it again.
+    // written stays for the next attempt. The checkpoint is written after
+    // the bytes are durable, and only if the hash covers exactly them (a
+    // hash thread that gave up on re-reading kept bytes sends nothing).
+    if let Some(resumable) = resumable {
+        file.sync_data()?;
+        if let Ok(hash) = hash_at_stop.recv()
+            && hash.len() == position
+        {
+            let stamp = Stamp::of(&file.metadata()?, Some(&resumable.sha256));
+            Checkpoint { stamp, hash }.save(&resumable.record)?;
+        }
+    }
     Err(std::io::Error::other("the download stopped"))
 }
 
@@ -189,15 +264,22 @@ fn write(file: File, start: u64, mut rx: mpsc::Receiver<Message>) -> std::io::Re
 fn hash(
     kept: File,
     start: u64,
+    hashed: Option<Sha256>,
     mut rx: mpsc::Receiver<Bytes>,
     stopped: &AtomicBool,
-) -> std::io::Result<String> {
-    let mut hasher = Sha256::new();
-    hash_prefix(&kept, start, &mut hasher, stopped)?;
+) -> std::io::Result<Sha256> {
+    let mut hasher = match hashed {
+        Some(hashed) if hashed.len() == start => hashed,
+        _ => {
+            let mut hasher = Sha256::default();
+            hash_prefix(&kept, start, &mut hasher, stopped)?;
+            hasher
+        }
+    };
     while let Some(chunk) = rx.blocking_recv() {
         hasher.update(&chunk);
     }
-    Ok(hex::encode(hasher.finalize()))
+    Ok(hasher)
 }
 
 /// Hashes the bytes a previous attempt left, reading them from disk: the

@@ -249,10 +249,19 @@ async fn a_broken_off_download_continues_where_it_stopped() {
         .len();
     assert!(kept > 0 && kept <= 2 * 1024 * 1024, "kept {kept} bytes");
 
+    // The process lived through the interruption: it left a checkpoint of
+    // its hash, outside the model directory.
+    let record = setup
+        .fetcher
+        .models_dir
+        .join(".berth/job.resume/w/big.bin.json");
+    assert!(record.exists(), "no checkpoint at {}", record.display());
+
     setup.source.with(|s| s.cut_after = None);
     setup.fetch().await.unwrap();
     assert_file(&setup, "w/big.bin", &contents);
     assert_eq!(setup.on_disk(), ["w/big.bin"]);
+    assert!(!record.exists(), "the checkpoint is used up");
     assert_eq!(
         setup.source.requests("job/w/big.bin"),
         [None, Some(format!("bytes={kept}-"))]
@@ -274,6 +283,67 @@ async fn kept_bytes_are_hashed_again_and_a_wrong_partial_is_downloaded_whole() {
     assert_eq!(
         setup.source.requests("job/big.bin"),
         [Some(format!("bytes={}-", BIG / 2)), None]
+    );
+}
+
+#[tokio::test]
+async fn a_partial_changed_since_its_checkpoint_is_hashed_again() {
+    let contents = bytes(12, BIG);
+    let setup = Setup::new(&[("big.bin", contents.clone())]).await;
+    setup.source.with(|s| s.cut_after = Some(BIG / 2));
+    setup.fetch().await.unwrap_err();
+    let partial = setup.path(".fetch-big.bin");
+    let kept = std::fs::metadata(&partial).unwrap().len() as usize;
+    let record = setup
+        .fetcher
+        .models_dir
+        .join(".berth/job.resume/big.bin.json");
+    let sha256 = sha(&contents);
+    // Same length, mtime put back, one byte different: the checkpoint's
+    // hash no longer describes the file, and its stamp says so.
+    let mtime = std::fs::metadata(&partial).unwrap().modified().unwrap();
+    let mut changed = contents[..kept].to_vec();
+    changed[100] ^= 0x01;
+    std::fs::write(&partial, &changed).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&partial)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    std::fs::copy(&record, record.with_extension("copy")).unwrap();
+    assert!(partial::Checkpoint::take(&record, &partial, &sha256).is_none());
+
+    // Through a fetch: the kept bytes are hashed again, found wrong, and the
+    // file is downloaded whole.
+    std::fs::rename(record.with_extension("copy"), &record).unwrap();
+    setup.source.with(|s| s.cut_after = None);
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "big.bin", &contents);
+    assert_eq!(
+        setup.source.requests("job/big.bin"),
+        [None, Some(format!("bytes={kept}-")), None]
+    );
+}
+
+#[tokio::test]
+async fn an_untouched_partial_is_continued_from_its_checkpoint() {
+    let contents = bytes(13, BIG);
+    let setup = Setup::new(&[("big.bin", contents.clone())]).await;
+    setup.source.with(|s| s.cut_after = Some(BIG / 2));
+    setup.fetch().await.unwrap_err();
+    let partial = setup.path(".fetch-big.bin");
+    let record = setup
+        .fetcher
+        .models_dir
+        .join(".berth/job.resume/big.bin.json");
+    let kept = std::fs::metadata(&partial).unwrap().len();
+    let hashed = partial::Checkpoint::take(&record, &partial, &sha(&contents))
+        .expect("the checkpoint vouches");
+    assert_eq!(
+        hashed.len(),
+        kept,
+        "the checkpoint's hash covers every kept byte"
     );
 }
 
