@@ -1,13 +1,15 @@
 //! Fetch and verify: puts every recorded file of a model into
 //! `<models dir>/<job id>/`, checked against its recorded size and sha256.
 //! Bytes are streamed to a `.fetch-*` file beside the target, hashed as they
-//! arrive (on a writer thread, overlapping the network), fsynced, and
+//! arrive (on threads of their own, overlapping the network), fsynced, and
 //! renamed only when verified: a real name never holds unverified bytes,
 //! even after `kill -9`. An interrupted download keeps its `.fetch-*` file
-//! and the next fetch continues it with a range request, hashing the kept
-//! bytes again. A model whose verification record vouches for every file is
-//! ready without reading a byte or taking the lock. Never deletes a model
-//! file; knows nothing of deployers or the database.
+//! and the next fetch continues it with a range request; the hash continues
+//! from the checkpoint the interruption left if the file is untouched since,
+//! else the kept bytes are hashed again. A model whose verification record
+//! vouches for every file is ready without reading a byte or taking the
+//! lock. Never deletes a model file; knows nothing of deployers or the
+//! database.
 
 mod lock;
 mod partial;
