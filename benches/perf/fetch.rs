@@ -257,10 +257,56 @@ pub async fn throughput(ctx: &Ctx) -> anyhow::Result<()> {
                 speed_vs(berth, hash_floor, "hashing alone")
             ),
         );
+        if let [file] = files.as_slice() {
+            // One file is one SHA-256 chain: no number of cores shortens
+            // it. The CPU's own speed for it, from memory with the crate
+            // berth hashes with, bounds every verifying fetch.
+            let chain = median(
+                &(0..ctx.rounds)
+                    .map(|_| sha256_in_memory(file.size))
+                    .collect::<Vec<_>>(),
+            );
+            let curl = median(&times["curl -o"]);
+            table.row(
+                "sha256 only: in memory, one core",
+                format!("{} ({})", secs(chain), gbps(bytes, chain)),
+                format!(
+                    "berth: {}; no verifying fetch can pass {:.2}× curl -o here",
+                    speed_vs(berth, chain, "one hash chain"),
+                    curl / chain
+                ),
+            );
+        }
+        // berth's CPU seconds spread over every core: the soonest this
+        // much work can end, however it is scheduled.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let work = median(&cpu["berth"]) / cores as f64;
+        table.row(
+            &format!("cpu: berth's CPU over {cores} cores"),
+            format!("{} ({})", secs(work), gbps(bytes, work)),
+            format!(
+                "berth: {}; with this much work, at most {:.2}× curl -o",
+                speed_vs(berth, work, "its CPU floor"),
+                median(&times["curl -o"]) / work
+            ),
+        );
         table.print();
     }
     let _ = std::fs::remove_dir_all(&ctx.out_dir);
     Ok(())
+}
+
+/// Seconds to hash `len` bytes already in memory on one core.
+fn sha256_in_memory(len: u64) -> f64 {
+    use sha2::Digest;
+    let block = vec![0x5a_u8; MIB as usize];
+    let started = Instant::now();
+    let mut hasher = sha2::Sha256::new();
+    for _ in 0..len / MIB {
+        hasher.update(&block);
+    }
+    std::hint::black_box(hasher.finalize());
+    started.elapsed().as_secs_f64()
 }
 
 /// Benchmark 2: a download cut off at 90 % and continued, against fetching
