@@ -26,8 +26,61 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
-static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+/// The schema's migrations, compiled in: (version, description, SQL) per
+/// backend, one entry per file of `migrations/<backend>/`. Listed by hand
+/// rather than by `sqlx::migrate!`, whose macro compiles both database
+/// drivers a second time; a test keeps the list and the folders in step.
+const SQLITE_MIGRATIONS: Migrations = Migrations(&[
+    (
+        1,
+        "initial",
+        include_str!("../../migrations/sqlite/0001_initial.sql"),
+    ),
+    (
+        2,
+        "live deployments",
+        include_str!("../../migrations/sqlite/0002_live_deployments.sql"),
+    ),
+]);
+const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
+    (
+        1,
+        "initial",
+        include_str!("../../migrations/postgres/0001_initial.sql"),
+    ),
+    (
+        2,
+        "live deployments",
+        include_str!("../../migrations/postgres/0002_live_deployments.sql"),
+    ),
+]);
+
+#[derive(Debug, Clone, Copy)]
+struct Migrations(&'static [(i64, &'static str, &'static str)]);
+
+impl sqlx::migrate::MigrationSource<'static> for Migrations {
+    fn resolve(
+        self,
+    ) -> futures::future::BoxFuture<
+        'static,
+        std::result::Result<Vec<sqlx::migrate::Migration>, sqlx::error::BoxDynError>,
+    > {
+        let migrations = self
+            .0
+            .iter()
+            .map(|&(version, description, sql)| {
+                sqlx::migrate::Migration::new(
+                    version,
+                    description.into(),
+                    sqlx::migrate::MigrationType::Simple,
+                    sql.into(),
+                    false,
+                )
+            })
+            .collect();
+        Box::pin(std::future::ready(Ok(migrations)))
+    }
+}
 
 #[derive(Clone)]
 pub struct Db {
@@ -95,12 +148,15 @@ impl Db {
             })
             .connect(&url)
             .await?;
-        let migrator = if postgres {
-            &POSTGRES_MIGRATIONS
+        let migrations = if postgres {
+            POSTGRES_MIGRATIONS
         } else {
-            &SQLITE_MIGRATIONS
+            SQLITE_MIGRATIONS
         };
-        migrator.run(&pool).await?;
+        sqlx::migrate::Migrator::new(migrations)
+            .await?
+            .run(&pool)
+            .await?;
         Ok(Self { pool })
     }
 
@@ -396,4 +452,45 @@ fn deployment_row(row: &AnyRow) -> Result<Deployment> {
         created_at: row.try_get("created_at")?,
         completed_at: row.try_get("completed_at")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every file of `migrations/<backend>/` is compiled in, under the
+    /// version and description sqlx gives a file of that name, so databases
+    /// migrated before the list existed keep matching it.
+    #[test]
+    fn compiled_in_migrations_are_the_migration_files() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+        for (backend, Migrations(listed)) in [
+            ("sqlite", SQLITE_MIGRATIONS),
+            ("postgres", POSTGRES_MIGRATIONS),
+        ] {
+            let mut files: Vec<_> = std::fs::read_dir(root.join(backend))
+                .unwrap()
+                .map(|entry| entry.unwrap().path())
+                .collect();
+            files.sort();
+            let on_disk: Vec<(i64, String, String)> = files
+                .iter()
+                .map(|path| {
+                    let name = path.file_name().unwrap().to_str().unwrap();
+                    let (version, rest) =
+                        name.strip_suffix(".sql").unwrap().split_once('_').unwrap();
+                    let sql = std::fs::read_to_string(path).unwrap();
+                    (version.parse().unwrap(), rest.replace('_', " "), sql)
+                })
+                .collect();
+            let compiled: Vec<(i64, String, String)> = listed
+                .iter()
+                .map(|&(v, d, sql)| (v, d.to_string(), sql.to_string()))
+                .collect();
+            assert_eq!(
+                compiled, on_disk,
+                "{backend}: the list in db.rs and the folder differ"
+            );
+        }
+    }
 }
