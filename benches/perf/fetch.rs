@@ -24,19 +24,10 @@ const MANY: usize = 64;
 const MANY_SIZE: u64 = 16 * MIB;
 
 pub fn model(ctx: &Ctx, job_id: &str, files: &[DataFile]) -> TrainedModel {
-    TrainedModel {
-        id: 1,
-        name: job_id.into(),
-        job_id: job_id.into(),
-        base_model: String::new(),
-        model_size: String::new(),
-        dataset: String::new(),
-        num_examples: 0,
-        num_train_steps: 0,
-        final_loss: None,
-        params_json: "{}".into(),
-        source: format!("http://{}/{{job_id}}/{{path}}", ctx.source.addr),
-        files: files
+    TrainedModel::from_files(
+        job_id,
+        format!("http://{}/{{job_id}}/{{path}}", ctx.source.addr),
+        files
             .iter()
             .map(|f| ModelFile {
                 path: f.path.clone(),
@@ -44,8 +35,7 @@ pub fn model(ctx: &Ctx, job_id: &str, files: &[DataFile]) -> TrainedModel {
                 sha256: Some(f.sha256.clone()),
             })
             .collect(),
-        created_at: String::new(),
-    }
+    )
 }
 
 /// Makes (or finds) the files of `job_id` and reads them once, so every

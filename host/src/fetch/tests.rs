@@ -158,21 +158,11 @@ impl Setup {
                 sha256: Some(sha(contents)),
             });
         }
-        let model = TrainedModel {
-            id: 1,
-            name: "model".into(),
-            job_id: "job".into(),
-            base_model: String::new(),
-            model_size: String::new(),
-            dataset: String::new(),
-            num_examples: 0,
-            num_train_steps: 0,
-            final_loss: None,
-            params_json: "{}".into(),
-            source: format!("{}/{{job_id}}/{{path}}", source.base),
-            files: model_files,
-            created_at: String::new(),
-        };
+        let model = TrainedModel::from_files(
+            "job",
+            format!("{}/{{job_id}}/{{path}}", source.base),
+            model_files,
+        );
         Self {
             source,
             _models: models,
