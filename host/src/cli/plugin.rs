@@ -88,9 +88,9 @@ async fn check(runtime: &Runtime, file: &Path, repeat: Option<usize>) -> anyhow:
             println!("wit:         berth:deployer@{}", plugin.wit_version);
             println!("sha256:      {}", plugin.sha256);
             println!(
-                "limits:      {} MiB memory, {}s per deployment",
+                "limits:      {} MiB memory, {} per deployment",
                 plugin.limits.memory_mib,
-                plugin.limits.timeout.as_secs()
+                crate::human::duration(plugin.limits.timeout)
             );
             let hosts: Vec<_> = plugin
                 .manifest

@@ -184,7 +184,7 @@ fn transport_reason(error: &reqwest::Error) -> String {
 /// One server-sent event, or the server's note that this subscriber fell
 /// behind and lost some.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Sse {
+pub enum Received {
     Event { kind: String, data: Value },
     Missed,
 }
@@ -198,7 +198,7 @@ pub struct Events {
 
 impl Events {
     /// The next event; `None` when the server closed the stream.
-    pub async fn next(&mut self) -> Option<Result<Sse, String>> {
+    pub async fn next(&mut self) -> Option<Result<Received, String>> {
         loop {
             while let Some(block) = take_block(&mut self.buffer) {
                 if let Some(sse) = parse_block(&block) {
@@ -222,7 +222,7 @@ fn take_block(buffer: &mut Vec<u8>) -> Option<String> {
 
 /// An event with JSON data, a lag note, or nothing worth reporting
 /// (keep-alives, events whose data is not JSON).
-fn parse_block(block: &str) -> Option<Sse> {
+fn parse_block(block: &str) -> Option<Received> {
     let mut kind = None;
     let mut data: Vec<&str> = Vec::new();
     let mut missed = false;
@@ -237,10 +237,10 @@ fn parse_block(block: &str) -> Option<Sse> {
         }
     }
     if missed {
-        return Some(Sse::Missed);
+        return Some(Received::Missed);
     }
     let data = serde_json::from_str(&data.join("\n")).ok()?;
-    Some(Sse::Event {
+    Some(Received::Event {
         kind: kind.unwrap_or_else(|| "message".to_string()),
         data,
     })
@@ -265,24 +265,24 @@ mod tests {
 
     #[test]
     fn blocks_parse_into_events() {
-        let check = |block: &str, expected: Option<Sse>| {
+        let check = |block: &str, expected: Option<Received>| {
             assert_eq!(parse_block(block), expected, "{block:?}")
         };
         check(
             "event: deployment.started\ndata: {\"deploy_id\": 3}",
-            Some(Sse::Event {
+            Some(Received::Event {
                 kind: "deployment.started".into(),
                 data: json!({"deploy_id": 3}),
             }),
         );
         check(
             "data: {\"a\":\ndata: 1}",
-            Some(Sse::Event {
+            Some(Received::Event {
                 kind: "message".into(),
                 data: json!({"a": 1}),
             }),
         );
-        check(": missed 12 events", Some(Sse::Missed));
+        check(": missed 12 events", Some(Received::Missed));
         check(":", None);
         check("event: x\ndata: not json", None);
     }

@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::api::{Api, Error, Events, Sse};
+use super::api::{Api, Error, Events, Received};
 use super::progress::ProgressView;
 use super::text;
 
@@ -127,12 +127,12 @@ async fn follow(
                     view.say(&format!("the event stream broke ({reason}); asking for the deployment every 500 ms instead"));
                     break;
                 }
-                Some(Ok(Sse::Missed)) => {
+                Some(Ok(Received::Missed)) => {
                     if let Some(ended) = ended(api, deploy_id).await? {
                         return Ok(ended);
                     }
                 }
-                Some(Ok(Sse::Event { kind, data })) if data["deploy_id"] == deploy_id => {
+                Some(Ok(Received::Event { kind, data })) if data["deploy_id"] == deploy_id => {
                     quiet_until = Instant::now() + QUIET_CHECK;
                     match kind.as_str() {
                         "deployment.progress" => {
@@ -147,7 +147,7 @@ async fn follow(
                         _ => {}
                     }
                 }
-                Some(Ok(Sse::Event { .. })) => {}
+                Some(Ok(Received::Event { .. })) => {}
             }
         }
     }

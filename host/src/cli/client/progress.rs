@@ -28,9 +28,10 @@ pub struct ProgressView {
 
 impl ProgressView {
     pub fn new(deploy_id: i64) -> Self {
-        let width = std::env::var("COLUMNS")
-            .ok()
-            .and_then(|c| c.parse().ok())
+        // The bar is drawn on stderr, so stderr's terminal is the one
+        // whose width matters (shells do not export $COLUMNS).
+        let width = terminal_size::terminal_size_of(std::io::stderr())
+            .map(|(terminal_size::Width(w), _)| usize::from(w))
             .filter(|&w| w > 20)
             .unwrap_or(80);
         Self {

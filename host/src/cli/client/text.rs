@@ -85,14 +85,9 @@ pub fn bytes(n: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
-/// `850 ms`, `12.3 s`, `4 min 05 s`, `2 h 07 min`.
+/// A stored `duration_ms`, written as berth writes every duration.
 pub fn duration_ms(ms: i64) -> String {
-    match ms {
-        ..1_000 => format!("{ms} ms"),
-        1_000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
-        60_000..3_600_000 => format!("{} min {:02} s", ms / 60_000, ms % 60_000 / 1000),
-        _ => format!("{} h {:02} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
-    }
+    crate::human::duration(std::time::Duration::from_millis(ms.max(0) as u64))
 }
 
 /// `2026-11-29T22:14:50.123Z` → `2026-11-29 22:14:50` (UTC, as stored).
@@ -139,16 +134,8 @@ mod tests {
         for &(n, expected) in cases {
             assert_eq!(bytes(n), expected, "{n} bytes");
         }
-        let cases: &[(i64, &str)] = &[
-            (0, "0 ms"),
-            (999, "999 ms"),
-            (1_240, "1.2 s"),
-            (65_000, "1 min 05 s"),
-            (7_620_000, "2 h 07 min"),
-        ];
-        for &(ms, expected) in cases {
-            assert_eq!(duration_ms(ms), expected, "{ms} ms");
-        }
+        assert_eq!(duration_ms(-5), "0ms", "a clock stepped back");
+        assert_eq!(duration_ms(65_000), "1m 5s");
     }
 
     #[test]
