@@ -4,9 +4,11 @@
 
 pub mod cli;
 pub mod db;
+pub mod deployers;
 pub mod events;
 pub mod fetch;
 pub mod http;
+pub mod human;
 pub mod live;
 pub mod model;
 pub mod pipeline;

@@ -5,17 +5,19 @@
 //! sequences them and turns their errors into the deployment's error text.
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::db::{self, Db, Ending, NewDeployment};
+use crate::deployers::Deployers;
 use crate::events::{Event, Events};
 use crate::fetch::{self, Fetcher};
 use crate::live::{Live, Running};
 use crate::model::{Deployment, Outcome, Phase, Status, TrainedModel};
-use crate::runtime::{CallError, DeployCall, Plugin, PluginSet, Runtime};
+use crate::runtime::{CallError, DeployCall, Plugin};
 
 /// How often a running deployment's progress reaches the database and the
 /// event stream, at most.
@@ -39,21 +41,22 @@ pub enum StartError {
     Record(#[from] db::Error),
 }
 
-/// Everything a deployment needs, shared by the HTTP handlers.
+/// Runs deployments: the only owner of their order, of the tasks that carry
+/// them out and of their cancellation.
 pub struct Pipeline {
-    pub db: Db,
-    pub fetcher: Fetcher,
-    pub runtime: Arc<Runtime>,
-    plugins: RwLock<Arc<PluginSet>>,
-    pub plugins_dir: PathBuf,
-    pub events: Events,
+    db: Db,
+    events: Events,
+    deployers: Arc<Deployers>,
+    fetcher: Fetcher,
     /// Identifies this server process's rows among replicas.
-    pub server_id: String,
+    server_id: String,
     /// Deployment out-dirs live under here, one per deployment id.
-    pub out_root: PathBuf,
+    out_root: PathBuf,
     /// Cancelled when the server stops: every running deployment is
     /// interrupted and recorded as failed.
-    pub shutdown: CancellationToken,
+    shutdown: CancellationToken,
+    /// Every deployment task, so a stop can wait for their rows.
+    tasks: TaskTracker,
     live: Live,
 }
 
@@ -70,23 +73,36 @@ pub enum CancelError {
     Record(#[from] db::Error),
 }
 
+/// Why an attached deployment has no stored outcome to show.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error("recording the end of deployment: {0}")]
+    Record(#[from] db::Error),
+    #[error("the deployment task crashed: {0}")]
+    Crashed(String),
+}
+
+/// What to deploy, and how.
+pub struct Request<'a> {
+    pub model_id: i64,
+    pub deployer: &'a str,
+    /// A JSON object, at most `MAX_OPTIONS_BYTES`.
+    pub options_json: &'a str,
+}
+
 /// A recorded, running deployment, ready to be carried out.
-pub struct Started {
-    pub deployment: Deployment,
+struct Started {
+    deployment: Deployment,
     model: TrainedModel,
     plugin: Arc<Plugin>,
     running: Arc<Running>,
 }
 
-impl Started {
-    /// Cancels the deployment when dropped, unless it ended first: what a
-    /// synchronous request holds, so a client that leaves cancels its work.
-    pub fn cancel_on_drop(&self) -> CancelOnDrop {
-        CancelOnDrop(self.running.clone())
-    }
-}
-
-pub struct CancelOnDrop(Arc<Running>);
+/// Cancels a deployment when dropped, unless it ended first: what an
+/// attached run holds, so a client that leaves cancels its work.
+struct CancelOnDrop(Arc<Running>);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
@@ -95,58 +111,79 @@ impl Drop for CancelOnDrop {
 }
 
 impl Pipeline {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         db: Db,
-        fetcher: Fetcher,
-        runtime: Arc<Runtime>,
-        plugins: PluginSet,
-        plugins_dir: PathBuf,
         events: Events,
+        deployers: Arc<Deployers>,
+        fetcher: Fetcher,
         server_id: String,
         out_root: PathBuf,
     ) -> Self {
         Self {
             db,
-            fetcher,
-            runtime,
-            plugins: RwLock::new(Arc::new(plugins)),
-            plugins_dir,
             events,
+            deployers,
+            fetcher,
             server_id,
             out_root,
             shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
             live: Live::default(),
         }
     }
 
-    /// The deployers as they are now; a running deployment keeps the
-    /// version it started with.
-    pub fn plugins(&self) -> Arc<PluginSet> {
-        self.plugins.read().expect("plugin set lock").clone()
+    /// Records the deployment and carries it out while the caller waits;
+    /// the answer is the stored row once it ended. The work runs in a task
+    /// of its own so that it always records its outcome: if the caller's
+    /// future is dropped (a client disconnected), the deployment is
+    /// cancelled, not abandoned.
+    pub async fn run_attached(
+        self: &Arc<Self>,
+        request: Request<'_>,
+    ) -> Result<Deployment, RunError> {
+        let started = self.start(request).await?;
+        let _cancel_on_drop = CancelOnDrop(started.running.clone());
+        let pipeline = self.clone();
+        self.tasks
+            .spawn(async move { pipeline.run(started).await })
+            .await
+            .map_err(|e| RunError::Crashed(e.to_string()))?
+            .map_err(RunError::Record)
     }
 
-    /// Swaps in a new set of deployers at once.
-    pub fn set_plugins(&self, plugins: PluginSet) {
-        *self.plugins.write().expect("plugin set lock") = Arc::new(plugins);
+    /// Records the deployment and carries it out in the background; the
+    /// answer is the running row.
+    pub async fn run_detached(
+        self: &Arc<Self>,
+        request: Request<'_>,
+    ) -> Result<Deployment, StartError> {
+        let started = self.start(request).await?;
+        let deployment = started.deployment.clone();
+        let pipeline = self.clone();
+        self.tasks.spawn(async move {
+            if let Err(e) = pipeline.run(started).await {
+                tracing::error!("recording the end of a background deployment: {e}");
+            }
+        });
+        Ok(deployment)
     }
 
     /// Steps 1–3: nothing is recorded unless all checks pass.
-    pub async fn start(
-        &self,
-        model_id: i64,
-        deployer: &str,
-        options_json: &str,
-    ) -> Result<Started, StartError> {
+    async fn start(&self, request: Request<'_>) -> Result<Started, StartError> {
+        let Request {
+            model_id,
+            deployer,
+            options_json,
+        } = request;
         let model = self
             .db
             .model(model_id)
             .await?
             .ok_or(StartError::UnknownModel(model_id))?;
-        let plugins = self.plugins();
+        let plugins = self.deployers.current();
         if plugins.deployers.is_empty() {
             return Err(StartError::NoDeployers(
-                self.plugins_dir.display().to_string(),
+                self.deployers.dir().display().to_string(),
             ));
         }
         let plugin = plugins.deployers.get(deployer).cloned().ok_or_else(|| {
@@ -155,7 +192,8 @@ impl Pipeline {
                 known: plugins.deployers.keys().cloned().collect(),
             }
         })?;
-        self.runtime
+        self.deployers
+            .runtime()
             .check_options(&plugin, options_json)
             .await
             .map_err(|e| {
@@ -218,12 +256,30 @@ impl Pipeline {
             .ok_or(CancelError::Unknown(deploy_id))
     }
 
-    /// Waits (at most `limit`) until no deployment runs here: at shutdown,
-    /// so interrupted deployments get to record how they ended.
+    /// Stops the server's work: every running deployment is interrupted
+    /// and recorded as failed, and event streams end.
+    pub fn stop(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Cancelled when the server stops.
+    pub fn stopping(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// Waits (at most `limit`) until every deployment task has ended: at
+    /// shutdown, so interrupted deployments get to record how they ended.
     pub async fn drain(&self, limit: Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
-        while !self.live.is_empty() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        self.tasks.close();
+        if tokio::time::timeout(limit, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = self.tasks.len(),
+                "stopping without the outcome of deployments still running after {}",
+                crate::human::duration(limit)
+            );
         }
     }
 
@@ -237,7 +293,7 @@ impl Pipeline {
 
     /// Steps 4–7. Always ends the recorded deployment, whatever happens; the
     /// returned row is the stored one.
-    pub async fn run(&self, started: Started) -> Result<Deployment, db::Error> {
+    async fn run(&self, started: Started) -> Result<Deployment, db::Error> {
         let Started {
             deployment,
             model,
@@ -245,7 +301,7 @@ impl Pipeline {
             running,
         } = started;
         let clock = Instant::now();
-        let reporter = tokio::spawn(report_progress(
+        let reporter = self.tasks.spawn(report_progress(
             self.db.clone(),
             self.events.clone(),
             running.clone(),
@@ -319,7 +375,8 @@ impl Pipeline {
             options_json: &deployment.options_json,
         };
         match self
-            .runtime
+            .deployers
+            .runtime()
             .deploy(plugin, call, running.clone(), cancel)
             .await
         {

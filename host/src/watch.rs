@@ -12,8 +12,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::events::Event;
-use crate::pipeline::Pipeline;
+use tokio_util::sync::CancellationToken;
+
+use crate::deployers::Deployers;
+use crate::events::{Event, Events};
 use crate::runtime::{PluginSet, Rejection};
 
 /// What identifies a file's version without reading it.
@@ -69,19 +71,25 @@ impl Watcher {
     }
 
     /// Polls until the server stops.
-    pub async fn run(mut self, pipeline: Arc<Pipeline>, every: Duration) {
+    pub async fn run(
+        mut self,
+        deployers: Arc<Deployers>,
+        events: Events,
+        stop: CancellationToken,
+        every: Duration,
+    ) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = tick.tick() => self.poll(&pipeline).await,
-                _ = pipeline.shutdown.cancelled() => return,
+                _ = tick.tick() => self.poll(&deployers, &events).await,
+                _ = stop.cancelled() => return,
             }
         }
     }
 
-    async fn poll(&mut self, pipeline: &Pipeline) {
-        let now = scan(&pipeline.plugins_dir);
+    async fn poll(&mut self, deployers: &Deployers, events: &Events) {
+        let now = scan(deployers.dir());
         if now == self.applied {
             self.seen = None;
             return;
@@ -98,19 +106,20 @@ impl Watcher {
             .filter(|file| self.applied.get(*file) != now.get(*file))
             .filter_map(|file| file.rsplit_once('.').map(|(stem, _)| stem.to_string()))
             .collect();
-        let set = self.reload(pipeline, &now, &changed).await;
-        pipeline.set_plugins(set);
+        let set = self.reload(deployers, events, &now, &changed).await;
+        deployers.replace(set);
         self.applied = now;
         self.seen = None;
     }
 
     async fn reload(
         &self,
-        pipeline: &Pipeline,
+        deployers: &Deployers,
+        events: &Events,
         now: &Scan,
         changed: &BTreeSet<String>,
     ) -> PluginSet {
-        let current = pipeline.plugins();
+        let current = deployers.current();
         let concerns = |file: &str, name: &str| {
             file == format!("{name}.wasm") || file == format!("{name}.toml")
         };
@@ -134,7 +143,7 @@ impl Watcher {
             if !now.contains_key(&wasm) {
                 if now.contains_key(&format!("{name}.toml")) {
                     reject(
-                        pipeline,
+                        events,
                         &mut set,
                         format!("{name}.toml"),
                         format!("a manifest without a plugin: there is no {wasm} beside it"),
@@ -142,9 +151,7 @@ impl Watcher {
                 }
                 if previous.is_some() {
                     tracing::info!(plugin = %name, "deployer removed: its file left the plugins folder");
-                    pipeline
-                        .events
-                        .publish(Event::PluginRemoved { name: name.clone() });
+                    events.publish(Event::PluginRemoved { name: name.clone() });
                 }
                 continue;
             }
@@ -153,12 +160,12 @@ impl Watcher {
                     "too many deployers: this server loads at most {} (--max-deployers)",
                     self.max
                 );
-                reject(pipeline, &mut set, wasm, reason);
+                reject(events, &mut set, wasm, reason);
                 continue;
             }
-            match pipeline
-                .runtime
-                .load_file(&pipeline.plugins_dir.join(&wasm), name)
+            match deployers
+                .runtime()
+                .load_file(&deployers.dir().join(&wasm), name)
                 .await
             {
                 Ok(plugin) => {
@@ -170,9 +177,7 @@ impl Watcher {
                         plugin.description
                     );
                     set.deployers.insert(name.clone(), Arc::new(plugin));
-                    pipeline
-                        .events
-                        .publish(Event::PluginLoaded { name: name.clone() });
+                    events.publish(Event::PluginLoaded { name: name.clone() });
                 }
                 Err(reason) => match previous {
                     Some(old) => {
@@ -181,9 +186,9 @@ impl Watcher {
                             "{reason} (still serving the previous version, sha256 {})",
                             old.sha256
                         );
-                        reject(pipeline, &mut set, wasm, reason);
+                        reject(events, &mut set, wasm, reason);
                     }
-                    None => reject(pipeline, &mut set, wasm, reason),
+                    None => reject(events, &mut set, wasm, reason),
                 },
             }
         }
@@ -191,9 +196,9 @@ impl Watcher {
     }
 }
 
-fn reject(pipeline: &Pipeline, set: &mut PluginSet, file: String, reason: String) {
+fn reject(events: &Events, set: &mut PluginSet, file: String, reason: String) {
     tracing::warn!(file, "skipped plugin: {reason}");
-    pipeline.events.publish(Event::PluginRejected {
+    events.publish(Event::PluginRejected {
         file: file.clone(),
         reason: reason.clone(),
     });

@@ -160,6 +160,38 @@ async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_with_their_own_data_dirs_share_one_cache_dir() {
+    let cache = tempfile::tempdir().unwrap();
+    let first = Berth::options(Backend::Sqlite)
+        .cache_dir(cache.path())
+        .start()
+        .await;
+    assert!(
+        first.log().contains("compiled=2 from_cache=0"),
+        "{}",
+        first.log()
+    );
+    let second = Berth::options(Backend::Sqlite)
+        .cache_dir(cache.path())
+        .start()
+        .await;
+    assert_ne!(first.data_dir(), second.data_dir());
+    assert!(
+        second.log().contains("compiled=0 from_cache=2"),
+        "the second server compiles nothing: {}",
+        second.log()
+    );
+    assert!(
+        !second.data_dir().join("cache").exists(),
+        "nothing is written to DATA_DIR/cache when --cache-dir is given"
+    );
+    assert!(
+        sha_of(&deployers(&second).await, "archive").is_some(),
+        "code from the shared cache serves"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_reuses_compiled_code_and_rebuilds_a_tampered_entry() {
     let mut berth = Berth::options(Backend::Sqlite)
         .private_cache()

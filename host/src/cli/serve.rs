@@ -10,9 +10,10 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::db::Db;
-use crate::events::{Event, Events};
+use crate::deployers::Deployers;
+use crate::events::Events;
 use crate::fetch::Fetcher;
-use crate::http::Webhook;
+use crate::http::{ApiContext, Webhook};
 use crate::pipeline::Pipeline;
 use crate::runtime::{CodeCache, Limits, Origin, Runtime};
 use crate::watch::Watcher;
@@ -62,17 +63,94 @@ pub struct ServeArgs {
     webhook_secret: Option<String>,
 }
 
-pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let clock = std::time::Instant::now();
-    // Recorded paths (a deployment's dir and out_dir) must not depend on the
-    // working directory of whoever reads them.
-    args.data_dir = std::path::absolute(&args.data_dir)?;
-    args.plugins_dir = std::path::absolute(&args.plugins_dir)?;
-    args.models_dir = args
-        .models_dir
-        .as_deref()
-        .map(std::path::absolute)
-        .transpose()?;
+    let args = args.absolute()?;
+    let (db, server_id) = open_records(&args).await?;
+    let events = Events::default();
+    if let Some(url) = &args.webhook_url {
+        url::Url::parse(url).with_context(|| format!("--webhook-url {url} is not a URL"))?;
+        Webhook {
+            url: url.clone(),
+            secret: args.webhook_secret.clone(),
+        }
+        .spawn(&events)?;
+    }
+    let (deployers, watcher) = load_deployers(&args).await?;
+    let fetcher = Fetcher::new(args.models_dir(), Duration::from_secs(args.fetch_timeout_s))?;
+    let pipeline = Arc::new(Pipeline::new(
+        db.clone(),
+        events.clone(),
+        deployers.clone(),
+        fetcher,
+        server_id,
+        args.data_dir.join("out"),
+    ));
+    if args.plugins_poll_ms > 0 {
+        tokio::spawn(watcher.run(
+            deployers.clone(),
+            events.clone(),
+            pipeline.stopping().clone(),
+            Duration::from_millis(args.plugins_poll_ms),
+        ));
+    }
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    tracing::info!(
+        ready_ms = clock.elapsed().as_millis() as u64,
+        "berth is listening on http://{}",
+        listener.local_addr()?
+    );
+    let app = crate::http::app(ApiContext {
+        db: db.clone(),
+        events,
+        deployers,
+        pipeline: pipeline.clone(),
+    });
+    let stopping = pipeline.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            stop_signal().await;
+            tracing::info!("stopping: running deployments are interrupted and recorded as failed");
+            stopping.stop();
+        })
+        .await?;
+    pipeline.drain(Duration::from_secs(30)).await;
+    db.close().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+impl ServeArgs {
+    /// Recorded paths (a deployment's dir and out_dir) must not depend on
+    /// the working directory of whoever reads them.
+    fn absolute(mut self) -> anyhow::Result<Self> {
+        let absolute = |path: Option<PathBuf>| path.as_deref().map(std::path::absolute).transpose();
+        self.data_dir = std::path::absolute(&self.data_dir)?;
+        self.plugins_dir = std::path::absolute(&self.plugins_dir)?;
+        self.models_dir = absolute(self.models_dir)?;
+        self.cache_dir = absolute(self.cache_dir)?;
+        Ok(self)
+    }
+
+    fn models_dir(&self) -> PathBuf {
+        self.models_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("models"))
+    }
+
+    fn cache_dir(&self) -> PathBuf {
+        self.cache_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("cache"))
+    }
+}
+
+/// Opens the database and fails this server's rows that a previous run
+/// left running.
+async fn open_records(args: &ServeArgs) -> anyhow::Result<(Db, String)> {
     let data_dir = &args.data_dir;
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create the data dir {}", data_dir.display()))?;
@@ -96,14 +174,19 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             "marked deployments left running by the previous run as failed"
         );
     }
+    Ok((db, server_id))
+}
 
+/// Loads the plugins folder, compiling what the code cache does not hold,
+/// and returns the watcher that keeps it current.
+async fn load_deployers(args: &ServeArgs) -> anyhow::Result<(Arc<Deployers>, Watcher)> {
     let limits = Limits {
         memory_mib: args.memory_mib,
         timeout: Duration::from_secs(args.timeout_s),
     };
     let runtime = Arc::new(Runtime::new(
         limits,
-        Some(CodeCache::new(data_dir.join("cache"))),
+        Some(CodeCache::new(args.cache_dir())),
     )?);
     let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
     let plugins = runtime
@@ -120,71 +203,11 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         from_cache = plugins.deployers.len() - compiled,
         rejected = plugins.rejected.len(),
         folder = %args.plugins_dir.display(),
+        cache = %args.cache_dir().display(),
         "plugins folder loaded"
     );
-    let events = Events::default();
-    for name in plugins.deployers.keys() {
-        events.publish(Event::PluginLoaded { name: name.clone() });
-    }
-    for rejection in &plugins.rejected {
-        events.publish(Event::PluginRejected {
-            file: rejection.file.clone(),
-            reason: rejection.reason.clone(),
-        });
-    }
-
-    if let Some(url) = args.webhook_url.clone() {
-        url::Url::parse(&url).with_context(|| format!("--webhook-url {url} is not a URL"))?;
-        Webhook {
-            url,
-            secret: args.webhook_secret.clone(),
-        }
-        .spawn(&events)?;
-    }
-
-    let models_dir = args
-        .models_dir
-        .clone()
-        .unwrap_or_else(|| data_dir.join("models"));
-    let fetcher = Fetcher::new(models_dir, Duration::from_secs(args.fetch_timeout_s))?;
-    let pipeline = Arc::new(Pipeline::new(
-        db.clone(),
-        fetcher,
-        runtime,
-        plugins,
-        args.plugins_dir.clone(),
-        events,
-        server_id,
-        data_dir.join("out"),
-    ));
-
-    if args.plugins_poll_ms > 0 {
-        tokio::spawn(watcher.run(
-            pipeline.clone(),
-            Duration::from_millis(args.plugins_poll_ms),
-        ));
-    }
-
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    tracing::info!(
-        ready_ms = clock.elapsed().as_millis() as u64,
-        "berth is listening on http://{}",
-        listener.local_addr()?
-    );
-    let shutdown = pipeline.shutdown.clone();
-    axum::serve(listener, crate::http::app(pipeline.clone()))
-        .with_graceful_shutdown(async move {
-            stop_signal().await;
-            tracing::info!("stopping: running deployments are interrupted and recorded as failed");
-            shutdown.cancel();
-        })
-        .await?;
-    pipeline.drain(Duration::from_secs(30)).await;
-    db.close().await;
-    tracing::info!("stopped");
-    Ok(())
+    let deployers = Deployers::new(runtime, args.plugins_dir.clone(), plugins);
+    Ok((Arc::new(deployers), watcher))
 }
 
 async fn stop_signal() {

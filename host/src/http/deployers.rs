@@ -1,21 +1,19 @@
 //! `GET /v1/deployers`: what can deploy, and which plugin files were refused.
 
-use std::sync::Arc;
-
 use axum::Json;
 use axum::Router;
 use axum::extract::State;
 use axum::routing::get;
 use serde_json::{Value, json};
 
-use crate::pipeline::Pipeline;
+use super::ApiContext;
 
-pub fn router() -> Router<Arc<Pipeline>> {
+pub fn router() -> Router<ApiContext> {
     Router::new().route("/v1/deployers", get(list))
 }
 
-async fn list(State(pipeline): State<Arc<Pipeline>>) -> Json<Value> {
-    let plugins = pipeline.plugins();
+async fn list(State(ctx): State<ApiContext>) -> Json<Value> {
+    let plugins = ctx.deployers.current();
     let deployers: Vec<Value> = plugins
         .deployers
         .values()

@@ -1,7 +1,6 @@
-//! Deployments: start one (the pipeline, synchronously), list a model's,
-//! show one. A client that disconnects from a synchronous deploy cancels it.
-
-use std::sync::Arc;
+//! Deployments: start one (attached or in the background), list a model's,
+//! show one, cancel one, read its log. The pipeline runs them; this module
+//! only translates HTTP.
 
 use axum::Json;
 use axum::Router;
@@ -11,12 +10,13 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::ApiContext;
 use super::error::Error;
 use super::json::{self, Body, Id, Params};
 use crate::model::Status;
-use crate::pipeline::{CancelError, MAX_OPTIONS_BYTES, Pipeline};
+use crate::pipeline::{CancelError, MAX_OPTIONS_BYTES, Request};
 
-pub fn router() -> Router<Arc<Pipeline>> {
+pub fn router() -> Router<ApiContext> {
     Router::new()
         .route("/v1/models/{id}/deployments", post(deploy).get(list))
         .route("/v1/deployments/{id}", get(show))
@@ -39,7 +39,7 @@ struct DeployParams {
 }
 
 async fn deploy(
-    State(pipeline): State<Arc<Pipeline>>,
+    State(ctx): State<ApiContext>,
     Id(model_id): Id,
     Params(params): Params<DeployParams>,
     Body(body): Body<DeployBody>,
@@ -61,28 +61,16 @@ async fn deploy(
             MAX_OPTIONS_BYTES / 1024
         )));
     }
-    let started = pipeline.start(model_id, &deployer, &options).await?;
-
+    let request = Request {
+        model_id,
+        deployer: &deployer,
+        options_json: &options,
+    };
     if params.wait == Some(false) {
-        let running = json::deployment(&started.deployment);
-        let worker = pipeline.clone();
-        tokio::spawn(async move {
-            if let Err(e) = worker.run(started).await {
-                tracing::error!("recording the end of a background deployment: {e}");
-            }
-        });
-        return Ok((StatusCode::ACCEPTED, Json(running)));
+        let running = ctx.pipeline.run_detached(request).await?;
+        return Ok((StatusCode::ACCEPTED, Json(json::deployment(&running))));
     }
-
-    // The work runs in its own task so that it always records its outcome;
-    // this handler's future is dropped when the client disconnects, and the
-    // guard then cancels the work instead of abandoning it.
-    let _cancel_on_disconnect = started.cancel_on_drop();
-    let worker = pipeline.clone();
-    let task = tokio::spawn(async move { worker.run(started).await });
-    let stored = task
-        .await
-        .map_err(|e| Error::Internal(format!("deployment task crashed: {e}")))??;
+    let stored = ctx.pipeline.run_attached(request).await?;
     let status = match stored.status {
         Status::Completed => StatusCode::OK,
         _ => StatusCode::BAD_GATEWAY,
@@ -100,7 +88,7 @@ const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 500;
 
 async fn list(
-    State(pipeline): State<Arc<Pipeline>>,
+    State(ctx): State<ApiContext>,
     Id(model_id): Id,
     Params(params): Params<ListParams>,
 ) -> Result<Json<Value>, Error> {
@@ -110,25 +98,25 @@ async fn list(
             "limit must be between 1 and {MAX_LIMIT}, got {limit}"
         )));
     }
-    if pipeline.db.model(model_id).await?.is_none() {
+    if ctx.db.model(model_id).await?.is_none() {
         return Err(Error::NotFound(format!("model {model_id} does not exist")));
     }
-    let deployments = pipeline.db.deployments_of(model_id, limit).await?;
+    let deployments = ctx.db.deployments_of(model_id, limit).await?;
     Ok(Json(
         json!({ "deployments": deployments.iter().map(json::deployment).collect::<Vec<_>>() }),
     ))
 }
 
-async fn show(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<Json<Value>, Error> {
-    match pipeline.db.deployment(id).await? {
+async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<Value>, Error> {
+    match ctx.db.deployment(id).await? {
         Some(d) => Ok(Json(json::deployment(&d))),
         None => Err(Error::NotFound(format!("deployment {id} does not exist"))),
     }
 }
 
 /// Stops a running deployment; answers with the row once it has ended.
-async fn cancel(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<Json<Value>, Error> {
-    match pipeline.cancel(id).await {
+async fn cancel(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<Value>, Error> {
+    match ctx.pipeline.cancel(id).await {
         Ok(deployment) => Ok(Json(json::deployment(&deployment))),
         Err(e @ CancelError::Unknown(_)) => Err(Error::NotFound(e.to_string())),
         Err(e @ (CancelError::Ended { .. } | CancelError::Elsewhere(_))) => {
@@ -139,8 +127,8 @@ async fn cancel(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<Jso
 }
 
 /// The deployer's log lines (its `log` calls and its stdout/stderr).
-async fn logs(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<String, Error> {
-    pipeline
+async fn logs(State(ctx): State<ApiContext>, Id(id): Id) -> Result<String, Error> {
+    ctx.pipeline
         .logs(id)
         .await?
         .ok_or_else(|| Error::NotFound(format!("deployment {id} does not exist")))

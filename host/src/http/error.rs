@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::db;
-use crate::pipeline::StartError;
+use crate::pipeline::{RunError, StartError};
 
 #[derive(Debug)]
 pub enum Error {
@@ -57,6 +57,15 @@ impl From<StartError> for Error {
             | StartError::UnknownDeployer { .. }
             | StartError::BadOptions(_) => Error::BadRequest(e.to_string()),
             StartError::Record(e) => Error::Internal(format!("recording a deployment: {e}")),
+        }
+    }
+}
+
+impl From<RunError> for Error {
+    fn from(e: RunError) -> Self {
+        match e {
+            RunError::Start(e) => e.into(),
+            e @ (RunError::Record(_) | RunError::Crashed(_)) => Error::Internal(e.to_string()),
         }
     }
 }

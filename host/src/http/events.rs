@@ -1,45 +1,45 @@
 //! `GET /v1/events`: the event stream as server-sent events.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::response::sse::{Event as Sse, KeepAlive};
+use axum::response::Sse;
+use axum::response::sse::{self, KeepAlive};
 use axum::routing::get;
 use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
+use super::ApiContext;
 use crate::events::Event;
-use crate::pipeline::Pipeline;
 
-pub fn router() -> Router<Arc<Pipeline>> {
+pub fn router() -> Router<ApiContext> {
     Router::new().route("/v1/events", get(stream))
 }
 
 async fn stream(
-    State(pipeline): State<Arc<Pipeline>>,
-) -> axum::response::Sse<impl Stream<Item = Result<Sse, Infallible>>> {
+    State(ctx): State<ApiContext>,
+) -> Sse<impl Stream<Item = Result<sse::Event, Infallible>>> {
     // The stream ends when the server stops, or a graceful shutdown would
     // wait for subscribers forever.
-    let stop = pipeline.shutdown.clone().cancelled_owned();
-    let events = BroadcastStream::new(pipeline.events.subscribe())
+    let stop = ctx.pipeline.stopping().clone().cancelled_owned();
+    let events = BroadcastStream::new(ctx.events.subscribe())
         .take_until(stop)
         .map(|item| {
             Ok(match item {
-                Ok(event) => Sse::default()
+                Ok(event) => sse::Event::default()
                     .event(event.kind())
                     .data(body(&event).to_string()),
                 // A subscriber that fell behind is told how much it missed.
                 Err(BroadcastStreamRecvError::Lagged(missed)) => {
-                    Sse::default().comment(format!("missed {missed} events"))
+                    sse::Event::default().comment(format!("missed {missed} events"))
                 }
             })
         });
-    axum::response::Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
 /// An event's JSON, as SSE `data:` and webhook `data` carry it.

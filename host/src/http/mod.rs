@@ -17,12 +17,27 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
 
+use crate::db::Db;
+use crate::deployers::Deployers;
+use crate::events::Events;
 use crate::pipeline::Pipeline;
 
 /// A registration lists every file of a model; allow large ones.
 const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 
-pub fn app(pipeline: Arc<Pipeline>) -> Router {
+/// What the handlers reach: records to read and write directly, the
+/// pipeline for anything that runs a deployment, the deployers and the
+/// event stream to show.
+#[derive(Clone)]
+pub struct ApiContext {
+    pub db: Db,
+    pub events: Events,
+    pub deployers: Arc<Deployers>,
+    pub pipeline: Arc<Pipeline>,
+}
+
+/// The whole API; `serve` runs it, tests call it with `oneshot`.
+pub fn app(ctx: ApiContext) -> Router {
     Router::new()
         .merge(models::router())
         .merge(deployments::router())
@@ -35,5 +50,5 @@ pub fn app(pipeline: Arc<Pipeline>) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(pipeline)
+        .with_state(ctx)
 }

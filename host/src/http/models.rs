@@ -1,7 +1,5 @@
 //! `/v1/models`: register, list, show and delete trained models.
 
-use std::sync::Arc;
-
 use axum::Json;
 use axum::Router;
 use axum::extract::State;
@@ -10,12 +8,12 @@ use axum::routing::get;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::ApiContext;
 use super::error::Error;
 use super::json::{self, Body, Id};
-use crate::pipeline::Pipeline;
 use crate::validate::{self, FileDraft, ModelDraft};
 
-pub fn router() -> Router<Arc<Pipeline>> {
+pub fn router() -> Router<ApiContext> {
     Router::new()
         .route("/v1/models", get(list).post(register))
         .route("/v1/models/{id}", get(show).delete(remove))
@@ -47,7 +45,7 @@ struct FileBody {
 }
 
 async fn register(
-    State(pipeline): State<Arc<Pipeline>>,
+    State(ctx): State<ApiContext>,
     Body(body): Body<RegisterBody>,
 ) -> Result<(StatusCode, Json<Value>), Error> {
     let draft = ModelDraft {
@@ -73,28 +71,28 @@ async fn register(
     };
     let model =
         validate::model(draft).map_err(|p| Error::BadRequest(format!("invalid model: {p}")))?;
-    let stored = pipeline.db.insert_model(&model).await?;
+    let stored = ctx.db.insert_model(&model).await?;
     tracing::info!(model_id = stored.id, job_id = %stored.job_id, files = stored.files.len(), "model registered");
     Ok((StatusCode::CREATED, Json(json::model(&stored))))
 }
 
-async fn list(State(pipeline): State<Arc<Pipeline>>) -> Result<Json<Value>, Error> {
-    let models = pipeline.db.models().await?;
+async fn list(State(ctx): State<ApiContext>) -> Result<Json<Value>, Error> {
+    let models = ctx.db.models().await?;
     Ok(Json(
         json!({ "models": models.iter().map(json::model).collect::<Vec<_>>() }),
     ))
 }
 
-async fn show(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<Json<Value>, Error> {
-    match pipeline.db.model(id).await? {
+async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<Value>, Error> {
+    match ctx.db.model(id).await? {
         Some(model) => Ok(Json(json::model(&model))),
         None => Err(Error::NotFound(format!("model {id} does not exist"))),
     }
 }
 
 /// Deletes the records only: the files on disk are never deleted by berth.
-async fn remove(State(pipeline): State<Arc<Pipeline>>, Id(id): Id) -> Result<StatusCode, Error> {
-    if pipeline.db.delete_model(id).await? {
+async fn remove(State(ctx): State<ApiContext>, Id(id): Id) -> Result<StatusCode, Error> {
+    if ctx.db.delete_model(id).await? {
         tracing::info!(model_id = id, "model deleted (its files stay on disk)");
         Ok(StatusCode::NO_CONTENT)
     } else {

@@ -35,7 +35,8 @@ pub struct Options {
     files: Vec<(String, Vec<u8>)>,
     args: Vec<String>,
     env: Vec<(String, String)>,
-    shared_cache: bool,
+    /// `--cache-dir`; `None` leaves the server its own (`DATA_DIR/cache`).
+    cache_dir: Option<PathBuf>,
 }
 
 impl Options {
@@ -43,7 +44,13 @@ impl Options {
     /// the test servers share (which spares each server compiling the
     /// Python and JavaScript components again).
     pub fn private_cache(mut self) -> Self {
-        self.shared_cache = false;
+        self.cache_dir = None;
+        self
+    }
+
+    /// Keeps compiled code in `dir` (`--cache-dir`).
+    pub fn cache_dir(mut self, dir: &Path) -> Self {
+        self.cache_dir = Some(dir.to_path_buf());
         self
     }
 
@@ -85,9 +92,8 @@ impl Options {
             Backend::Postgres => fresh_postgres_database().await,
         };
         let mut args = self.args;
-        if self.shared_cache {
-            let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-cache");
-            args.extend(["--cache-dir".to_string(), shared.display().to_string()]);
+        if let Some(dir) = &self.cache_dir {
+            args.extend(["--cache-dir".to_string(), dir.display().to_string()]);
         }
         let launch = Launch {
             data_dir,
@@ -136,7 +142,7 @@ impl Berth {
             files: Vec::new(),
             args: Vec::new(),
             env: Vec::new(),
-            shared_cache: true,
+            cache_dir: Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-cache")),
         }
     }
 
