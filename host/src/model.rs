@@ -1,6 +1,7 @@
 //! The domain's nouns — a trained model and its files, deployments — as
-//! every layer sees them. No I/O; `http/` owns the JSON shapes (only
-//! `Progress` derives serde, as the database's storage format).
+//! every layer sees them. No I/O; `http/json.rs` owns the wire's JSON
+//! shapes. `Phase` and `Progress` derive serde only as the database's
+//! storage format for progress.
 
 /// One file of a trained model, as recorded at registration.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,12 +7,11 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::ApiContext;
 use super::error::Error;
-use super::json::{self, Body, Id, Params};
+use super::json::{self, Body, DeployBody, DeployParams, Id, ListParams, Params};
 use crate::model::Status;
 use crate::pipeline::{CancelError, MAX_OPTIONS_BYTES, Request};
 
@@ -22,20 +21,6 @@ pub fn router() -> Router<ApiContext> {
         .route("/v1/deployments/{id}", get(show))
         .route("/v1/deployments/{id}/cancel", post(cancel))
         .route("/v1/deployments/{id}/logs", get(logs))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DeployBody {
-    deployer: Option<String>,
-    options: Option<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DeployParams {
-    /// `false`: answer 202 at once and let the deployment run on.
-    wait: Option<bool>,
 }
 
 async fn deploy(
@@ -76,12 +61,6 @@ async fn deploy(
         _ => StatusCode::BAD_GATEWAY,
     };
     Ok((status, Json(json::deployment(&stored))))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ListParams {
-    limit: Option<u32>,
 }
 
 const DEFAULT_LIMIT: u32 = 100;

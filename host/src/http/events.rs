@@ -9,12 +9,11 @@ use axum::response::Sse;
 use axum::response::sse::{self, KeepAlive};
 use axum::routing::get;
 use futures::{Stream, StreamExt};
-use serde_json::{Value, json};
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use super::ApiContext;
-use crate::events::Event;
+use super::json;
 
 pub fn router() -> Router<ApiContext> {
     Router::new().route("/v1/events", get(stream))
@@ -32,7 +31,7 @@ async fn stream(
             Ok(match item {
                 Ok(event) => sse::Event::default()
                     .event(event.kind())
-                    .data(body(&event).to_string()),
+                    .data(json::event(&event).to_string()),
                 // A subscriber that fell behind is told how much it missed.
                 Err(BroadcastStreamRecvError::Lagged(missed)) => {
                     sse::Event::default().comment(format!("missed {missed} events"))
@@ -40,48 +39,4 @@ async fn stream(
             })
         });
     Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-}
-
-/// An event's JSON, as SSE `data:` and webhook `data` carry it.
-pub(crate) fn body(event: &Event) -> Value {
-    match event {
-        Event::DeploymentStarted {
-            deploy_id,
-            model_id,
-            deployer,
-        } => {
-            json!({ "deploy_id": deploy_id, "model_id": model_id, "deployer": deployer })
-        }
-        Event::DeploymentProgress {
-            deploy_id,
-            model_id,
-            phase,
-            progress,
-        } => json!({
-            "deploy_id": deploy_id, "model_id": model_id, "phase": phase.as_str(),
-            "progress": super::json::progress(progress),
-        }),
-        Event::DeploymentCompleted {
-            deploy_id,
-            model_id,
-            deployer,
-            duration_ms,
-            reference,
-        } => json!({
-            "deploy_id": deploy_id, "model_id": model_id, "deployer": deployer,
-            "duration_ms": duration_ms, "ref": reference,
-        }),
-        Event::DeploymentFailed {
-            deploy_id,
-            model_id,
-            deployer,
-            duration_ms,
-            error,
-        } => json!({
-            "deploy_id": deploy_id, "model_id": model_id, "deployer": deployer,
-            "duration_ms": duration_ms, "error": error,
-        }),
-        Event::PluginLoaded { name } | Event::PluginRemoved { name } => json!({ "name": name }),
-        Event::PluginRejected { file, reason } => json!({ "file": file, "reason": reason }),
-    }
 }

@@ -1,13 +1,17 @@
-//! The API's JSON shapes, and the extractors that turn a malformed request
-//! into a sentence. The only place that knows field names on the wire.
+//! The API's JSON shapes both ways — request bodies and query parameters
+//! in, models, deployments and events out — and the extractors that turn a
+//! malformed request into a sentence. The only place that knows field names
+//! on the wire; handlers convert to domain types by hand.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::error::Error;
+use crate::events::Event;
 use crate::model::{Deployment, Progress, TrainedModel};
 
 /// `Json<T>` whose rejection is a 400 with serde's explanation.
@@ -64,6 +68,56 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Params<T> {
     }
 }
 
+// Requests. Every field is optional here so that a missing one is reported
+// by validation with the others, not by serde alone.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterBody {
+    pub name: Option<String>,
+    pub job_id: Option<String>,
+    pub base_model: Option<String>,
+    pub model_size: Option<String>,
+    pub dataset: Option<String>,
+    pub num_examples: Option<u64>,
+    pub num_train_steps: Option<u64>,
+    pub final_loss: Option<f64>,
+    pub params: Option<Value>,
+    pub source: Option<String>,
+    #[serde(default)]
+    pub files: Vec<FileBody>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileBody {
+    pub path: Option<String>,
+    pub size_bytes: Option<u64>,
+    pub sha256: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeployBody {
+    pub deployer: Option<String>,
+    pub options: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeployParams {
+    /// `false`: answer 202 at once and let the deployment run on.
+    pub wait: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    pub limit: Option<u32>,
+}
+
+// Answers.
+
 /// Stored JSON text (always an object when berth wrote it) back as JSON.
 fn object(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| json!({}))
@@ -119,4 +173,48 @@ pub fn progress(p: &Progress) -> Value {
         "files_total": p.files_total,
         "deployer": { "done": p.deployer_done, "total": p.deployer_total, "note": p.deployer_note },
     })
+}
+
+/// An event's JSON, as SSE `data:` and webhook `data` carry it.
+pub fn event(event: &Event) -> Value {
+    match event {
+        Event::DeploymentStarted {
+            deploy_id,
+            model_id,
+            deployer,
+        } => {
+            json!({ "deploy_id": deploy_id, "model_id": model_id, "deployer": deployer })
+        }
+        Event::DeploymentProgress {
+            deploy_id,
+            model_id,
+            phase,
+            progress,
+        } => json!({
+            "deploy_id": deploy_id, "model_id": model_id, "phase": phase.as_str(),
+            "progress": self::progress(progress),
+        }),
+        Event::DeploymentCompleted {
+            deploy_id,
+            model_id,
+            deployer,
+            duration_ms,
+            reference,
+        } => json!({
+            "deploy_id": deploy_id, "model_id": model_id, "deployer": deployer,
+            "duration_ms": duration_ms, "ref": reference,
+        }),
+        Event::DeploymentFailed {
+            deploy_id,
+            model_id,
+            deployer,
+            duration_ms,
+            error,
+        } => json!({
+            "deploy_id": deploy_id, "model_id": model_id, "deployer": deployer,
+            "duration_ms": duration_ms, "error": error,
+        }),
+        Event::PluginLoaded { name } | Event::PluginRemoved { name } => json!({ "name": name }),
+        Event::PluginRejected { file, reason } => json!({ "file": file, "reason": reason }),
+    }
 }

@@ -5,43 +5,17 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::ApiContext;
 use super::error::Error;
-use super::json::{self, Body, Id};
+use super::json::{self, Body, Id, RegisterBody};
 use crate::validate::{self, FileDraft, ModelDraft};
 
 pub fn router() -> Router<ApiContext> {
     Router::new()
         .route("/v1/models", get(list).post(register))
         .route("/v1/models/{id}", get(show).delete(remove))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RegisterBody {
-    name: Option<String>,
-    job_id: Option<String>,
-    base_model: Option<String>,
-    model_size: Option<String>,
-    dataset: Option<String>,
-    num_examples: Option<u64>,
-    num_train_steps: Option<u64>,
-    final_loss: Option<f64>,
-    params: Option<Value>,
-    source: Option<String>,
-    #[serde(default)]
-    files: Vec<FileBody>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileBody {
-    path: Option<String>,
-    size_bytes: Option<u64>,
-    sha256: Option<String>,
 }
 
 async fn register(

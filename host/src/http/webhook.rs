@@ -46,7 +46,7 @@ impl Webhook {
     }
 
     async fn deliver(&self, client: &reqwest::Client, event: &Event) {
-        let body = serde_json::json!({ "type": event.kind(), "data": super::events::body(event) })
+        let body = serde_json::json!({ "type": event.kind(), "data": super::json::event(event) })
             .to_string();
         let mut backoff = FIRST_BACKOFF;
         for attempt in 1..=ATTEMPTS {
