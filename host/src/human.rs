@@ -11,7 +11,7 @@ pub fn duration(d: Duration) -> String {
     let secs = d.as_secs();
     match (secs / 3600, secs % 3600 / 60, secs % 60) {
         _ if ms < 1000 => format!("{ms}ms"),
-        (0, 0, s) if ms % 1000 == 0 => format!("{s}s"),
+        (0, 0, s) if ms.is_multiple_of(1000) => format!("{s}s"),
         (0, 0, s) => format!("{s}.{}s", ms % 1000 / 100),
         (0, m, 0) => format!("{m}m"),
         (0, m, s) => format!("{m}m {s}s"),
