@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::support::files::FileServer;
 use crate::support::server::{Backend, Berth};
-use crate::support::{adapter_files, model, on_both_backends};
+use crate::support::{adapter_files, assert_error, model, on_both_backends};
 
 on_both_backends!(
     registration_refuses_bad_models_with_every_reason,
@@ -18,13 +18,6 @@ on_both_backends!(
     deployers_lists_loaded_and_rejected_plugins,
     events_stream_reports_deployments_after_they_are_recorded,
 );
-
-#[track_caller]
-fn assert_error(answer: &(StatusCode, Value), status: StatusCode, message: &str) {
-    assert_eq!(answer.0, status, "{}", answer.1);
-    let error = answer.1["error"].as_str().unwrap_or_default();
-    assert!(error.contains(message), "expected {message:?} in {error:?}");
-}
 
 async fn registration_refuses_bad_models_with_every_reason(backend: Backend) {
     let files = FileServer::start().await;

@@ -1,4 +1,5 @@
-//! Shared fixtures: built plugins, a loopback file server, a berth server.
+//! Shared fixtures: built plugins, a loopback file server, a berth server;
+//! and the expectations tests share.
 
 pub mod files;
 pub mod plugins;
@@ -7,7 +8,20 @@ pub mod server;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use reqwest::StatusCode;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+/// An API refusal: `status`, and an `error` sentence containing `fragment`.
+#[track_caller]
+pub fn assert_error(answer: &(StatusCode, Value), status: StatusCode, fragment: &str) {
+    let (got, body) = answer;
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(
+        *got == status && error.contains(fragment),
+        "expected {status} with {fragment:?} in the error; got {got}: {body}"
+    );
+}
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
