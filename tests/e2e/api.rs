@@ -1,12 +1,10 @@
 //! The API's rules over real HTTP: every refusal has its status and its
 //! sentence, and leaves nothing recorded.
 
-use std::time::Duration;
-
-use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::support::events::Event;
 use crate::support::files::FileServer;
 use crate::support::server::{Backend, Berth};
 use crate::support::{adapter_files, assert_error, model, on_both_backends};
@@ -286,52 +284,30 @@ async fn deployers_lists_loaded_and_rejected_plugins(backend: Backend) {
     );
 }
 
+/// The lifecycle of deployments, without the progress in between.
+fn lifecycle(events: &[Event]) -> Vec<&Event> {
+    events
+        .iter()
+        .filter(|e| e.kind.starts_with("deployment.") && e.kind != "deployment.progress")
+        .collect()
+}
+
 async fn events_stream_reports_deployments_after_they_are_recorded(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::start(backend).await;
     let id = berth
         .register(&model(&files, "job-events", &adapter_files()))
         .await;
-    let response = berth
-        .client()
-        .get(format!("{}/v1/events", berth.url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.headers()["content-type"], "text/event-stream");
-    let mut stream = response.bytes_stream();
+    let mut events = berth.events().await;
 
     let (_, ok) = berth.deploy(id, "archive", json!({})).await;
     let (_, failed) = berth
         .deploy(id, "misbehave", json!({ "mode": "error" }))
         .await;
 
-    let mut text = String::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let lifecycle = |text: &str| {
-        text.matches("event: deployment.").count()
-            - text.matches("event: deployment.progress").count()
-    };
-    while lifecycle(&text) < 4 {
-        let chunk = tokio::time::timeout_at(deadline, stream.next())
-            .await
-            .expect("events arrive")
-            .unwrap()
-            .unwrap();
-        text.push_str(&String::from_utf8_lossy(&chunk));
-    }
-    let events: Vec<(String, Value)> = text
-        .split("\n\n")
-        .filter_map(|block| {
-            let kind = block.lines().find_map(|l| l.strip_prefix("event: "))?;
-            if kind == "deployment.progress" {
-                return None;
-            }
-            let data = block.lines().find_map(|l| l.strip_prefix("data: "))?;
-            Some((kind.to_string(), serde_json::from_str(data).unwrap()))
-        })
-        .collect();
-    let kinds: Vec<_> = events.iter().map(|(k, _)| k.as_str()).collect();
+    let received = events.until(|e| lifecycle(e).len() >= 4).await;
+    let events = lifecycle(received);
+    let kinds: Vec<_> = events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(
         kinds,
         [
@@ -341,13 +317,13 @@ async fn events_stream_reports_deployments_after_they_are_recorded(backend: Back
             "deployment.failed"
         ]
     );
-    assert_eq!(events[1].1["deploy_id"], ok["id"]);
-    assert_eq!(events[1].1["ref"], ok["ref"]);
-    assert_eq!(events[3].1["deploy_id"], failed["id"]);
+    assert_eq!(events[1].data["deploy_id"], ok["id"]);
+    assert_eq!(events[1].data["ref"], ok["ref"]);
+    assert_eq!(events[3].data["deploy_id"], failed["id"]);
     assert_eq!(
-        events[3].1["error"],
+        events[3].data["error"],
         "deployer misbehave: the deployer said no"
     );
-    assert_eq!(events[3].1["model_id"], id);
-    assert!(events[3].1["duration_ms"].is_number());
+    assert_eq!(events[3].data["model_id"], id);
+    assert!(events[3].data["duration_ms"].is_number());
 }

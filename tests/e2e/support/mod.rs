@@ -1,6 +1,7 @@
-//! Shared fixtures: built plugins, a loopback file server, a berth server;
-//! and the expectations tests share.
+//! Shared fixtures: built plugins, a loopback file server, a berth server,
+//! event subscriptions; and the expectations tests share.
 
+pub mod events;
 pub mod files;
 pub mod plugins;
 pub mod server;

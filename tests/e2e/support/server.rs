@@ -11,6 +11,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::Value;
 
+use super::events::Subscription;
 use super::plugins;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,6 +225,19 @@ impl Berth {
             .await
             .unwrap();
         answer(response).await
+    }
+
+    /// Subscribes to `/v1/events`; events published from now on arrive.
+    pub async fn events(&self) -> Subscription {
+        let response = self
+            .client
+            .get(format!("{}/v1/events", self.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        Subscription::new(response.bytes_stream())
     }
 
     /// Registers a model and returns its id, asserting success.
