@@ -2,7 +2,6 @@
 //! restarts that reuse compiled code.
 
 use std::path::Path;
-use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -77,15 +76,16 @@ async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
         sha_of(d, "misbehave").is_some_and(|s| s != before)
     })
     .await;
-    let finished = loop {
-        let (_, d) = berth
-            .get(&format!("/v1/deployments/{}", running["id"]))
-            .await;
-        if d["status"] != "running" {
-            break d;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let finished = eventually(
+        || format!("deployment {} ending", running["id"]),
+        async || {
+            let (_, d) = berth
+                .get(&format!("/v1/deployments/{}", running["id"]))
+                .await;
+            (d["status"] != "running").then_some(d)
+        },
+    )
+    .await;
     assert_eq!(finished["status"], "completed", "{finished}");
     assert_eq!(
         finished["ref"], "ok",
