@@ -186,9 +186,6 @@ async fn cancelling_during_the_deployer_interrupts_the_guest(backend: Backend) {
             "deployment {deploy_id} already ended (failed); only a running deployment can be cancelled"
         )
     );
-    let (status, body) = berth.post("/v1/deployments/999/cancel", &json!({})).await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    assert_eq!(body["error"], "deployment 999 does not exist");
 
     let (status, body) = berth.deploy(id, "archive", json!({})).await;
     assert_eq!(
@@ -223,10 +220,6 @@ async fn a_deployments_log_holds_what_its_deployer_said(backend: Backend) {
     assert_eq!(
         deployment["progress"]["deployer"],
         json!({ "done": 1, "total": 2, "note": "half" })
-    );
-    assert_eq!(
-        berth.get("/v1/deployments/999/logs").await.0,
-        StatusCode::NOT_FOUND
     );
 }
 

@@ -1,9 +1,10 @@
 //! Shared fixtures: built plugins, a loopback file server, a berth server,
-//! event subscriptions; and the expectations tests share.
+//! the API in-process, event subscriptions; and the expectations tests share.
 
 pub mod events;
 pub mod files;
 pub mod plugins;
+pub mod router;
 pub mod server;
 
 use std::collections::BTreeMap;
@@ -22,6 +23,12 @@ pub fn assert_error(answer: &(StatusCode, Value), status: StatusCode, fragment: 
         *got == status && error.contains(fragment),
         "expected {status} with {fragment:?} in the error; got {got}: {body}"
     );
+}
+
+/// An answer's body: its JSON, or its text when it is not JSON (`/healthz`,
+/// a deployment's log).
+pub fn answer_body(text: String) -> Value {
+    serde_json::from_str(&text).unwrap_or(Value::String(text))
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
