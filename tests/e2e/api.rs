@@ -1,163 +1,94 @@
-//! The API's rules over real HTTP: every refusal has its status and its
-//! sentence, and leaves nothing recorded.
+//! The API's rules: every refusal has its status and its sentence, and
+//! leaves nothing recorded. Each rule is a line of a table, checked
+//! in-process through the router; rules that reach the records run on both
+//! backends. One real server shows what needs a process: a plugins folder
+//! loaded at start and the event stream over HTTP.
 
-use std::time::Duration;
-
-use futures::StreamExt;
+use axum::body::Body;
+use axum::http::{Method, Request};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::support::events::Event;
 use crate::support::files::FileServer;
+use crate::support::router::{App, Rule};
 use crate::support::server::{Backend, Berth};
-use crate::support::{adapter_files, model, on_both_backends};
+use crate::support::{adapter_files, assert_error, model, on_both_backends};
+
+// The tables' columns, short.
+const GET: Method = Method::GET;
+const POST: Method = Method::POST;
+const DELETE: Method = Method::DELETE;
+const BAD_REQUEST: StatusCode = StatusCode::BAD_REQUEST;
+const NOT_FOUND: StatusCode = StatusCode::NOT_FOUND;
+const CONFLICT: StatusCode = StatusCode::CONFLICT;
 
 on_both_backends!(
     registration_refuses_bad_models_with_every_reason,
     deployment_requests_are_checked_before_anything_is_recorded,
-    listing_and_lookups_answer_404_and_400_clearly,
-    deployers_lists_loaded_and_rejected_plugins,
+    lookups_answer_404_and_400_clearly,
     events_stream_reports_deployments_after_they_are_recorded,
 );
 
-#[track_caller]
-fn assert_error(answer: &(StatusCode, Value), status: StatusCode, message: &str) {
-    assert_eq!(answer.0, status, "{}", answer.1);
-    let error = answer.1["error"].as_str().unwrap_or_default();
-    assert!(error.contains(message), "expected {message:?} in {error:?}");
-}
-
 async fn registration_refuses_bad_models_with_every_reason(backend: Backend) {
     let files = FileServer::start().await;
-    let berth = Berth::start(backend).await;
+    let app = App::start(backend).await;
     let good = model(&files, "job-1", &adapter_files());
 
-    let cases: Vec<(Value, &str)> = vec![
-        (json!({ "name": "x" }), "job_id is required"),
-        (
-            with(&good, "job_id", json!("../../etc")),
-            "job_id \"../../etc\" cannot be used as a directory name",
-        ),
-        (
-            with(&good, "source", json!("ftp://h/{path}")),
-            "scheme ftp is not supported",
-        ),
-        (
-            with(&good, "source", json!("http://h/{job_id}")),
-            "must contain {path}",
-        ),
-        (
-            with(
-                &good,
-                "files",
-                json!([{ "path": "/etc/passwd", "size_bytes": 1 }]),
-            ),
-            "files[0].path \"/etc/passwd\": must be relative",
-        ),
-        (
-            with(
-                &good,
-                "files",
-                json!([{ "path": "a/../../b", "size_bytes": 1 }]),
-            ),
-            "must not contain ..",
-        ),
-        (
-            with(&good, "files", json!([{ "path": "a\\b", "size_bytes": 1 }])),
-            "backslash",
-        ),
-        (
-            with(
-                &good,
-                "files",
-                json!([{ "path": "a\u{0}b", "size_bytes": 1 }]),
-            ),
-            "NUL",
-        ),
-        (
-            with(
-                &good,
-                "files",
-                json!([{ "path": "a", "size_bytes": 1 }, { "path": "a", "size_bytes": 2 }]),
-            ),
-            "files[1].path \"a\": listed twice",
-        ),
-        (
-            with(
-                &good,
-                "files",
-                json!([{ "path": "a", "size_bytes": 1, "sha256": "xyz" }]),
-            ),
-            "64 hexadecimal",
-        ),
-        (
-            with(&good, "files", json!([{ "path": "a", "size_bytes": -1 }])),
-            "invalid value: integer `-1`",
-        ),
-        (
-            with(&good, "num_examples", json!("many")),
-            "invalid type: string \"many\"",
-        ),
-        (
-            with(&good, "colour", json!("blue")),
-            "unknown field `colour`",
-        ),
-        (
-            with(&good, "params", json!([1])),
-            "params must be a JSON object",
-        ),
+    let models = "/v1/models";
+    #[rustfmt::skip]
+    let rules: Vec<Rule> = vec![
+        (POST, models, Some(json!({ "name": "x" })), BAD_REQUEST, "job_id is required"),
+        (POST, models, Some(with(&good, "job_id", json!("../../etc"))), BAD_REQUEST, "job_id \"../../etc\" cannot be used as a directory name"),
+        (POST, models, Some(with(&good, "source", json!("ftp://h/{path}"))), BAD_REQUEST, "scheme ftp is not supported"),
+        (POST, models, Some(with(&good, "source", json!("http://h/{job_id}"))), BAD_REQUEST, "must contain {path}"),
+        (POST, models, Some(with(&good, "files", json!([{ "path": "/etc/passwd", "size_bytes": 1 }]))), BAD_REQUEST, "files[0].path \"/etc/passwd\": must be relative"),
+        (POST, models, Some(with(&good, "files", json!([{ "path": "a/../../b", "size_bytes": 1 }]))), BAD_REQUEST, "must not contain .."),
+        (POST, models, Some(with(&good, "files", json!([{ "path": "a\\b", "size_bytes": 1 }]))), BAD_REQUEST, "backslash"),
+        (POST, models, Some(with(&good, "files", json!([{ "path": "a\u{0}b", "size_bytes": 1 }]))), BAD_REQUEST, "NUL"),
+        (POST, models, Some(with(&good, "files", json!([{ "path": "a", "size_bytes": 1 }, { "path": "a", "size_bytes": 2 }]))), BAD_REQUEST, "files[1].path \"a\": listed twice"),
+        (POST, models, Some(with(&good, "files", json!([{ "path": "a", "size_bytes": 1, "sha256": "xyz" }]))), BAD_REQUEST, "64 hexadecimal"),
+        (POST, models, Some(with(&good, "files", json!([{ "path": "a", "size_bytes": -1 }]))), BAD_REQUEST, "invalid value: integer `-1`"),
+        (POST, models, Some(with(&good, "num_examples", json!("many"))), BAD_REQUEST, "invalid type: string \"many\""),
+        (POST, models, Some(with(&good, "colour", json!("blue"))), BAD_REQUEST, "unknown field `colour`"),
+        (POST, models, Some(with(&good, "params", json!([1]))), BAD_REQUEST, "params must be a JSON object"),
+        // Several problems are reported at once.
+        (POST, models, Some(json!({ "files": [{ "path": "..", "size_bytes": 1 }] })), BAD_REQUEST, "name is required; job_id is required; source is required"),
     ];
-    for (body, message) in cases {
-        let answer = berth.post("/v1/models", &body).await;
-        assert_error(&answer, StatusCode::BAD_REQUEST, message);
-    }
+    app.check(&rules).await;
     // Not JSON at all, or without the content type.
-    let raw = berth
-        .client()
-        .post(format!("{}/v1/models", berth.url))
-        .body("{")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(raw.status(), StatusCode::BAD_REQUEST);
-    assert!(
-        raw.text()
-            .await
-            .unwrap()
-            .contains("Content-Type: application/json")
-    );
-
-    // Several problems are reported at once.
-    let answer = berth
-        .post(
-            "/v1/models",
-            &json!({ "files": [{ "path": "..", "size_bytes": 1 }] }),
-        )
-        .await;
+    let raw = |request: axum::http::request::Builder| request.body(Body::from("{")).unwrap();
+    let without_type = Request::post(models);
+    let with_type = Request::post(models).header("content-type", "application/json");
     assert_error(
-        &answer,
-        StatusCode::BAD_REQUEST,
-        "name is required; job_id is required; source is required",
+        &app.send(raw(without_type)).await,
+        BAD_REQUEST,
+        "Content-Type: application/json",
     );
-    let (_, listing) = berth.get("/v1/models").await;
+    assert_error(
+        &app.send(raw(with_type)).await,
+        BAD_REQUEST,
+        "the request body is not acceptable",
+    );
+    let (_, listing) = app.get(models).await;
     assert_eq!(
         listing["models"],
         json!([]),
         "no refused registration was recorded"
     );
 
-    let (status, stored) = berth.post("/v1/models", &good).await;
+    let (status, stored) = app.post(models, &good).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(stored["files"].as_array().unwrap().len(), 3);
     assert_eq!(stored["params"], json!({ "lr": 0.0002, "rank": 16 }));
-    let answer = berth.post("/v1/models", &good).await;
     assert_error(
-        &answer,
-        StatusCode::CONFLICT,
+        &app.post(models, &good).await,
+        CONFLICT,
         "a model with job id \"job-1\" is already registered",
     );
-    let (_, listing) = berth.get("/v1/models").await;
+    let (_, listing) = app.get(models).await;
     assert_eq!(listing["models"], json!([stored]));
-    let (status, one) = berth.get(&format!("/v1/models/{}", stored["id"])).await;
+    let (status, one) = app.get(&format!("/v1/models/{}", stored["id"])).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(one, stored);
 }
@@ -170,45 +101,25 @@ fn with(base: &Value, key: &str, value: Value) -> Value {
 
 async fn deployment_requests_are_checked_before_anything_is_recorded(backend: Backend) {
     let files = FileServer::start().await;
-    let berth = Berth::start(backend).await;
-    let id = berth
+    let app = App::start(backend).await;
+    let id = app
         .register(&model(&files, "job-1", &adapter_files()))
         .await;
-    let empty = berth.register(&model(&files, "job-empty", &[])).await;
+    let empty = app.register(&model(&files, "job-empty", &[])).await;
 
-    let path = format!("/v1/models/{id}/deployments");
-    assert_error(
-        &berth.post(&path, &json!({})).await,
-        StatusCode::BAD_REQUEST,
-        "deployer is required",
-    );
-    assert_error(
-        &berth.deploy(id, "nope", json!({})).await,
-        StatusCode::BAD_REQUEST,
-        "unknown deployer \"nope\"; the loaded deployers are: archive, misbehave",
-    );
-    assert_error(
-        &berth.deploy(id, "archive", json!([1])).await,
-        StatusCode::BAD_REQUEST,
-        "options must be a JSON object",
-    );
-    assert_error(
-        &berth.deploy(id, "archive", json!({ "levle": 3 })).await,
-        StatusCode::BAD_REQUEST,
-        "deployer archive refused the options: unknown option \"levle\"",
-    );
-    let huge = json!({ "blob": "x".repeat(70 * 1024) });
-    assert_error(
-        &berth.deploy(id, "misbehave", huge).await,
-        StatusCode::BAD_REQUEST,
-        "at most 64 KiB",
-    );
-    assert_error(
-        &berth.deploy(999, "archive", json!({})).await,
-        StatusCode::NOT_FOUND,
-        "model 999 does not exist",
-    );
-    let (_, listing) = berth.get(&path).await;
+    let deployments = format!("/v1/models/{id}/deployments");
+    let huge = json!({ "deployer": "misbehave", "options": { "blob": "x".repeat(70 * 1024) } });
+    #[rustfmt::skip]
+    let rules: Vec<Rule> = vec![
+        (POST, &deployments, Some(json!({})), BAD_REQUEST, "deployer is required"),
+        (POST, &deployments, Some(json!({ "deployer": "nope" })), BAD_REQUEST, "unknown deployer \"nope\"; the loaded deployers are: archive, misbehave"),
+        (POST, &deployments, Some(json!({ "deployer": "archive", "options": [1] })), BAD_REQUEST, "options must be a JSON object"),
+        (POST, &deployments, Some(json!({ "deployer": "archive", "options": { "levle": 3 } })), BAD_REQUEST, "deployer archive refused the options: unknown option \"levle\""),
+        (POST, &deployments, Some(huge), BAD_REQUEST, "at most 64 KiB"),
+        (POST, "/v1/models/999/deployments", Some(json!({ "deployer": "archive" })), NOT_FOUND, "model 999 does not exist"),
+    ];
+    app.check(&rules).await;
+    let (_, listing) = app.get(&deployments).await;
     assert_eq!(
         listing["deployments"],
         json!([]),
@@ -216,129 +127,130 @@ async fn deployment_requests_are_checked_before_anything_is_recorded(backend: Ba
     );
 
     // A model without files is recorded, then fails with the design's words.
-    let (status, deployment) = berth.deploy(empty, "archive", json!({})).await;
+    let of_empty = format!("/v1/models/{empty}/deployments");
+    let (status, first) = app.post(&of_empty, &json!({ "deployer": "archive" })).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     assert_eq!(
-        deployment["error"],
+        first["error"],
         format!("fetching model {empty}: the trained model has no recorded files")
     );
+    // A model's deployments are listed newest first, as many as asked for.
+    let (status, second) = app.post(&of_empty, &json!({ "deployer": "archive" })).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    let (status, listing) = app.get(&of_empty).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listing["deployments"], json!([second, first]));
+    let (status, listing) = app.get(&format!("{of_empty}?limit=1")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listing["deployments"], json!([second]));
+
+    let limit = |value: &str| format!("{of_empty}?limit={value}");
+    let (zero, over, text) = (limit("0"), limit("501"), limit("x"));
+    let cancel = format!("/v1/deployments/{}/cancel", first["id"]);
+    let ended = format!(
+        "deployment {} already ended (failed); only a running deployment can be cancelled",
+        first["id"]
+    );
+    #[rustfmt::skip]
+    let rules: Vec<Rule> = vec![
+        (GET, &zero, None, BAD_REQUEST, "limit must be between 1 and 500, got 0"),
+        (GET, &over, None, BAD_REQUEST, "limit must be between 1 and 500, got 501"),
+        (GET, &text, None, BAD_REQUEST, "limit: invalid digit found in string"),
+        (POST, &cancel, Some(json!({})), CONFLICT, &ended),
+    ];
+    app.check(&rules).await;
 }
 
-async fn listing_and_lookups_answer_404_and_400_clearly(backend: Backend) {
-    let berth = Berth::start(backend).await;
-    assert_error(
-        &berth.get("/v1/models/42").await,
-        StatusCode::NOT_FOUND,
-        "model 42 does not exist",
-    );
-    assert_error(
-        &berth.get("/v1/deployments/42").await,
-        StatusCode::NOT_FOUND,
-        "deployment 42 does not exist",
-    );
-    assert_error(
-        &berth.get("/v1/models/abc").await,
-        StatusCode::BAD_REQUEST,
-        "\"abc\" is not an id",
-    );
-    assert_error(
-        &berth.get("/v1/models/42/deployments").await,
-        StatusCode::NOT_FOUND,
-        "model 42 does not exist",
-    );
-    assert_error(
-        &berth.get("/v1/nothing").await,
-        StatusCode::NOT_FOUND,
-        "no such endpoint",
-    );
-    let files = FileServer::start().await;
-    let id = berth
-        .register(&model(&files, "job-1", &adapter_files()))
-        .await;
-    for limit in ["0", "501", "x"] {
-        let answer = berth
-            .get(&format!("/v1/models/{id}/deployments?limit={limit}"))
-            .await;
+async fn lookups_answer_404_and_400_clearly(backend: Backend) {
+    let app = App::start(backend).await;
+    #[rustfmt::skip]
+    let rules: Vec<Rule> = vec![
+        (GET, "/v1/models/42", None, NOT_FOUND, "model 42 does not exist"),
+        (GET, "/v1/models/43/deployments", None, NOT_FOUND, "model 43 does not exist"),
+        (DELETE, "/v1/models/44", None, NOT_FOUND, "model 44 does not exist"),
+        (GET, "/v1/deployments/45", None, NOT_FOUND, "deployment 45 does not exist"),
+        (POST, "/v1/deployments/46/cancel", Some(json!({})), NOT_FOUND, "deployment 46 does not exist"),
+        (GET, "/v1/deployments/47/logs", None, NOT_FOUND, "deployment 47 does not exist"),
+    ];
+    // Each answer is its whole sentence.
+    for (method, path, body, status, sentence) in rules {
+        let answer = app.request(method.clone(), path, body.as_ref()).await;
         assert_eq!(
-            answer.0,
-            StatusCode::BAD_REQUEST,
-            "limit={limit}: {}",
-            answer.1
+            answer,
+            (status, json!({ "error": sentence })),
+            "{method} {path}"
         );
     }
-    let (status, body) = berth.get("/healthz").await;
+}
+
+/// What never reaches a record, on SQLite only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_endpoints_and_malformed_ids_answer_clearly() {
+    let app = App::start(Backend::Sqlite).await;
+    #[rustfmt::skip]
+    let rules: Vec<Rule> = vec![
+        (GET, "/v1/models/abc", None, BAD_REQUEST, "\"abc\" is not an id"),
+        (GET, "/v1/deployments/0", None, BAD_REQUEST, "\"0\" is not an id"),
+        (GET, "/v1/nothing", None, NOT_FOUND, "no such endpoint"),
+    ];
+    app.check(&rules).await;
+    let (status, body) = app.get("/healthz").await;
     assert_eq!((status, body), (StatusCode::OK, json!("ok")));
 }
 
-async fn deployers_lists_loaded_and_rejected_plugins(backend: Backend) {
-    let berth = Berth::start(backend).await;
-    let (status, body) = berth.get("/v1/deployers").await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployers_lists_loaded_and_rejected_plugins() {
+    let app = App::start(Backend::Sqlite).await;
+    let (status, body) = app.get("/v1/deployers").await;
     assert_eq!(status, StatusCode::OK);
-    let names: Vec<_> = body["deployers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["name"].clone())
-        .collect();
-    assert_eq!(names, ["archive", "misbehave"]);
+    assert_eq!(names(&body), ["archive", "misbehave"]);
     assert_eq!(body["deployers"][0]["wit_version"], "0.1.0");
     assert_eq!(
         body["deployers"][0]["options_schema"]["properties"]["level"]["maximum"],
         9
     );
     assert_eq!(body["rejected"], json!([]));
-    assert!(
-        berth.log().contains("loaded deployer"),
-        "each loaded plugin is logged"
-    );
+}
+
+fn names(deployers: &Value) -> Vec<Value> {
+    deployers["deployers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].clone())
+        .collect()
+}
+
+/// The lifecycle of deployments, without the progress in between.
+fn lifecycle(events: &[Event]) -> Vec<&Event> {
+    events
+        .iter()
+        .filter(|e| e.kind.starts_with("deployment.") && e.kind != "deployment.progress")
+        .collect()
 }
 
 async fn events_stream_reports_deployments_after_they_are_recorded(backend: Backend) {
     let files = FileServer::start().await;
-    let berth = Berth::start(backend).await;
-    let id = berth
+    let app = App::start(backend).await;
+    let id = app
         .register(&model(&files, "job-events", &adapter_files()))
         .await;
-    let response = berth
-        .client()
-        .get(format!("{}/v1/events", berth.url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.headers()["content-type"], "text/event-stream");
-    let mut stream = response.bytes_stream();
+    let mut events = app.events().await;
+    let deployments = format!("/v1/models/{id}/deployments");
 
-    let (_, ok) = berth.deploy(id, "archive", json!({})).await;
-    let (_, failed) = berth
-        .deploy(id, "misbehave", json!({ "mode": "error" }))
+    let (_, ok) = app
+        .post(&deployments, &json!({ "deployer": "archive" }))
+        .await;
+    let (_, failed) = app
+        .post(
+            &deployments,
+            &json!({ "deployer": "misbehave", "options": { "mode": "error" } }),
+        )
         .await;
 
-    let mut text = String::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let lifecycle = |text: &str| {
-        text.matches("event: deployment.").count()
-            - text.matches("event: deployment.progress").count()
-    };
-    while lifecycle(&text) < 4 {
-        let chunk = tokio::time::timeout_at(deadline, stream.next())
-            .await
-            .expect("events arrive")
-            .unwrap()
-            .unwrap();
-        text.push_str(&String::from_utf8_lossy(&chunk));
-    }
-    let events: Vec<(String, Value)> = text
-        .split("\n\n")
-        .filter_map(|block| {
-            let kind = block.lines().find_map(|l| l.strip_prefix("event: "))?;
-            if kind == "deployment.progress" {
-                return None;
-            }
-            let data = block.lines().find_map(|l| l.strip_prefix("data: "))?;
-            Some((kind.to_string(), serde_json::from_str(data).unwrap()))
-        })
-        .collect();
-    let kinds: Vec<_> = events.iter().map(|(k, _)| k.as_str()).collect();
+    let received = events.until(|e| lifecycle(e).len() >= 4).await;
+    let events = lifecycle(received);
+    let kinds: Vec<_> = events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(
         kinds,
         [
@@ -348,13 +260,41 @@ async fn events_stream_reports_deployments_after_they_are_recorded(backend: Back
             "deployment.failed"
         ]
     );
-    assert_eq!(events[1].1["deploy_id"], ok["id"]);
-    assert_eq!(events[1].1["ref"], ok["ref"]);
-    assert_eq!(events[3].1["deploy_id"], failed["id"]);
+    assert_eq!(events[1].data["deploy_id"], ok["id"]);
+    assert_eq!(events[1].data["ref"], ok["ref"]);
+    assert_eq!(events[3].data["deploy_id"], failed["id"]);
     assert_eq!(
-        events[3].1["error"],
+        events[3].data["error"],
         "deployer misbehave: the deployer said no"
     );
-    assert_eq!(events[3].1["model_id"], id);
-    assert!(events[3].1["duration_ms"].is_number());
+    assert_eq!(events[3].data["model_id"], id);
+    assert!(events[3].data["duration_ms"].is_number());
+}
+
+/// A real server: the plugins folder it loaded at start, each plugin
+/// logged, and a deployment's events reaching a subscriber over HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_loads_its_plugins_and_streams_events_over_http() {
+    let files = FileServer::start().await;
+    let berth = Berth::start(Backend::Sqlite).await;
+    let (status, deployers) = berth.get("/v1/deployers").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(names(&deployers), ["archive", "misbehave"]);
+    assert!(
+        berth.log().contains("loaded deployer"),
+        "each loaded plugin is logged"
+    );
+
+    let id = berth
+        .register(&model(&files, "job-events", &adapter_files()))
+        .await;
+    let mut events = berth.events().await;
+    let (status, ok) = berth.deploy(id, "archive", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{ok}");
+    let received = events.until(|e| lifecycle(e).len() >= 2).await;
+    let events = lifecycle(received);
+    let kinds: Vec<_> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["deployment.started", "deployment.completed"]);
+    assert_eq!(events[1].data["deploy_id"], ok["id"]);
+    assert_eq!(events[1].data["ref"], ok["ref"]);
 }

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use crate::support::files::FileServer;
 use crate::support::server::{Backend, Berth, Options};
-use crate::support::{adapter_files, bytes, model, on_both_backends, plugins};
+use crate::support::{adapter_files, assert_error, bytes, model, on_both_backends, plugins};
 
 on_both_backends!(
     http_publish_uploads_byte_identical_files_with_the_token,
@@ -149,18 +149,18 @@ async fn without_a_manifest_no_request_leaves_the_sandbox(backend: Backend) {
         .await;
 
     let base_url = format!("http://{}/mirror", mirror.host());
-    let (status, deployment) = berth
+    let answer = berth
         .deploy(id, "http-publish", json!({ "base_url": base_url }))
         .await;
-    assert_eq!(status, StatusCode::BAD_GATEWAY, "{deployment}");
-    assert_eq!(deployment["status"], "failed");
-    assert_error_contains(
-        &deployment,
+    assert_error(
+        &answer,
+        StatusCode::BAD_GATEWAY,
         &format!(
             "adapter_config.json: the host refused the request to {}: not in allowed_hosts of the plugin's manifest",
             mirror.host()
         ),
     );
+    assert_eq!(answer.1["status"], "failed");
     assert_eq!(mirror.received().len(), 0);
 }
 
@@ -178,12 +178,11 @@ async fn a_manifest_for_another_host_lets_nothing_through(backend: Backend) {
     let port = granted.addr.port();
     for host in [other.host(), format!("localhost:{port}")] {
         let base_url = format!("http://{host}/mirror");
-        let (status, deployment) = berth
-            .deploy(id, "http-publish", json!({ "base_url": base_url }))
-            .await;
-        assert_eq!(status, StatusCode::BAD_GATEWAY, "{deployment}");
-        assert_error_contains(
-            &deployment,
+        assert_error(
+            &berth
+                .deploy(id, "http-publish", json!({ "base_url": base_url }))
+                .await,
+            StatusCode::BAD_GATEWAY,
             &format!("the host refused the request to {host}: not in allowed_hosts"),
         );
     }
@@ -201,14 +200,13 @@ async fn a_redirect_to_an_ungranted_host_is_not_followed(backend: Backend) {
         .await;
 
     let base_url = format!("http://{}/mirror", granted.host());
-    let (status, deployment) = berth
+    let answer = berth
         .deploy(id, "http-publish", json!({ "base_url": base_url }))
         .await;
-    assert_eq!(status, StatusCode::BAD_GATEWAY, "{deployment}");
-    assert_eq!(deployment["status"], "failed");
-    let deploy_id = deployment["id"].as_i64().unwrap();
-    assert_error_contains(
-        &deployment,
+    let deploy_id = &answer.1["id"];
+    assert_error(
+        &answer,
+        StatusCode::BAD_GATEWAY,
         &format!(
             "adapter_config.json: the mirror answered 307 to PUT http://{}/mirror/{deploy_id}/adapter_config.json \
              (a redirect to http://{}/mirror/{deploy_id}/adapter_config.json; http-publish does not follow redirects",
@@ -216,6 +214,7 @@ async fn a_redirect_to_an_ungranted_host_is_not_followed(backend: Backend) {
             elsewhere.host()
         ),
     );
+    assert_eq!(answer.1["status"], "failed");
     assert_eq!(
         granted.received().len(),
         1,
@@ -241,13 +240,13 @@ async fn a_mirror_that_says_no_fails_the_deployment_naming_file_and_status(backe
         .await;
 
     let base_url = format!("http://{}/mirror", mirror.host());
-    let (status, deployment) = berth
+    let answer = berth
         .deploy(id, "http-publish", json!({ "base_url": base_url }))
         .await;
-    assert_eq!(status, StatusCode::BAD_GATEWAY, "{deployment}");
-    let deploy_id = deployment["id"].as_i64().unwrap();
-    assert_error_contains(
-        &deployment,
+    let deploy_id = &answer.1["id"];
+    assert_error(
+        &answer,
+        StatusCode::BAD_GATEWAY,
         &format!(
             "tokenizer/tokenizer.json: the mirror answered 507 to PUT http://{}/mirror/{deploy_id}/tokenizer/tokenizer.json: quota exceeded for /mirror",
             mirror.host()
@@ -300,9 +299,8 @@ async fn http_publish_refuses_bad_options_before_anything_is_fetched(backend: Ba
         ),
     ];
     for (options, expected) in cases {
-        let (status, body) = berth.deploy(id, "http-publish", options.clone()).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{options}: {body}");
-        assert_error_contains(&body, expected);
+        let answer = berth.deploy(id, "http-publish", options).await;
+        assert_error(&answer, StatusCode::BAD_REQUEST, expected);
     }
     assert_eq!(files.total_hits(), 0);
     let (_, listing) = berth.get(&format!("/v1/models/{id}/deployments")).await;
@@ -405,15 +403,6 @@ fn berth_options_with_publisher(backend: Backend) -> Options {
             "allowed_hosts = [\"127.0.0.1:9\"]\nenv = { MIRROR_TOKEN = \"${TEST_MIRROR_TOKEN}\" }\n",
         )
         .env("TEST_MIRROR_TOKEN", TOKEN)
-}
-
-#[track_caller]
-fn assert_error_contains(deployment: &Value, expected: &str) {
-    let error = deployment["error"].as_str().unwrap_or_default();
-    assert!(
-        error.contains(expected),
-        "expected {expected:?} in {error:?}"
-    );
 }
 
 /// How the mirror answers a request.

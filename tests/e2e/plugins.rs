@@ -2,7 +2,6 @@
 //! restarts that reuse compiled code.
 
 use std::path::Path;
-use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -55,12 +54,7 @@ async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
         .await;
     let dir = berth.plugins_dir().to_path_buf();
     let archive = std::fs::read(plugins::example("archive")).unwrap();
-    let events = berth
-        .client()
-        .get(format!("{}/v1/events", berth.url))
-        .send()
-        .await
-        .unwrap();
+    let mut events = berth.events().await;
 
     // Add.
     install(&dir, "packer", &archive);
@@ -82,15 +76,16 @@ async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
         sha_of(d, "misbehave").is_some_and(|s| s != before)
     })
     .await;
-    let finished = loop {
-        let (_, d) = berth
-            .get(&format!("/v1/deployments/{}", running["id"]))
-            .await;
-        if d["status"] != "running" {
-            break d;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let finished = eventually(
+        || format!("deployment {} ending", running["id"]),
+        async || {
+            let (_, d) = berth
+                .get(&format!("/v1/deployments/{}", running["id"]))
+                .await;
+            (d["status"] != "running").then_some(d)
+        },
+    )
+    .await;
     assert_eq!(finished["status"], "completed", "{finished}");
     assert_eq!(
         finished["ref"], "ok",
@@ -134,28 +129,23 @@ async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 
     // Each change was announced.
-    let mut text = String::new();
-    let mut stream = events.bytes_stream();
-    while !text.contains("event: plugin.removed") {
-        use futures::StreamExt;
-        let chunk = tokio::time::timeout(Duration::from_secs(10), stream.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        text.push_str(&String::from_utf8_lossy(&chunk));
-    }
+    let received = events
+        .until(|e| e.iter().any(|e| e.kind == "plugin.removed"))
+        .await;
+    let announced = |kind: &str, about: fn(&Value) -> bool| {
+        received.iter().any(|e| e.kind == kind && about(&e.data))
+    };
     assert!(
-        text.contains("event: plugin.loaded\ndata: {\"name\":\"packer\"}"),
-        "{text}"
+        announced("plugin.loaded", |d| *d == json!({ "name": "packer" })),
+        "{received:?}"
     );
     assert!(
-        text.contains("event: plugin.rejected\ndata: {\"file\":\"packer.wasm\""),
-        "{text}"
+        announced("plugin.rejected", |d| d["file"] == "packer.wasm"),
+        "{received:?}"
     );
     assert!(
-        text.contains("event: plugin.removed\ndata: {\"name\":\"packer\"}"),
-        "{text}"
+        announced("plugin.removed", |d| *d == json!({ "name": "packer" })),
+        "{received:?}"
     );
 }
 

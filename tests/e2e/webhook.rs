@@ -2,7 +2,6 @@
 //! receiver that is down costs deployments nothing.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -14,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::support::files::FileServer;
 use crate::support::server::{Backend, Berth};
-use crate::support::{adapter_files, model};
+use crate::support::{adapter_files, eventually, model};
 
 type Received = Arc<Mutex<Vec<(HeaderMap, Bytes)>>>;
 
@@ -53,19 +52,21 @@ async fn a_receiver_gets_every_deployment_event_signed() {
     let (status, deployment) = berth.deploy(id, "archive", json!({})).await;
     assert_eq!(status, StatusCode::OK);
 
-    let mut kinds = Vec::new();
-    for _ in 0..100 {
-        kinds = received
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(h, _)| h["x-berth-event"].to_str().unwrap().to_string())
-            .collect();
-        if kinds.contains(&"deployment.completed".to_string()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let kinds = eventually(
+        || "the receiver getting deployment.completed".to_string(),
+        async || {
+            let kinds: Vec<String> = received
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(h, _)| h["x-berth-event"].to_str().unwrap().to_string())
+                .collect();
+            kinds
+                .contains(&"deployment.completed".to_string())
+                .then_some(kinds)
+        },
+    )
+    .await;
     let lifecycle: Vec<_> = kinds
         .iter()
         .filter(|k| *k != "deployment.progress")

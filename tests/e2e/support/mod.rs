@@ -1,13 +1,35 @@
-//! Shared fixtures: built plugins, a loopback file server, a berth server.
+//! Shared fixtures: built plugins, a loopback file server, a berth server,
+//! the API in-process, event subscriptions; and the expectations tests share.
 
+pub mod events;
 pub mod files;
 pub mod plugins;
+pub mod router;
 pub mod server;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use reqwest::StatusCode;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+/// An API refusal: `status`, and an `error` sentence containing `fragment`.
+#[track_caller]
+pub fn assert_error(answer: &(StatusCode, Value), status: StatusCode, fragment: &str) {
+    let (got, body) = answer;
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(
+        *got == status && error.contains(fragment),
+        "expected {status} with {fragment:?} in the error; got {got}: {body}"
+    );
+}
+
+/// An answer's body: its JSON, or its text when it is not JSON (`/healthz`,
+/// a deployment's log).
+pub fn answer_body(text: String) -> Value {
+    serde_json::from_str(&text).unwrap_or(Value::String(text))
+}
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))

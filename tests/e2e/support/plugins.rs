@@ -1,4 +1,5 @@
-//! Where the project's build put the plugins.
+//! Where the project's build put the plugins, and where test servers keep
+//! their compiled code.
 
 use std::path::PathBuf;
 
@@ -30,4 +31,19 @@ pub fn test_plugin(name: &str) -> PathBuf {
             .join("target/test-plugins")
             .join(format!("{name}.wasm")),
     )
+}
+
+/// What a test server serves unless told otherwise: the `archive` example
+/// and the `misbehave` test plugin.
+pub fn defaults() -> [(&'static str, PathBuf); 2] {
+    [
+        ("archive", example("archive")),
+        ("misbehave", test_plugin("misbehave")),
+    ]
+}
+
+/// The compiled-code cache test servers share, so that each does not compile
+/// the same plugins again.
+pub fn shared_cache() -> PathBuf {
+    root().join("target/test-cache")
 }

@@ -11,7 +11,8 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use super::plugins;
+use super::events::Subscription;
+use super::{answer_body, plugins};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -129,9 +130,9 @@ impl Berth {
 
     /// The default plugins, to add to.
     pub fn options(backend: Backend) -> Options {
-        Self::bare(backend)
-            .plugin("archive", plugins::example("archive"))
-            .plugin("misbehave", plugins::test_plugin("misbehave"))
+        plugins::defaults()
+            .into_iter()
+            .fold(Self::bare(backend), |o, (name, wasm)| o.plugin(name, wasm))
     }
 
     /// No plugins at all.
@@ -142,7 +143,7 @@ impl Berth {
             files: Vec::new(),
             args: Vec::new(),
             env: Vec::new(),
-            cache_dir: Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-cache")),
+            cache_dir: Some(plugins::shared_cache()),
         }
     }
 
@@ -226,6 +227,19 @@ impl Berth {
         answer(response).await
     }
 
+    /// Subscribes to `/v1/events`; events published from now on arrive.
+    pub async fn events(&self) -> Subscription {
+        let response = self
+            .client
+            .get(format!("{}/v1/events", self.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        Subscription::new(response.bytes_stream())
+    }
+
     /// Registers a model and returns its id, asserting success.
     pub async fn register(&self, model: &Value) -> i64 {
         let (status, body) = self.post("/v1/models", model).await;
@@ -259,9 +273,7 @@ impl Drop for Berth {
 
 async fn answer(response: reqwest::Response) -> (StatusCode, Value) {
     let status = response.status();
-    let text = response.text().await.unwrap();
-    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, body)
+    (status, answer_body(response.text().await.unwrap()))
 }
 
 /// Everything needed to start (and restart) the same server.
@@ -328,7 +340,9 @@ fn wait_until_listening(child: &mut Child) -> (String, Arc<Mutex<String>>) {
     }
 }
 
-async fn fresh_postgres_database() -> String {
+/// A new, empty database on the PostgreSQL server of
+/// `BERTH_TEST_DATABASE_URL`: its URL.
+pub async fn fresh_postgres_database() -> String {
     use sqlx::Connection;
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let admin = std::env::var("BERTH_TEST_DATABASE_URL").expect(

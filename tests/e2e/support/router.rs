@@ -1,0 +1,170 @@
+//! The real API in-process: `berth::http::app` assembled as `serve` does,
+//! over a real database (a named in-memory SQLite, or a fresh database of the
+//! PostgreSQL server), the real runtime with the default plugins, and a
+//! fetcher; requests go through `tower::ServiceExt::oneshot`. For the API's
+//! rules, which need no process, no port and no signal.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use serde_json::Value;
+use tower::ServiceExt;
+
+use berth::db::Db;
+use berth::deployers::Deployers;
+use berth::events::Events;
+use berth::fetch::Fetcher;
+use berth::http::ApiContext;
+use berth::pipeline::Pipeline;
+use berth::runtime::{CodeCache, Limits, Runtime};
+
+use super::events::Subscription;
+use super::server::{Backend, fresh_postgres_database};
+use super::{answer_body, assert_error, plugins};
+
+/// One API rule: a request (method, path, JSON body) and the refusal it
+/// earns (status, a fragment of its sentence). Tables of rules keep one rule
+/// a line, under `#[rustfmt::skip]`.
+pub type Rule<'a> = (Method, &'a str, Option<Value>, StatusCode, &'a str);
+
+pub struct App {
+    app: axum::Router,
+    _temp: tempfile::TempDir,
+}
+
+impl App {
+    /// The API with the `archive` example and the `misbehave` test plugin,
+    /// the ones `Berth::start` serves.
+    pub async fn start(backend: Backend) -> Self {
+        let temp = tempfile::tempdir().unwrap();
+        let plugins_dir = temp.path().join("plugins");
+        std::fs::create_dir_all(&plugins_dir).unwrap();
+        for (name, wasm) in plugins::defaults() {
+            std::fs::copy(wasm, plugins_dir.join(format!("{name}.wasm"))).unwrap();
+        }
+        let db = Db::connect(&database_url(backend).await)
+            .await
+            .expect("opening the test database");
+        let runtime = Runtime::new(
+            Limits::default(),
+            Some(CodeCache::new(plugins::shared_cache())),
+        )
+        .unwrap();
+        // 20: `serve`'s default --max-deployers.
+        let loaded = runtime.load_dir(&plugins_dir, 20).await;
+        let deployers = Arc::new(Deployers::new(Arc::new(runtime), plugins_dir, loaded));
+        let fetcher = Fetcher::new(temp.path().join("models"), Duration::from_secs(1800)).unwrap();
+        let events = Events::default();
+        let pipeline = Arc::new(Pipeline::new(
+            db.clone(),
+            events.clone(),
+            deployers.clone(),
+            fetcher,
+            "router-test".to_string(),
+            temp.path().join("out"),
+        ));
+        let app = berth::http::app(ApiContext {
+            db,
+            events,
+            deployers,
+            pipeline,
+        });
+        Self { app, _temp: temp }
+    }
+
+    /// Sends a request as the test built it (a body without its content
+    /// type, say).
+    pub async fn send(&self, request: Request<Body>) -> (StatusCode, Value) {
+        let response = self.app.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (
+            status,
+            answer_body(String::from_utf8_lossy(&bytes).into_owned()),
+        )
+    }
+
+    /// A request with a JSON body, or none.
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (StatusCode, Value) {
+        let request = Request::builder().method(method).uri(path);
+        let request = match body {
+            Some(json) => request
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(json.to_string())),
+            None => request.body(Body::empty()),
+        };
+        self.send(request.unwrap()).await
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.request(Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        self.request(Method::POST, path, Some(body)).await
+    }
+
+    /// Registers a model and returns its id, asserting success.
+    pub async fn register(&self, model: &Value) -> i64 {
+        let (status, body) = self.post("/v1/models", model).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["id"].as_i64().unwrap()
+    }
+
+    /// Subscribes to `/v1/events`; events published from now on arrive.
+    pub async fn events(&self) -> Subscription {
+        let request = Request::get("/v1/events").body(Body::empty()).unwrap();
+        let response = self.app.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "text/event-stream"
+        );
+        Subscription::new(response.into_body().into_data_stream())
+    }
+
+    /// Sends each rule's request and checks its answer with `assert_error`.
+    /// The rules' fragments are distinct, so a failure's message names its
+    /// rule.
+    pub async fn check(&self, rules: &[Rule<'_>]) {
+        let mut fragments = HashSet::new();
+        for (_, _, _, _, fragment) in rules {
+            assert!(
+                fragments.insert(fragment),
+                "two rules expect {fragment:?}: make each fragment name its rule"
+            );
+        }
+        for (method, path, body, status, fragment) in rules {
+            let answer = self.request(method.clone(), path, body.as_ref()).await;
+            assert_error(&answer, *status, fragment);
+        }
+    }
+}
+
+/// A database of this test's own.
+async fn database_url(backend: Backend) -> String {
+    match backend {
+        // `sqlite::memory:` would give each pooled connection a database of
+        // its own; a named in-memory database with a shared cache is one
+        // database for the whole pool, and gone with it.
+        Backend::Sqlite => {
+            static NEXT: AtomicUsize = AtomicUsize::new(0);
+            format!(
+                "sqlite:file:berth-router-{}?mode=memory&cache=shared",
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            )
+        }
+        Backend::Postgres => fresh_postgres_database().await,
+    }
+}
