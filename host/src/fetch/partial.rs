@@ -332,6 +332,8 @@ fn hash_prefix(
 /// until dirty memory hits the kernel's threshold), and the fsync then
 /// costs a whole file's worth of disk time after the network is done.
 #[cfg(target_os = "linux")]
+// Neither nix nor rustix wraps sync_file_range; libc is the only way in.
+#[allow(unsafe_code)]
 fn start_writeback(file: &File, offset: u64, len: u64) {
     use std::os::fd::AsRawFd;
     let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
