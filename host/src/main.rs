@@ -1,5 +1,7 @@
 //! The `berth` binary: parses the command line and hands over to `cli`.
 
+#![deny(unsafe_code)]
+
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {

@@ -251,7 +251,7 @@ fn collect_files(root: &Path, dir: &Path, files: &mut Vec<ModelFile>) -> anyhow:
         if kind.is_dir() {
             collect_files(root, &path, files)?;
         } else if kind.is_file() {
-            let mut hasher = Sha256::new();
+            let mut hasher = digest_io::IoWrapper(Sha256::new());
             let size = std::io::copy(&mut std::fs::File::open(&path)?, &mut hasher)?;
             let relative = path
                 .strip_prefix(root)?
@@ -260,7 +260,7 @@ fn collect_files(root: &Path, dir: &Path, files: &mut Vec<ModelFile>) -> anyhow:
             files.push(ModelFile {
                 path: relative,
                 size_bytes: size,
-                sha256: Some(hex::encode(hasher.finalize())),
+                sha256: Some(hex::encode(hasher.0.finalize())),
             });
         }
     }

@@ -71,9 +71,9 @@ pub struct Fetcher {
     parallel: usize,
 }
 
-/// Where berth keeps its own bookkeeping of the models dir: locks and
-/// verification records. Job ids cannot start with a dot, so no model
-/// directory can be called this.
+/// Where berth keeps its own bookkeeping of the models dir: locks,
+/// verification records and resume checkpoints. Job ids cannot start with a
+/// dot, so no model directory can be called this.
 const META_DIR: &str = ".berth";
 
 impl Fetcher {
@@ -121,19 +121,14 @@ impl Fetcher {
         progress: Arc<dyn Progress>,
     ) -> Result<PathBuf, Error> {
         let dir = self.dir_of(&model.job_id);
-        let meta = self.models_dir.join(META_DIR);
-        let disk = |e: std::io::Error| Error::Disk {
-            dir: dir.display().to_string(),
-            reason: e.to_string(),
-        };
-        let stamps_path = meta.join(format!("{}.stamps.json", model.job_id));
+        let books = self.bookkeeping(&model.job_id);
         let total_bytes: u64 = model.files.iter().map(|f| f.size_bytes).sum();
         let tally = Arc::new(Tally::new(progress, total_bytes, model.files.len()));
 
         // A re-deployment of an unchanged model: the record vouches for
         // every file as it is now. Real names are only ever given verified
         // files, so this needs neither the lock nor a read of any byte.
-        if Stamps::load(&stamps_path).vouch_for_all(&dir, &model.files) {
+        if Stamps::load(&books.stamps).vouch_for_all(&dir, &model.files) {
             for file in &model.files {
                 tally.file_done(file.size_bytes);
             }
@@ -144,17 +139,44 @@ impl Fetcher {
         // (cancelled, timed out) keeps the directory locked until its
         // writer has stopped touching it.
         let lock = Arc::new(
-            DirLock::acquire(&meta.join(format!("{}.lock", model.job_id)))
+            DirLock::acquire(&books.lock)
                 .await
-                .map_err(disk)?,
+                .map_err(disk_error(&dir))?,
         );
-        std::fs::create_dir_all(&dir).map_err(disk)?;
+        std::fs::create_dir_all(&dir).map_err(disk_error(&dir))?;
         // Read again: the fetch we may have waited for has just written it.
-        let mut stamps = Stamps::load(&stamps_path);
+        let mut stamps = Stamps::load(&books.stamps);
+        let missing = self
+            .check_in_place(&dir, &model.files, &mut stamps, &tally)
+            .await;
+        remove_leftovers(&dir, &missing);
+        let downloaded = self
+            .download_all(model, missing, &dir, &tally, &lock, &mut stamps)
+            .await;
+        settle(&dir, &books, &stamps, downloaded)
+    }
 
-        // Owned values in the streams below: futures that borrow their
-        // stream's items are not `Send` enough for `tokio::spawn`.
-        let checked: Vec<Option<Stamp>> = futures::stream::iter(model.files.clone())
+    /// Where this fetcher keeps its bookkeeping of one model directory.
+    fn bookkeeping(&self, job_id: &str) -> Bookkeeping {
+        let meta = self.models_dir.join(META_DIR);
+        Bookkeeping {
+            stamps: meta.join(format!("{job_id}.stamps.json")),
+            lock: meta.join(format!("{job_id}.lock")),
+            resume: meta.join(format!("{job_id}.resume")),
+        }
+    }
+
+    /// Records the files already right in `dir` and returns the others.
+    async fn check_in_place(
+        &self,
+        dir: &Path,
+        files: &[ModelFile],
+        stamps: &mut Stamps,
+        tally: &Tally,
+    ) -> Vec<ModelFile> {
+        // Owned values in the stream: futures that borrow their stream's
+        // items are not `Send` enough for `tokio::spawn`.
+        let checked: Vec<Option<Stamp>> = futures::stream::iter(files.to_vec())
             .map(|file| {
                 let stamp = stamps.get(&file.path).cloned();
                 verified_in_place(dir.join(&file.path), file, stamp)
@@ -163,7 +185,7 @@ impl Fetcher {
             .collect()
             .await;
         let mut missing = Vec::new();
-        for (file, checked) in model.files.iter().zip(checked) {
+        for (file, checked) in files.iter().zip(checked) {
             match checked {
                 Some(stamp) => {
                     stamps.insert(&file.path, stamp);
@@ -172,19 +194,23 @@ impl Fetcher {
                 None => missing.push(file.clone()),
             }
         }
-        // We hold the lock, so no other fetch writes here: a `.fetch-*` file
-        // is either a missing file's partial download, kept to be continued,
-        // or a leftover with nothing to continue.
-        let keep: BTreeSet<PathBuf> = missing
-            .iter()
-            .filter(|file| resumable(file))
-            .map(|file| partial_path(&dir.join(&file.path)))
-            .collect();
-        remove_temp_files(&dir, &keep);
+        missing
+    }
 
+    /// Downloads the `missing` files, a few at a time, recording each one
+    /// that verifies; stops at the first that fails.
+    async fn download_all(
+        &self,
+        model: &TrainedModel,
+        missing: Vec<ModelFile>,
+        dir: &Path,
+        tally: &Arc<Tally>,
+        lock: &Arc<DirLock>,
+        stamps: &mut Stamps,
+    ) -> Downloaded {
         let mut downloads = futures::stream::iter(missing)
             .map(|file| {
-                let (tally, lock, dir) = (tally.clone(), lock.clone(), &dir);
+                let (tally, lock) = (tally.clone(), lock.clone());
                 async move {
                     let stamp = self
                         .download(model, &file, dir, &tally, lock)
@@ -198,39 +224,23 @@ impl Fetcher {
                 }
             })
             .buffer_unordered(self.parallel);
-        let mut failed = None;
-        let mut renamed_in = BTreeSet::new();
+        let mut downloaded = Downloaded::default();
         while let Some(done) = downloads.next().await {
             match done {
                 Ok((file, stamp)) => {
                     stamps.insert(&file.path, stamp);
-                    renamed_in.extend(dir.join(&file.path).parent().map(Path::to_path_buf));
+                    let parent = dir.join(&file.path).parent().map(Path::to_path_buf);
+                    downloaded.renamed_in.extend(parent);
                 }
                 Err(e) => {
-                    failed = Some(e);
+                    downloaded.failed = Some(e);
                     break;
                 }
             }
         }
-        // Stops the other downloads; each keeps what it has for next time.
-        drop(downloads);
-        // Renames are made durable once per directory, not once per file.
-        for parent in renamed_in {
-            sync_dir(&parent).map_err(disk)?;
-        }
-        // Also after a failure: the files that did verify need not be
-        // hashed again next time.
-        if stamps.changed() {
-            stamps.save(&stamps_path).map_err(disk)?;
-        }
-        match failed {
-            Some(e) => Err(e),
-            None => {
-                // Every file is in place: no checkpoint is worth keeping.
-                let _ = std::fs::remove_dir_all(meta.join(format!("{}.resume", model.job_id)));
-                Ok(dir)
-            }
-        }
+        // Returning drops the other downloads; each keeps what it has for
+        // next time.
+        downloaded
     }
 
     /// Puts one file in place. A partial download left by an earlier
@@ -255,9 +265,8 @@ impl Fetcher {
         // The checkpoint an interrupted download of this file left, kept
         // beside the verification record, out of the deployers' sight.
         let record = self
-            .models_dir
-            .join(META_DIR)
-            .join(format!("{}.resume", model.job_id))
+            .bookkeeping(&model.job_id)
+            .resume
             .join(format!("{}.json", file.path));
         let (kept, hashed) = match (&file.sha256, std::fs::metadata(&partial)) {
             (Some(sha256), Ok(meta)) if meta.len() <= file.size_bytes => {
@@ -403,6 +412,59 @@ enum Failure {
     },
 }
 
+/// berth's own files about one model directory, kept in `META_DIR`.
+struct Bookkeeping {
+    /// The verification record.
+    stamps: PathBuf,
+    /// Held while the directory is filled.
+    lock: PathBuf,
+    /// The checkpoints of interrupted downloads, one per file.
+    resume: PathBuf,
+}
+
+/// What the downloads of one fetch leave to make durable.
+#[derive(Default)]
+struct Downloaded {
+    /// The directories that gained a file by rename.
+    renamed_in: BTreeSet<PathBuf>,
+    /// The first download that failed; the others were stopped.
+    failed: Option<Error>,
+}
+
+/// Makes the renames durable and records what verified, then answers for
+/// the whole fetch.
+fn settle(
+    dir: &Path,
+    books: &Bookkeeping,
+    stamps: &Stamps,
+    downloaded: Downloaded,
+) -> Result<PathBuf, Error> {
+    // Once per directory, not once per file.
+    for parent in &downloaded.renamed_in {
+        sync_dir(parent).map_err(disk_error(dir))?;
+    }
+    // Also after a failure: the files that did verify need not be hashed
+    // again next time.
+    if stamps.changed() {
+        stamps.save(&books.stamps).map_err(disk_error(dir))?;
+    }
+    match downloaded.failed {
+        Some(e) => Err(e),
+        None => {
+            // Every file is in place: no checkpoint is worth keeping.
+            let _ = std::fs::remove_dir_all(&books.resume);
+            Ok(dir.to_path_buf())
+        }
+    }
+}
+
+fn disk_error(dir: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |e| Error::Disk {
+        dir: dir.display().to_string(),
+        reason: e.to_string(),
+    }
+}
+
 /// Only a file with a recorded hash is continued: the hash is what catches
 /// kept bytes that belong to another version of the file.
 fn resumable(file: &ModelFile) -> bool {
@@ -446,6 +508,19 @@ fn hash_file(path: &Path) -> std::io::Result<String> {
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// Removes the `.fetch-*` files under `dir` that no download will continue.
+/// Called under the lock, so no other fetch writes here: a `.fetch-*` file
+/// is either a missing file's partial download, kept to be continued, or a
+/// leftover with nothing to continue.
+fn remove_leftovers(dir: &Path, missing: &[ModelFile]) {
+    let keep: BTreeSet<PathBuf> = missing
+        .iter()
+        .filter(|file| resumable(file))
+        .map(|file| partial_path(&dir.join(&file.path)))
+        .collect();
+    remove_temp_files(dir, &keep);
 }
 
 /// Removes every `.fetch-*` file under `dir` but those in `keep`.

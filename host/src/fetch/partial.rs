@@ -44,12 +44,19 @@ pub(crate) fn partial_path(target: &Path) -> PathBuf {
     target.with_file_name(format!("{TEMP_PREFIX}{name}"))
 }
 
+/// The layout checkpoints are written in. A checkpoint in any other one
+/// is used up unread and the kept bytes are hashed again: those without a
+/// `format` were written before berth saved sha2's own hash state. Change
+/// it whenever `Checkpoint` or the saved hash state (`sha::Saved`) changes.
+pub(crate) const CHECKPOINT_FORMAT: u32 = 2;
+
 /// What an interrupted download left besides its bytes: how far the hash
 /// got and what the file looked like then. Trusted only while the file
 /// still matches the stamp (ctime changes with any write, as for the
 /// verification record); otherwise the kept bytes are hashed again.
 #[derive(Serialize, Deserialize)]
 pub(crate) struct Checkpoint {
+    format: u32,
     stamp: Stamp,
     hash: Sha256,
 }
@@ -62,8 +69,10 @@ impl Checkpoint {
         let _ = std::fs::remove_file(record);
         let checkpoint: Checkpoint = serde_json::from_slice(&bytes?).ok()?;
         let meta = std::fs::symlink_metadata(partial).ok()?;
-        (checkpoint.stamp.vouches_for(&meta, Some(sha256)) && checkpoint.hash.len() == meta.len())
-            .then_some(checkpoint.hash)
+        (checkpoint.format == CHECKPOINT_FORMAT
+            && checkpoint.stamp.vouches_for(&meta, Some(sha256))
+            && checkpoint.hash.len() == meta.len())
+        .then_some(checkpoint.hash)
     }
 
     fn save(&self, record: &Path) -> std::io::Result<()> {
@@ -254,7 +263,13 @@ fn write(
             && hash.len() == position
         {
             let stamp = Stamp::of(&file.metadata()?, Some(&resumable.sha256));
-            Checkpoint { stamp, hash }.save(&resumable.record)?;
+            let format = CHECKPOINT_FORMAT;
+            Checkpoint {
+                format,
+                stamp,
+                hash,
+            }
+            .save(&resumable.record)?;
         }
     }
     Err(std::io::Error::other("the download stopped"))
@@ -317,6 +332,8 @@ fn hash_prefix(
 /// until dirty memory hits the kernel's threshold), and the fsync then
 /// costs a whole file's worth of disk time after the network is done.
 #[cfg(target_os = "linux")]
+// Neither nix nor rustix wraps sync_file_range; libc is the only way in.
+#[allow(unsafe_code)]
 fn start_writeback(file: &File, offset: u64, len: u64) {
     use std::os::fd::AsRawFd;
     let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {

@@ -338,6 +338,50 @@ async fn an_untouched_partial_is_continued_from_its_checkpoint() {
 }
 
 #[tokio::test]
+async fn a_checkpoint_in_the_old_format_is_not_read_and_the_kept_bytes_are_hashed_again() {
+    let contents = bytes(14, BIG);
+    let setup = Setup::new(&[("big.bin", contents.clone())]).await;
+    setup.source.with(|s| s.cut_after = Some(BIG / 2));
+    setup.fetch().await.unwrap_err();
+    let partial = setup.path(".fetch-big.bin");
+    let record = setup
+        .fetcher
+        .models_dir
+        .join(".berth/job.resume/big.bin.json");
+    let kept = std::fs::metadata(&partial).unwrap().len();
+    // What berth wrote before checkpoints had a format: the state words of
+    // its own SHA-256, the length, the bytes of the unfinished block. The
+    // stamp still vouches for the file, so only the format can turn it down.
+    // The words are not those of the kept bytes: were they believed, the
+    // file would fail its hash and be downloaded whole.
+    let new: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    let old = serde_json::json!({
+        "stamp": new["stamp"],
+        "hash": {
+            "state": [0x6a09_e667_u32, 0xbb67_ae85_u32, 0x3c6e_f372_u32, 0xa54f_f53a_u32,
+                      0x510e_527f_u32, 0x9b05_688c_u32, 0x1f83_d9ab_u32, 0x5be0_cd19_u32],
+            "len": kept,
+            "pending": contents[(kept - kept % 64) as usize..kept as usize],
+        },
+    });
+    std::fs::write(&record, serde_json::to_vec(&old).unwrap()).unwrap();
+    std::fs::copy(&record, record.with_extension("copy")).unwrap();
+    assert!(partial::Checkpoint::take(&record, &partial, &sha(&contents)).is_none());
+    assert!(!record.exists(), "the old checkpoint is used up");
+
+    // Through a fetch: continued from the kept bytes, which are hashed
+    // again, and verified whole.
+    std::fs::rename(record.with_extension("copy"), &record).unwrap();
+    setup.source.with(|s| s.cut_after = None);
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "big.bin", &contents);
+    assert_eq!(
+        setup.source.requests("job/big.bin"),
+        [None, Some(format!("bytes={kept}-"))]
+    );
+}
+
+#[tokio::test]
 async fn a_source_without_ranges_is_read_from_the_start() {
     let contents = bytes(3, BIG);
     let setup = Setup::new(&[("big.bin", contents.clone())]).await;

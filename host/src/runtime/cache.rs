@@ -37,6 +37,8 @@ impl CodeCache {
     }
 
     /// The cached component, if a trustworthy entry exists.
+    // wasmtime offers no safe way to load precompiled code.
+    #[allow(unsafe_code)]
     pub(crate) fn load(&self, engine: &Engine, wasm_sha256: &str) -> Option<Component> {
         let path = self.entry(engine, wasm_sha256);
         let bytes = std::fs::read(&path).ok()?;
@@ -45,8 +47,11 @@ impl CodeCache {
             tracing::warn!(entry = %path.display(), "compiled-code cache entry does not match its recorded hash; ignoring it and compiling again");
             return None;
         }
-        // SAFETY: the bytes are exactly what this server serialized for this
-        // engine configuration (the key) and have not changed since (the seal).
+        // SAFETY: wasmtime requires bytes it serialized itself, for this
+        // engine's configuration. These are only ever bytes this server
+        // wrote with `Component::serialize` under a key that includes the
+        // engine's compatibility hash, and they still match the `.sha256`
+        // seal written after them, so they have not changed since.
         match unsafe { Component::deserialize(engine, &bytes) } {
             Ok(component) => Some(component),
             Err(e) => {
