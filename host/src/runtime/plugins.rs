@@ -1,11 +1,12 @@
 //! The plugins folder: which files become deployers, and why the others did
 //! not. A bad file is skipped with its reason; it never stops the others.
+//! Never reads a plugin's bytes itself (`load` does).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{Manifest, Plugin, Runtime};
+use super::{Plugin, Runtime};
 
 /// A file of the plugins folder that did not become a deployer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,21 +115,6 @@ impl Runtime {
             }
         }
         set
-    }
-
-    /// Loads `path` as the deployer `name`, with `NAME.toml` beside it when
-    /// present; the manifest's `${VAR}`s come from this process's environment.
-    pub async fn load_file(&self, path: &Path, name: &str) -> Result<Plugin, String> {
-        check_name(name)?;
-        let manifest_path = path.with_extension("toml");
-        let manifest = match std::fs::read_to_string(&manifest_path) {
-            Ok(text) => Manifest::parse(&text, |var| std::env::var(var).ok())
-                .map_err(|e| format!("manifest {name}.toml: {e}"))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Manifest::default(),
-            Err(e) => return Err(format!("manifest {name}.toml cannot be read: {e}")),
-        };
-        let wasm = std::fs::read(path).map_err(|e| format!("cannot be read: {e}"))?;
-        self.load(name, wasm, manifest).await
     }
 }
 
