@@ -37,6 +37,7 @@ pub use cache::{CodeCache, Origin};
 pub use error::CallError;
 pub use http_gate::AllowedHost;
 pub use manifest::Manifest;
+pub(crate) use plugins::{Change, Folder};
 pub use plugins::{PluginSet, Rejection, check_name};
 pub use report::{GuestLevel, LogReporter, Reporter};
 pub use sandbox::{MODEL_DIR, OUT_DIR};
