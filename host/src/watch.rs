@@ -2,9 +2,10 @@
 //! while the server runs. The folder is polled (portable, and immune to lost
 //! notifications); a change is applied only once the file has stayed the
 //! same for a whole poll interval, so a plugin still being copied in is not
-//! loaded half-written. A replacement is swapped in only after it compiled
-//! and checked; a bad one leaves the previous version serving. Deployments
-//! already running hold the version they started with.
+//! loaded half-written. What a change means for the served deployers is
+//! decided by the runtime's folder rules, the same as at start; this module
+//! only notices changes, swaps the set and announces it. Deployments already
+//! running hold the version they started with.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
@@ -16,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::deployers::Deployers;
 use crate::events::{Event, Events};
-use crate::runtime::{PluginSet, Rejection};
+use crate::runtime::{Change, Folder};
 
 /// What identifies a file's version without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,103 +105,29 @@ impl Watcher {
             .keys()
             .chain(now.keys())
             .filter(|file| self.applied.get(*file) != now.get(*file))
-            .filter_map(|file| file.rsplit_once('.').map(|(stem, _)| stem.to_string()))
+            .cloned()
             .collect();
-        let set = self.reload(deployers, events, &now, &changed).await;
+        let folder = Folder {
+            files: now.keys().cloned().collect(),
+            changed,
+        };
+        let (set, changes) = deployers
+            .runtime()
+            .reconcile_dir(deployers.dir(), &folder, &deployers.current(), self.max)
+            .await;
         deployers.replace(set);
+        // Announced after the swap, so a listener that asks finds what it was told.
+        for change in changes {
+            events.publish(match change {
+                Change::Loaded { name, .. } => Event::PluginLoaded { name },
+                Change::Removed { name } => Event::PluginRemoved { name },
+                Change::Rejected(rejection) => Event::PluginRejected {
+                    file: rejection.file,
+                    reason: rejection.reason,
+                },
+            });
+        }
         self.applied = now;
         self.seen = None;
     }
-
-    async fn reload(
-        &self,
-        deployers: &Deployers,
-        events: &Events,
-        now: &Scan,
-        changed: &BTreeSet<String>,
-    ) -> PluginSet {
-        let current = deployers.current();
-        let concerns = |file: &str, name: &str| {
-            file == format!("{name}.wasm") || file == format!("{name}.toml")
-        };
-        let mut set = PluginSet {
-            deployers: current
-                .deployers
-                .iter()
-                .filter(|(name, _)| !changed.contains(*name))
-                .map(|(name, plugin)| (name.clone(), plugin.clone()))
-                .collect(),
-            rejected: current
-                .rejected
-                .iter()
-                .filter(|r| !changed.iter().any(|name| concerns(&r.file, name)))
-                .cloned()
-                .collect(),
-        };
-        for name in changed {
-            let wasm = format!("{name}.wasm");
-            let previous = current.deployers.get(name);
-            if !now.contains_key(&wasm) {
-                if now.contains_key(&format!("{name}.toml")) {
-                    reject(
-                        events,
-                        &mut set,
-                        format!("{name}.toml"),
-                        format!("a manifest without a plugin: there is no {wasm} beside it"),
-                    );
-                }
-                if previous.is_some() {
-                    tracing::info!(plugin = %name, "deployer removed: its file left the plugins folder");
-                    events.publish(Event::PluginRemoved { name: name.clone() });
-                }
-                continue;
-            }
-            if previous.is_none() && set.deployers.len() >= self.max {
-                let reason = format!(
-                    "too many deployers: this server loads at most {} (--max-deployers)",
-                    self.max
-                );
-                reject(events, &mut set, wasm, reason);
-                continue;
-            }
-            match deployers
-                .runtime()
-                .load_file(&deployers.dir().join(&wasm), name)
-                .await
-            {
-                Ok(plugin) => {
-                    tracing::info!(
-                        plugin = %name,
-                        sha256 = %plugin.sha256,
-                        "{} deployer: {}",
-                        if previous.is_some() { "replaced" } else { "loaded" },
-                        plugin.description
-                    );
-                    set.deployers.insert(name.clone(), Arc::new(plugin));
-                    events.publish(Event::PluginLoaded { name: name.clone() });
-                }
-                Err(reason) => match previous {
-                    Some(old) => {
-                        set.deployers.insert(name.clone(), old.clone());
-                        let reason = format!(
-                            "{reason} (still serving the previous version, sha256 {})",
-                            old.sha256
-                        );
-                        reject(events, &mut set, wasm, reason);
-                    }
-                    None => reject(events, &mut set, wasm, reason),
-                },
-            }
-        }
-        set
-    }
-}
-
-fn reject(events: &Events, set: &mut PluginSet, file: String, reason: String) {
-    tracing::warn!(file, "skipped plugin: {reason}");
-    events.publish(Event::PluginRejected {
-        file: file.clone(),
-        reason: reason.clone(),
-    });
-    set.rejected.push(Rejection { file, reason });
 }

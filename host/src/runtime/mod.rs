@@ -1,47 +1,46 @@
-//! The sandbox: compiles deployer components, checks they implement
-//! `berth:deployer`, and runs their calls in a fresh, limited `Store` each.
-//! It never touches the database or the network on its own behalf, and knows
-//! nothing of HTTP requests: it is handed a model directory and an out-dir.
+//! The runtime: one engine and linker, and the calls into a plugin
+//! (`describe`, `check-options`, `deploy`), each in a fresh `Store` bounded in
+//! memory and time. Loading lives in `load`, the grants of a call in
+//! `sandbox`, the WIT contract in `wit`, the plugins-folder rules in
+//! `plugins`. It never touches the database or the network on its own
+//! behalf, and knows nothing of HTTP requests: it is handed a model
+//! directory and an out-dir.
 
-mod bindings;
 mod cache;
 mod error;
 mod http_gate;
+mod load;
 mod manifest;
 mod memory;
 mod plugins;
 mod report;
+mod sandbox;
 mod state;
+mod wit;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable, types::ComponentItem};
-use wasmtime::{Engine, Store, Trap, UpdateDeadline};
-use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
-use wasmtime_wasi_http::WasiHttpCtx;
+use wasmtime::component::Linker;
+use wasmtime::{Engine, Trap, UpdateDeadline};
 
 use crate::model::TrainedModel;
-use bindings::{DeployerPre, PLUGIN_FUNCTIONS, PLUGIN_INTERFACE, WIT_VERSION};
-use memory::MemoryBudget;
 use report::GuestOutput;
+use sandbox::Mounts;
 use state::State;
+use wit::{Answer, PluginPre, Question};
 
 pub use cache::{CodeCache, Origin};
 pub use error::CallError;
 pub use http_gate::AllowedHost;
 pub use manifest::Manifest;
+pub(crate) use plugins::{Change, Folder};
 pub use plugins::{PluginSet, Rejection, check_name};
 pub use report::{GuestLevel, LogReporter, Reporter};
-
-/// Guest path of the read-only model directory.
-pub const MODEL_DIR: &str = "/model";
-/// Guest path of the deployment's writable directory.
-pub const OUT_DIR: &str = "/out";
+pub use sandbox::{MODEL_DIR, OUT_DIR};
 
 /// How often the engine's epoch advances: the granularity of deadlines and
 /// of noticing a cancellation while the guest computes.
@@ -78,7 +77,7 @@ pub struct Plugin {
     pub manifest: Manifest,
     pub limits: Limits,
     pub origin: Origin,
-    pre: DeployerPre<State>,
+    pre: PluginPre,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -122,28 +121,6 @@ impl Drop for Runtime {
     }
 }
 
-/// What the sandbox of one call may see.
-enum Sandbox<'a> {
-    /// `describe` / `check-options`: no files at all.
-    Bare,
-    Deploy {
-        model_dir: &'a Path,
-        out_dir: &'a Path,
-    },
-}
-
-enum Question {
-    Describe,
-    CheckOptions(String),
-    Deploy(Box<bindings::DeployRequest>),
-}
-
-enum Answer {
-    Info(bindings::DeployerInfo),
-    Checked(Result<(), String>),
-    Deployed(Result<bindings::DeployResult, String>),
-}
-
 /// Why the epoch callback stopped the guest.
 #[derive(Debug, thiserror::Error)]
 enum Stop {
@@ -160,14 +137,8 @@ impl Runtime {
         let engine = Engine::new(&config)?;
 
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        // Every plugin gets wasi:http linked (componentize-js imports it
-        // always); the gate in each Store decides what may pass.
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
-        bindings::berth::deployer::host::add_to_linker::<State, HasSelf<State>>(
-            &mut linker,
-            |state| state,
-        )?;
+        sandbox::add_to_linker(&mut linker)?;
+        wit::add_to_linker(&mut linker)?;
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
         let (ticker_engine, stop) = (engine.clone(), ticker_stop.clone());
@@ -193,159 +164,6 @@ impl Runtime {
         self.defaults
     }
 
-    /// Compiles (or loads from the cache) and checks one plugin, and asks it
-    /// to describe itself. The error is the reason to show for the file.
-    pub async fn load(
-        &self,
-        name: &str,
-        wasm: Vec<u8>,
-        manifest: Manifest,
-    ) -> Result<Plugin, String> {
-        check_name(name)?;
-        let sha256 = hex::encode(Sha256::digest(&wasm));
-        let (component, origin) = self.compile(wasm, &sha256).await?;
-        let wit_version = self.check_world(&component)?;
-        let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| {
-            format!(
-                "needs an import berth does not provide: {}",
-                root_message(&e)
-            )
-        })?;
-        let pre = DeployerPre::new(instance_pre).map_err(|e| {
-            format!(
-                "does not implement berth:deployer@{WIT_VERSION}: {}",
-                root_message(&e)
-            )
-        })?;
-
-        let limits = Limits {
-            memory_mib: manifest.memory_mib.unwrap_or(self.defaults.memory_mib),
-            timeout: manifest.timeout.unwrap_or(self.defaults.timeout),
-        };
-        let mut plugin = Plugin {
-            name: name.to_string(),
-            description: String::new(),
-            options_schema: None,
-            wit_version,
-            sha256,
-            manifest,
-            limits,
-            origin,
-            pre,
-        };
-        let reporter = Arc::new(LogReporter {
-            plugin: name.to_string(),
-            deploy_id: None,
-        });
-        let info = match self
-            .ask(
-                &plugin,
-                Sandbox::Bare,
-                reporter,
-                &CancellationToken::new(),
-                Question::Describe,
-            )
-            .await
-        {
-            Ok(Answer::Info(info)) => info,
-            Ok(_) => unreachable!("describe answers with info"),
-            Err(e) => return Err(format!("describe failed: {e}")),
-        };
-        if let Some(schema) = &info.options_schema
-            && serde_json::from_str::<serde_json::Value>(schema).is_err()
-        {
-            return Err("describe returned an options-schema that is not valid JSON".into());
-        }
-        plugin.description = plugin
-            .manifest
-            .description
-            .clone()
-            .unwrap_or(info.description);
-        plugin.options_schema = info.options_schema;
-        Ok(plugin)
-    }
-
-    async fn compile(&self, wasm: Vec<u8>, sha256: &str) -> Result<(Component, Origin), String> {
-        if !wasm.starts_with(b"\0asm") {
-            return Err(
-                "is not a WebAssembly file (it does not start with the \\0asm magic)".into(),
-            );
-        }
-        if wasm.get(4..8) == Some(&[1, 0, 0, 0]) {
-            return Err("is a core WebAssembly module, not a component (build it for wasm32-wasip2, or wrap it with `wasm-tools component new`)".into());
-        }
-        if let Some(component) = self
-            .cache
-            .as_ref()
-            .and_then(|c| c.load(&self.engine, sha256))
-        {
-            return Ok((component, Origin::Cached));
-        }
-        let engine = self.engine.clone();
-        let started = Instant::now();
-        let component = tokio::task::spawn_blocking(move || Component::from_binary(&engine, &wasm))
-            .await
-            .map_err(|e| format!("compiling it crashed: {e}"))?
-            .map_err(|e| format!("is not a valid component: {}", root_message(&e)))?;
-        tracing::debug!(
-            sha256,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "compiled a plugin"
-        );
-        if let Some(cache) = &self.cache {
-            cache.store(&self.engine, sha256, &component);
-        }
-        Ok((component, Origin::Compiled))
-    }
-
-    /// Explains, in the plugin author's terms, why a component is not a
-    /// deployer of the version this server speaks. Returns its version.
-    fn check_world(&self, component: &Component) -> Result<String, String> {
-        let ty = component.component_type();
-        let wanted = format!("{PLUGIN_INTERFACE}@{WIT_VERSION}");
-        let mut found = None;
-        for (name, item) in ty.exports(&self.engine) {
-            if let Some(version) = name
-                .strip_prefix(PLUGIN_INTERFACE)
-                .and_then(|v| v.strip_prefix('@'))
-            {
-                found = Some((version.to_string(), item));
-            }
-        }
-        let Some((version, item)) = found else {
-            let exports: Vec<_> = ty
-                .exports(&self.engine)
-                .map(|(name, _)| name.to_string())
-                .collect();
-            return Err(format!(
-                "exports no {wanted} interface (exports: {}); is it built for another world? Generate its bindings from berth's wit/ with world \"deployer\"",
-                if exports.is_empty() {
-                    "nothing".to_string()
-                } else {
-                    exports.join(", ")
-                }
-            ));
-        };
-        if !compatible(&version, WIT_VERSION) {
-            return Err(format!(
-                "built for berth:deployer@{version} but this server speaks {WIT_VERSION}"
-            ));
-        }
-        let ComponentItem::ComponentInstance(instance) = item.ty else {
-            return Err(format!("exports {wanted} but not as an interface"));
-        };
-        let functions: Vec<_> = instance
-            .exports(&self.engine)
-            .map(|(n, _)| n.to_string())
-            .collect();
-        for function in PLUGIN_FUNCTIONS {
-            if !functions.iter().any(|f| f == function) {
-                return Err(format!("exports no {function} function"));
-            }
-        }
-        Ok(version)
-    }
-
     /// Instantiates the plugin afresh and asks it to describe itself: the
     /// cost of the smallest call, which `berth plugin check --repeat` times.
     pub async fn describe(&self, plugin: &Plugin) -> Result<String, CallError> {
@@ -355,7 +173,7 @@ impl Runtime {
         });
         let token = CancellationToken::new();
         match self
-            .ask(plugin, Sandbox::Bare, reporter, &token, Question::Describe)
+            .ask(plugin, reporter, &token, Question::Describe)
             .await?
         {
             Answer::Info(info) => Ok(info.description),
@@ -373,15 +191,9 @@ impl Runtime {
             plugin: plugin.name.clone(),
             deploy_id: None,
         });
-        let question = Question::CheckOptions(options_json.to_string());
+        let question = Question::CheckOptions(options_json);
         match self
-            .ask(
-                plugin,
-                Sandbox::Bare,
-                reporter,
-                &CancellationToken::new(),
-                question,
-            )
+            .ask(plugin, reporter, &CancellationToken::new(), question)
             .await?
         {
             Answer::Checked(verdict) => verdict.map_err(CallError::Refused),
@@ -398,22 +210,16 @@ impl Runtime {
         reporter: Arc<dyn Reporter>,
         cancel: &CancellationToken,
     ) -> Result<Deployed, CallError> {
-        let request = deploy_request(&call);
-        let sandbox = Sandbox::Deploy {
-            model_dir: call.model_dir,
-            out_dir: call.out_dir,
-        };
-        let question = Question::Deploy(Box::new(request));
-        let result = match self
-            .ask(plugin, sandbox, reporter, cancel, question)
+        let reply = match self
+            .ask(plugin, reporter, cancel, Question::Deploy(&call))
             .await?
         {
-            Answer::Deployed(result) => result.map_err(CallError::Refused)?,
+            Answer::Deployed(reply) => reply.map_err(CallError::Refused)?,
             _ => unreachable!("deploy answers with a result"),
         };
-        let details = parse_details(&result.details_json)?;
+        let details = parse_details(&reply.details_json)?;
         Ok(Deployed {
-            reference: result.ref_,
+            reference: reply.reference,
             details,
         })
     }
@@ -421,17 +227,22 @@ impl Runtime {
     async fn ask(
         &self,
         plugin: &Plugin,
-        sandbox: Sandbox<'_>,
         reporter: Arc<dyn Reporter>,
         cancel: &CancellationToken,
-        question: Question,
+        question: Question<'_>,
     ) -> Result<Answer, CallError> {
-        let limit = match question {
-            Question::Deploy(_) => plugin.limits.timeout,
-            _ => plugin.limits.timeout.min(QUESTION_LIMIT),
+        let (limit, mounts) = match &question {
+            Question::Deploy(call) => (
+                plugin.limits.timeout,
+                Some(Mounts {
+                    model_dir: call.model_dir,
+                    out_dir: call.out_dir,
+                }),
+            ),
+            _ => (plugin.limits.timeout.min(QUESTION_LIMIT), None),
         };
         let stderr = GuestOutput::stderr(reporter.clone());
-        let mut store = self.store(plugin, sandbox, reporter, stderr.clone())?;
+        let mut store = sandbox::store(&self.engine, plugin, mounts, reporter, stderr.clone())?;
         let deadline = Instant::now() + limit;
         let flag = cancel.clone();
         store.set_epoch_deadline(1);
@@ -447,19 +258,7 @@ impl Runtime {
             Ok(UpdateDeadline::Yield(1))
         });
 
-        let work = async {
-            let instance = plugin.pre.instantiate_async(&mut store).await?;
-            let api = instance.berth_deployer_plugin();
-            wasmtime::Result::Ok(match question {
-                Question::Describe => Answer::Info(api.call_describe(&mut store).await?),
-                Question::CheckOptions(options) => {
-                    Answer::Checked(api.call_check_options(&mut store, &options).await?)
-                }
-                Question::Deploy(request) => {
-                    Answer::Deployed(api.call_deploy(&mut store, &request).await?)
-                }
-            })
-        };
+        let work = plugin.pre.ask(&mut store, question);
         // The epoch deadline stops wasm code; this outer bound also stops a
         // guest that sits blocked inside a host call (slow I/O).
         let outcome = tokio::select! {
@@ -477,50 +276,6 @@ impl Runtime {
                 &stderr,
             )),
         }
-    }
-
-    fn store(
-        &self,
-        plugin: &Plugin,
-        sandbox: Sandbox<'_>,
-        reporter: Arc<dyn Reporter>,
-        stderr: GuestOutput,
-    ) -> Result<Store<State>, CallError> {
-        // Deny by default: an empty context, then only what this call is granted.
-        let mut wasi = WasiCtxBuilder::new();
-        wasi.args(&[plugin.name.as_str()])
-            .envs(&plugin.manifest.env)
-            .stdout(GuestOutput::stdout(reporter.clone()))
-            .stderr(stderr)
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            // Reading the model is the hot path; blocking reads on the
-            // current thread are ~3x faster than hopping to a blocking pool.
-            .allow_blocking_current_thread(true);
-        if let Sandbox::Deploy { model_dir, out_dir } = sandbox {
-            wasi.preopened_dir(model_dir, MODEL_DIR, FsPerms::ReadOnly)
-                .map_err(|e| {
-                    CallError::Sandbox(format!("model directory {}: {e}", model_dir.display()))
-                })?;
-            wasi.preopened_dir(out_dir, OUT_DIR, FsPerms::ReadWrite)
-                .map_err(|e| {
-                    CallError::Sandbox(format!("output directory {}: {e}", out_dir.display()))
-                })?;
-        }
-        let memory_bytes =
-            usize::try_from(plugin.limits.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-        let state = State {
-            wasi: wasi.build(),
-            http: WasiHttpCtx::new(),
-            table: ResourceTable::new(),
-            gate: http_gate::HttpGate::new(&plugin.name, plugin.manifest.allowed_hosts.clone()),
-            memory: MemoryBudget::new(memory_bytes),
-            reporter,
-        };
-        let mut store = Store::new(&self.engine, state);
-        store.limiter(|state| &mut state.memory);
-        Ok(store)
     }
 }
 
@@ -555,43 +310,6 @@ fn classify(
 
 fn root_message(e: &wasmtime::Error) -> String {
     e.root_cause().to_string()
-}
-
-/// Semver compatibility for 0.x: same minor, any patch.
-fn compatible(version: &str, ours: &str) -> bool {
-    let major_minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
-    major_minor(version) == major_minor(ours)
-}
-
-fn deploy_request(call: &DeployCall<'_>) -> bindings::DeployRequest {
-    let m = call.model;
-    bindings::DeployRequest {
-        deploy_id: call.deploy_id,
-        model: bindings::TrainedModel {
-            id: m.id,
-            name: m.name.clone(),
-            job_id: m.job_id.clone(),
-            base_model: m.base_model.clone(),
-            model_size: m.model_size.clone(),
-            dataset: m.dataset.clone(),
-            num_examples: m.num_examples,
-            num_train_steps: m.num_train_steps,
-            final_loss: m.final_loss,
-            params_json: m.params_json.clone(),
-            files: m
-                .files
-                .iter()
-                .map(|f| bindings::ModelFile {
-                    path: f.path.clone(),
-                    size_bytes: f.size_bytes,
-                    sha256: f.sha256.clone(),
-                })
-                .collect(),
-        },
-        dir: MODEL_DIR.to_string(),
-        out_dir: OUT_DIR.to_string(),
-        options_json: call.options_json.to_string(),
-    }
 }
 
 fn parse_details(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, CallError> {
@@ -637,12 +355,5 @@ mod tests {
             err.starts_with("returned details-json that is not valid JSON"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn versions_are_compatible_within_a_minor() {
-        assert!(compatible("0.1.0", "0.1.0"));
-        assert!(compatible("0.1.7", "0.1.0"));
-        assert!(!compatible("0.2.0", "0.1.0"));
     }
 }

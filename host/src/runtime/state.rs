@@ -1,7 +1,8 @@
 //! What a plugin's `Store` holds for one call: the WASI context it was
 //! granted, the HTTP gate, its memory budget and where its reports go. The
 //! only file that implements wasmtime's view traits (they change between
-//! releases; wasmtime is pinned for that reason).
+//! releases; wasmtime is pinned for that reason); never decides what goes
+//! into them (`sandbox` does).
 
 use std::sync::Arc;
 
@@ -9,10 +10,9 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::bindings::{Host, Level};
 use super::http_gate::HttpGate;
 use super::memory::MemoryBudget;
-use super::report::{GuestLevel, Reporter};
+use super::report::Reporter;
 
 pub(crate) struct State {
     pub(crate) wasi: WasiCtx,
@@ -39,21 +39,5 @@ impl WasiHttpView for State {
             table: &mut self.table,
             hooks: &mut self.gate,
         }
-    }
-}
-
-impl Host for State {
-    fn log(&mut self, level: Level, message: String) {
-        let level = match level {
-            Level::Debug => GuestLevel::Debug,
-            Level::Info => GuestLevel::Info,
-            Level::Warn => GuestLevel::Warn,
-            Level::Error => GuestLevel::Error,
-        };
-        self.reporter.log(level, &message);
-    }
-
-    fn progress(&mut self, done: u64, total: u64, note: String) {
-        self.reporter.progress(done, total, &note);
     }
 }

@@ -1,0 +1,205 @@
+//! Loading a plugin: reading its `.wasm` and `NAME.toml`, compiling it or
+//! taking it from the code cache, checking which `berth:deployer` version it
+//! exports, and asking it to describe itself. Every refusal is a reason a
+//! plugin author can act on. Never decides which files of the plugins folder
+//! become deployers (`plugins` does).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+use wasmtime::component::Component;
+use wasmtime::component::types::ComponentItem;
+
+use super::plugins::check_name;
+use super::wit::{self, PLUGIN_FUNCTIONS, PLUGIN_INTERFACE, PluginPre, WIT_VERSION};
+use super::{Limits, LogReporter, Manifest, Origin, Plugin, Runtime, root_message};
+
+impl Runtime {
+    /// Loads `path` as the deployer `name`, with `NAME.toml` beside it when
+    /// present; the manifest's `${VAR}`s come from this process's environment.
+    pub async fn load_file(&self, path: &Path, name: &str) -> Result<Plugin, String> {
+        check_name(name)?;
+        let manifest_path = path.with_extension("toml");
+        let manifest = match std::fs::read_to_string(&manifest_path) {
+            Ok(text) => Manifest::parse(&text, |var| std::env::var(var).ok())
+                .map_err(|e| format!("manifest {name}.toml: {e}"))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Manifest::default(),
+            Err(e) => return Err(format!("manifest {name}.toml cannot be read: {e}")),
+        };
+        let wasm = std::fs::read(path).map_err(|e| format!("cannot be read: {e}"))?;
+        self.load(name, wasm, manifest).await
+    }
+
+    /// Compiles (or loads from the cache) and checks one plugin, and asks it
+    /// to describe itself. The error is the reason to show for the file.
+    pub async fn load(
+        &self,
+        name: &str,
+        wasm: Vec<u8>,
+        manifest: Manifest,
+    ) -> Result<Plugin, String> {
+        check_name(name)?;
+        let sha256 = hex::encode(Sha256::digest(&wasm));
+        let (component, origin) = self.compile(wasm, &sha256).await?;
+        let wit_version = self.check_world(&component)?;
+        let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| {
+            format!(
+                "needs an import berth does not provide: {}",
+                root_message(&e)
+            )
+        })?;
+        let pre = PluginPre::new(instance_pre).map_err(|e| {
+            format!(
+                "does not implement berth:deployer@{WIT_VERSION}: {}",
+                root_message(&e)
+            )
+        })?;
+
+        let limits = Limits {
+            memory_mib: manifest.memory_mib.unwrap_or(self.defaults.memory_mib),
+            timeout: manifest.timeout.unwrap_or(self.defaults.timeout),
+        };
+        let mut plugin = Plugin {
+            name: name.to_string(),
+            description: String::new(),
+            options_schema: None,
+            wit_version,
+            sha256,
+            manifest,
+            limits,
+            origin,
+            pre,
+        };
+        let reporter = Arc::new(LogReporter {
+            plugin: name.to_string(),
+            deploy_id: None,
+        });
+        let info = match self
+            .ask(
+                &plugin,
+                reporter,
+                &CancellationToken::new(),
+                wit::Question::Describe,
+            )
+            .await
+        {
+            Ok(wit::Answer::Info(info)) => info,
+            Ok(_) => unreachable!("describe answers with info"),
+            Err(e) => return Err(format!("describe failed: {e}")),
+        };
+        if let Some(schema) = &info.options_schema
+            && serde_json::from_str::<serde_json::Value>(schema).is_err()
+        {
+            return Err("describe returned an options-schema that is not valid JSON".into());
+        }
+        plugin.description = plugin
+            .manifest
+            .description
+            .clone()
+            .unwrap_or(info.description);
+        plugin.options_schema = info.options_schema;
+        Ok(plugin)
+    }
+
+    async fn compile(&self, wasm: Vec<u8>, sha256: &str) -> Result<(Component, Origin), String> {
+        if !wasm.starts_with(b"\0asm") {
+            return Err(
+                "is not a WebAssembly file (it does not start with the \\0asm magic)".into(),
+            );
+        }
+        if wasm.get(4..8) == Some(&[1, 0, 0, 0]) {
+            return Err("is a core WebAssembly module, not a component (build it for wasm32-wasip2, or wrap it with `wasm-tools component new`)".into());
+        }
+        if let Some(component) = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.load(&self.engine, sha256))
+        {
+            return Ok((component, Origin::Cached));
+        }
+        let engine = self.engine.clone();
+        let started = Instant::now();
+        let component = tokio::task::spawn_blocking(move || Component::from_binary(&engine, &wasm))
+            .await
+            .map_err(|e| format!("compiling it crashed: {e}"))?
+            .map_err(|e| format!("is not a valid component: {}", root_message(&e)))?;
+        tracing::debug!(
+            sha256,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "compiled a plugin"
+        );
+        if let Some(cache) = &self.cache {
+            cache.store(&self.engine, sha256, &component);
+        }
+        Ok((component, Origin::Compiled))
+    }
+
+    /// Explains, in the plugin author's terms, why a component is not a
+    /// deployer of the version this server speaks. Returns its version.
+    fn check_world(&self, component: &Component) -> Result<String, String> {
+        let ty = component.component_type();
+        let wanted = format!("{PLUGIN_INTERFACE}@{WIT_VERSION}");
+        let mut found = None;
+        for (name, item) in ty.exports(&self.engine) {
+            if let Some(version) = name
+                .strip_prefix(PLUGIN_INTERFACE)
+                .and_then(|v| v.strip_prefix('@'))
+            {
+                found = Some((version.to_string(), item));
+            }
+        }
+        let Some((version, item)) = found else {
+            let exports: Vec<_> = ty
+                .exports(&self.engine)
+                .map(|(name, _)| name.to_string())
+                .collect();
+            return Err(format!(
+                "exports no {wanted} interface (exports: {}); is it built for another world? Generate its bindings from berth's wit/ with world \"deployer\"",
+                if exports.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    exports.join(", ")
+                }
+            ));
+        };
+        if !compatible(&version, WIT_VERSION) {
+            return Err(format!(
+                "built for berth:deployer@{version} but this server speaks {WIT_VERSION}"
+            ));
+        }
+        let ComponentItem::ComponentInstance(instance) = item.ty else {
+            return Err(format!("exports {wanted} but not as an interface"));
+        };
+        let functions: Vec<_> = instance
+            .exports(&self.engine)
+            .map(|(n, _)| n.to_string())
+            .collect();
+        for function in PLUGIN_FUNCTIONS {
+            if !functions.iter().any(|f| f == function) {
+                return Err(format!("exports no {function} function"));
+            }
+        }
+        Ok(version)
+    }
+}
+
+/// Semver compatibility for 0.x: same minor, any patch.
+fn compatible(version: &str, ours: &str) -> bool {
+    let major_minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+    major_minor(version) == major_minor(ours)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_compatible_within_a_minor() {
+        assert!(compatible("0.1.0", "0.1.0"));
+        assert!(compatible("0.1.7", "0.1.0"));
+        assert!(!compatible("0.2.0", "0.1.0"));
+    }
+}

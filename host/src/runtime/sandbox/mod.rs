@@ -1,0 +1,61 @@
+//! What one call's `Store` may reach. Deny by default: every call starts from
+//! an empty `WasiCtxBuilder`, and each capability module adds only what this
+//! call is granted: `filesystem` (the model read-only, the out-dir), `env`
+//! (argv and the manifest's variables), `stdio` (output into the log),
+//! `network` (HTTP through the gate, never a socket). Never decides a policy
+//! of its own: the grants come from the plugin's manifest and the call.
+
+mod env;
+mod filesystem;
+mod network;
+mod stdio;
+
+use std::sync::Arc;
+
+use wasmtime::component::{Linker, ResourceTable};
+use wasmtime::{Engine, Store};
+use wasmtime_wasi::WasiCtxBuilder;
+
+pub(crate) use filesystem::Mounts;
+pub use filesystem::{MODEL_DIR, OUT_DIR};
+
+use super::memory::MemoryBudget;
+use super::report::{GuestOutput, Reporter};
+use super::state::State;
+use super::{CallError, Plugin};
+
+/// Links all of WASI and wasi:http for every plugin: what a call reaches is
+/// decided by its context, because a missing import would refuse the plugin
+/// at load instead of failing the one operation it was not granted.
+pub(crate) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> {
+    wasmtime_wasi::p2::add_to_linker_async(linker)?;
+    network::add_to_linker(linker)
+}
+
+/// A fresh `Store` for one call of `plugin`; `mounts` only for a deployment.
+pub(crate) fn store(
+    engine: &Engine,
+    plugin: &Plugin,
+    mounts: Option<Mounts<'_>>,
+    reporter: Arc<dyn Reporter>,
+    stderr: GuestOutput,
+) -> Result<Store<State>, CallError> {
+    let mut wasi = WasiCtxBuilder::new();
+    env::grant(&mut wasi, plugin);
+    stdio::grant(&mut wasi, reporter.clone(), stderr);
+    filesystem::grant(&mut wasi, mounts)?;
+    let (http, gate) = network::grant(&mut wasi, plugin);
+    let memory_bytes =
+        usize::try_from(plugin.limits.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+    let state = State {
+        wasi: wasi.build(),
+        http,
+        table: ResourceTable::new(),
+        gate,
+        memory: MemoryBudget::new(memory_bytes),
+        reporter,
+    };
+    let mut store = Store::new(engine, state);
+    store.limiter(|state| &mut state.memory);
+    Ok(store)
+}

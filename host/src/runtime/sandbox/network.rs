@@ -1,0 +1,25 @@
+//! Outbound network: `wasi:http` through the plugin's `HttpGate`, which
+//! holds the allow-list policy (`http_gate.rs`); raw TCP, UDP and name
+//! lookups are never granted. Never decides by itself which host may pass.
+
+use wasmtime::component::Linker;
+use wasmtime_wasi::WasiCtxBuilder;
+use wasmtime_wasi_http::WasiHttpCtx;
+
+use crate::runtime::Plugin;
+use crate::runtime::http_gate::HttpGate;
+use crate::runtime::state::State;
+
+/// wasi:http is linked for every plugin because componentize-js imports it
+/// always; the gate in each `Store` decides what may pass.
+pub(super) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> {
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)
+}
+
+pub(super) fn grant(wasi: &mut WasiCtxBuilder, plugin: &Plugin) -> (WasiHttpCtx, HttpGate) {
+    wasi.allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false);
+    let gate = HttpGate::new(&plugin.name, plugin.manifest.allowed_hosts.clone());
+    (WasiHttpCtx::new(), gate)
+}
