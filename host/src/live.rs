@@ -143,7 +143,7 @@ impl Running {
     }
 }
 
-impl fetch::Progress for Running {
+impl fetch::Observer for Running {
     fn fetched(&self, bytes_done: u64, bytes_total: u64, files_done: usize, files_total: usize) {
         let mut state = self.state.lock().expect("running lock");
         let p = &mut state.progress;

@@ -41,7 +41,7 @@ pub enum Error {
     NoFiles,
     #[error("file {path}: {reason}")]
     File { path: String, reason: String },
-    #[error("fetching the model's files took longer than the limit of {}s (--fetch-timeout-s)", .0.as_secs())]
+    #[error("fetching the model's files took longer than the limit of {} (--fetch-timeout-s)", crate::human::duration(*.0))]
     TimedOut(Duration),
     #[error("cancelled")]
     Cancelled,
@@ -51,14 +51,14 @@ pub enum Error {
 
 /// Told how far a fetch has come. Called often (every chunk): implementations
 /// throttle what they pass on.
-pub trait Progress: Send + Sync {
+pub trait Observer: Send + Sync {
     fn fetched(&self, bytes_done: u64, bytes_total: u64, files_done: usize, files_total: usize);
 }
 
 /// For callers that do not watch.
 pub struct Quiet;
 
-impl Progress for Quiet {
+impl Observer for Quiet {
     fn fetched(&self, _: u64, _: u64, _: usize, _: usize) {}
 }
 
@@ -100,7 +100,7 @@ impl Fetcher {
     pub async fn fetch(
         &self,
         model: &TrainedModel,
-        progress: Arc<dyn Progress>,
+        progress: Arc<dyn Observer>,
         cancel: &CancellationToken,
     ) -> Result<PathBuf, Error> {
         if model.files.is_empty() {
@@ -118,7 +118,7 @@ impl Fetcher {
     async fn fill(
         &self,
         model: &TrainedModel,
-        progress: Arc<dyn Progress>,
+        progress: Arc<dyn Observer>,
     ) -> Result<PathBuf, Error> {
         let dir = self.dir_of(&model.job_id);
         let books = self.bookkeeping(&model.job_id);
@@ -542,7 +542,7 @@ fn remove_temp_files(dir: &Path, keep: &BTreeSet<PathBuf>) {
 
 /// Counts a fetch's progress across its parallel downloads.
 struct Tally {
-    progress: Arc<dyn Progress>,
+    progress: Arc<dyn Observer>,
     total_bytes: u64,
     total_files: usize,
     bytes: AtomicU64,
@@ -550,7 +550,7 @@ struct Tally {
 }
 
 impl Tally {
-    fn new(progress: Arc<dyn Progress>, total_bytes: u64, total_files: usize) -> Self {
+    fn new(progress: Arc<dyn Observer>, total_bytes: u64, total_files: usize) -> Self {
         Self {
             progress,
             total_bytes,
