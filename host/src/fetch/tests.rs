@@ -3,6 +3,7 @@
 //! verification record vouches for and what it does not.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -276,18 +277,26 @@ async fn kept_bytes_are_hashed_again_and_a_wrong_partial_is_downloaded_whole() {
     );
 }
 
-#[tokio::test]
-async fn a_partial_changed_since_its_checkpoint_is_hashed_again() {
-    let contents = bytes(12, BIG);
+/// A download of `big.bin` cut halfway: the setup, the file's contents,
+/// the kept partial, its checkpoint record and how many bytes were kept.
+async fn cut_halfway(seed: u8) -> (Setup, Vec<u8>, PathBuf, PathBuf, u64) {
+    let contents = bytes(seed, BIG);
     let setup = Setup::new(&[("big.bin", contents.clone())]).await;
     setup.source.with(|s| s.cut_after = Some(BIG / 2));
     setup.fetch().await.unwrap_err();
     let partial = setup.path(".fetch-big.bin");
-    let kept = std::fs::metadata(&partial).unwrap().len() as usize;
     let record = setup
         .fetcher
         .models_dir
         .join(".berth/job.resume/big.bin.json");
+    let kept = std::fs::metadata(&partial).unwrap().len();
+    (setup, contents, partial, record, kept)
+}
+
+#[tokio::test]
+async fn a_partial_changed_since_its_checkpoint_is_hashed_again() {
+    let (setup, contents, partial, record, kept) = cut_halfway(12).await;
+    let kept = kept as usize;
     let sha256 = sha(&contents);
     // Same length, mtime put back, one byte different: the checkpoint's
     // hash no longer describes the file, and its stamp says so.
@@ -318,16 +327,7 @@ async fn a_partial_changed_since_its_checkpoint_is_hashed_again() {
 
 #[tokio::test]
 async fn an_untouched_partial_is_continued_from_its_checkpoint() {
-    let contents = bytes(13, BIG);
-    let setup = Setup::new(&[("big.bin", contents.clone())]).await;
-    setup.source.with(|s| s.cut_after = Some(BIG / 2));
-    setup.fetch().await.unwrap_err();
-    let partial = setup.path(".fetch-big.bin");
-    let record = setup
-        .fetcher
-        .models_dir
-        .join(".berth/job.resume/big.bin.json");
-    let kept = std::fs::metadata(&partial).unwrap().len();
+    let (_setup, contents, partial, record, kept) = cut_halfway(13).await;
     let hashed = partial::Checkpoint::take(&record, &partial, &sha(&contents))
         .expect("the checkpoint vouches");
     assert_eq!(
@@ -339,16 +339,7 @@ async fn an_untouched_partial_is_continued_from_its_checkpoint() {
 
 #[tokio::test]
 async fn a_checkpoint_in_the_old_format_is_not_read_and_the_kept_bytes_are_hashed_again() {
-    let contents = bytes(14, BIG);
-    let setup = Setup::new(&[("big.bin", contents.clone())]).await;
-    setup.source.with(|s| s.cut_after = Some(BIG / 2));
-    setup.fetch().await.unwrap_err();
-    let partial = setup.path(".fetch-big.bin");
-    let record = setup
-        .fetcher
-        .models_dir
-        .join(".berth/job.resume/big.bin.json");
-    let kept = std::fs::metadata(&partial).unwrap().len();
+    let (setup, contents, partial, record, kept) = cut_halfway(14).await;
     // What berth wrote before checkpoints had a format: the state words of
     // its own SHA-256, the length, the bytes of the unfinished block. The
     // stamp still vouches for the file, so only the format can turn it down.
