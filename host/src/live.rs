@@ -33,10 +33,6 @@ impl Live {
         self.running.lock().expect("live lock").remove(&deploy_id);
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.running.lock().expect("live lock").is_empty()
-    }
-
     pub fn get(&self, deploy_id: i64) -> Option<Arc<Running>> {
         self.running
             .lock()
