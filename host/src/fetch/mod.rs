@@ -62,13 +62,33 @@ impl Observer for Quiet {
     fn fetched(&self, _: u64, _: u64, _: usize, _: usize) {}
 }
 
+/// How a large file is read over several connections at once, each asking
+/// for one piece (a range) at a time; the pieces are written in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Split {
+    /// Connections per file, and per fetch: files read whole count one each.
+    pub connections: usize,
+    /// The size of one piece; files smaller than two pieces are read whole.
+    pub piece_bytes: u64,
+}
+
+impl Default for Split {
+    fn default() -> Self {
+        Self {
+            connections: 8,
+            piece_bytes: 16 << 20,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Fetcher {
-    client: reqwest::Client,
+    sources: source::Sources,
     models_dir: PathBuf,
     timeout: Duration,
     /// How many files of one model download at once.
     parallel: usize,
+    split: Split,
 }
 
 /// Where berth keeps its own bookkeeping of the models dir: locks,
@@ -78,16 +98,19 @@ const META_DIR: &str = ".berth";
 
 impl Fetcher {
     pub fn new(models_dir: PathBuf, timeout: Duration) -> anyhow::Result<Self> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(30))
-            .read_timeout(Duration::from_secs(120))
-            .build()?;
         Ok(Self {
-            client,
+            sources: source::Sources::new()?,
             models_dir,
             timeout,
             parallel: 4,
+            split: Split::default(),
         })
+    }
+
+    /// Reads large files over `split.connections` connections at once.
+    pub fn split(mut self, split: Split) -> Self {
+        self.split = split;
+        self
     }
 
     /// The host directory a model's files go to.
@@ -333,9 +356,8 @@ impl Fetcher {
         // An earlier attempt that got every byte but died before the rename
         // left nothing to ask the source for.
         let body = match from {
-            0 => Some(source::open(&self.client, location, 0).await),
-            from if from == size => None,
-            from => Some(source::open(&self.client, location, from).await),
+            from if from == size && from > 0 => None,
+            from => Some(self.sources.open(location, source::Span::from(from)).await),
         }
         .transpose()
         .map_err(Failure::Interrupted)?;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
-use tokio::io::AsyncSeekExt;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
 /// Characters escaped in a filled-in `{path}` or `{job_id}`: everything but
@@ -83,76 +83,143 @@ pub(crate) struct Body {
     /// Where the stream begins: the offset that was asked for when the
     /// source honours ranges, 0 when it sends the whole file instead.
     pub(crate) start: u64,
+    /// Whether the source answered the range asked for (rather than the
+    /// whole file): only such a source can be read in pieces.
+    pub(crate) ranged: bool,
+    /// The whole file's size as the source tells it, when it does.
+    pub(crate) total: Option<u64>,
 }
 
-/// Opens the file at `location` from byte `offset` on (an HTTP `Range`
-/// request when `offset > 0`); the error says what the source answered. A
-/// source that ignores the range, or finds it unsatisfiable, is read from
-/// the start.
-pub(crate) async fn open(
-    client: &reqwest::Client,
-    location: &Location,
-    offset: u64,
-) -> Result<Body, String> {
-    match location {
-        Location::Http(url) => {
-            let get = |range: Option<u64>| {
-                let mut request = client.get(url.clone());
-                if let Some(from) = range {
-                    request = request.header(reqwest::header::RANGE, format!("bytes={from}-"));
-                }
-                async move {
-                    request.send().await.map_err(|e| {
-                        format!("cannot reach the source ({url}): {}", describe_reqwest(&e))
-                    })
-                }
-            };
-            let mut response = get((offset > 0).then_some(offset)).await?;
-            if offset > 0 && response.status() == reqwest::StatusCode::RANGE_NOT_SATISFIABLE {
-                // What we hold is longer than the source's file: start over.
-                response = get(None).await?;
-            }
-            let status = response.status();
-            if !status.is_success() {
-                return Err(format!("the source answered {status} ({url})"));
-            }
-            let start = if status == reqwest::StatusCode::PARTIAL_CONTENT {
-                range_start(response.headers())
-                    .filter(|start| *start == offset)
-                    .ok_or_else(|| {
-                        format!("the source answered a range other than bytes={offset}- ({url})")
-                    })?
-            } else {
-                0
-            };
-            let stream = response
-                .bytes_stream()
-                .map_err(|e| format!("the download broke off: {}", describe_reqwest(&e)))
-                .boxed();
-            Ok(Body { stream, start })
-        }
-        Location::File(path) => {
-            let mut file = tokio::fs::File::open(path)
-                .await
-                .map_err(|e| format!("cannot open the source file {}: {e}", path.display()))?;
-            let len = file.metadata().await.map(|m| m.len()).unwrap_or(0);
-            let start = if offset <= len { offset } else { 0 };
-            file.seek(std::io::SeekFrom::Start(start))
-                .await
-                .map_err(|e| format!("cannot read the source file {}: {e}", path.display()))?;
-            let stream = ReaderStream::with_capacity(file, 1 << 20)
-                .map_err(|e| format!("reading the source file broke off: {e}"))
-                .boxed();
-            Ok(Body { stream, start })
+/// The bytes `start..end` of a file (`end` exclusive; `None`: to the end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub(crate) start: u64,
+    pub(crate) end: Option<u64>,
+}
+
+impl Span {
+    pub(crate) fn from(start: u64) -> Self {
+        Self { start, end: None }
+    }
+
+    /// Whether this asks for anything but the whole file.
+    fn is_partial(&self) -> bool {
+        self.start > 0 || self.end.is_some()
+    }
+
+    /// The value of an HTTP `Range` header asking for this span.
+    fn header(&self) -> String {
+        match self.end {
+            Some(end) => format!("bytes={}-{}", self.start, end.saturating_sub(1)),
+            None => format!("bytes={}-", self.start),
         }
     }
 }
 
-/// The first byte of a `Content-Range: bytes FIRST-LAST/TOTAL` answer.
-fn range_start(headers: &reqwest::header::HeaderMap) -> Option<u64> {
+/// Where files are read from: the connections to the sources.
+#[derive(Clone)]
+pub(crate) struct Sources {
+    client: reqwest::Client,
+}
+
+impl Sources {
+    pub(crate) fn new() -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(30))
+            .read_timeout(std::time::Duration::from_secs(120))
+            .build()?;
+        Ok(Self { client })
+    }
+
+    /// Opens the file at `location` for the bytes of `span` (an HTTP
+    /// `Range` request unless the span is the whole file); the error says
+    /// what the source answered. A source that ignores the range, or finds
+    /// it unsatisfiable, is read whole from the start.
+    pub(crate) async fn open(&self, location: &Location, span: Span) -> Result<Body, String> {
+        match location {
+            Location::Http(url) => self.open_http(url, span).await,
+            Location::File(path) => open_file(path, span).await,
+        }
+    }
+
+    async fn open_http(&self, url: &url::Url, span: Span) -> Result<Body, String> {
+        let get = |range: Option<Span>| {
+            let mut request = self.client.get(url.clone());
+            if let Some(span) = range {
+                request = request.header(reqwest::header::RANGE, span.header());
+            }
+            async move {
+                request.send().await.map_err(|e| {
+                    format!("cannot reach the source ({url}): {}", describe_reqwest(&e))
+                })
+            }
+        };
+        let mut response = get(span.is_partial().then_some(span)).await?;
+        if span.is_partial() && response.status() == reqwest::StatusCode::RANGE_NOT_SATISFIABLE {
+            // What we hold is longer than the source's file: start over.
+            response = get(None).await?;
+        }
+        let status = response.status();
+        if !status.is_success() {
+            return Err(format!("the source answered {status} ({url})"));
+        }
+        let ranged = status == reqwest::StatusCode::PARTIAL_CONTENT;
+        let (start, total) = if ranged {
+            let (start, total) = content_range(response.headers())
+                .filter(|(start, _)| *start == span.start)
+                .ok_or_else(|| {
+                    format!(
+                        "the source answered a range other than {} ({url})",
+                        span.header()
+                    )
+                })?;
+            (start, total)
+        } else {
+            (0, response.content_length())
+        };
+        let stream = response
+            .bytes_stream()
+            .map_err(|e| format!("the download broke off: {}", describe_reqwest(&e)))
+            .boxed();
+        Ok(Body {
+            stream,
+            start,
+            ranged,
+            total,
+        })
+    }
+}
+
+async fn open_file(path: &std::path::Path, span: Span) -> Result<Body, String> {
+    let mut file = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| format!("cannot open the source file {}: {e}", path.display()))?;
+    let len = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let start = if span.start <= len { span.start } else { 0 };
+    file.seek(std::io::SeekFrom::Start(start))
+        .await
+        .map_err(|e| format!("cannot read the source file {}: {e}", path.display()))?;
+    let ranged = start == span.start;
+    let end = span.end.filter(|_| ranged).unwrap_or(len).min(len);
+    let stream = ReaderStream::with_capacity(file.take(end.saturating_sub(start)), 1 << 20)
+        .map_err(|e| format!("reading the source file broke off: {e}"))
+        .boxed();
+    Ok(Body {
+        stream,
+        start,
+        ranged,
+        total: Some(len),
+    })
+}
+
+/// The first byte and the total size (unless `*`) of a `Content-Range:
+/// bytes FIRST-LAST/TOTAL` answer.
+fn content_range(headers: &reqwest::header::HeaderMap) -> Option<(u64, Option<u64>)> {
     let value = headers.get(reqwest::header::CONTENT_RANGE)?.to_str().ok()?;
     let range = value.strip_prefix("bytes ")?;
-    range.split('-').next()?.trim().parse().ok()
+    let (span, total) = range.split_once('/')?;
+    let start = span.split('-').next()?.trim().parse().ok()?;
+    Some((start, total.trim().parse().ok()))
 }
 
 /// reqwest's own words ("error sending request for url …") hide the
