@@ -12,7 +12,7 @@ use clap::Args;
 use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
-use crate::fetch::Fetcher;
+use crate::fetch::{Fetcher, Split};
 use crate::http::{ApiContext, Webhook};
 use crate::pipeline::Pipeline;
 use crate::runtime::{CodeCache, Limits, Origin, Runtime};
@@ -51,6 +51,17 @@ pub struct ServeArgs {
     /// Limit on fetching all files of one deployment, in seconds.
     #[arg(long, env = "BERTH_FETCH_TIMEOUT_S", default_value_t = 1800)]
     fetch_timeout_s: u64,
+    /// Connections per file for large files on sources that honour ranges
+    /// (object stores and CDNs cap each connection's rate); 1 reads every
+    /// file in one stream.
+    #[arg(long, env = "BERTH_FETCH_CONNECTIONS", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    fetch_connections: u16,
+    /// The size of one piece read over one connection, in MiB; a file with
+    /// less than two pieces' worth to download is read in one stream.
+    #[arg(long, env = "BERTH_FETCH_PIECE_MIB", default_value_t = 16,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    fetch_piece_mib: u64,
     /// How often the plugins folder is checked for added, replaced or
     /// removed plugins, in milliseconds; 0 turns watching off.
     #[arg(long, env = "BERTH_PLUGINS_POLL_MS", default_value_t = 1000)]
@@ -77,7 +88,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .spawn(&events)?;
     }
     let (deployers, watcher) = load_deployers(&args).await?;
-    let fetcher = Fetcher::new(args.models_dir(), Duration::from_secs(args.fetch_timeout_s))?;
+    let fetcher = Fetcher::new(args.models_dir(), Duration::from_secs(args.fetch_timeout_s))?
+        .split(Split {
+            connections: usize::from(args.fetch_connections),
+            piece_bytes: args.fetch_piece_mib << 20,
+        });
     let pipeline = Arc::new(Pipeline::new(
         db.clone(),
         events.clone(),

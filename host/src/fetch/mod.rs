@@ -13,6 +13,8 @@
 
 mod lock;
 mod partial;
+mod pieces;
+mod ranges;
 mod sha;
 mod source;
 mod stamp;
@@ -31,7 +33,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::model::{ModelFile, TrainedModel};
 use lock::DirLock;
-use partial::{Checkpoint, Resumable, TEMP_PREFIX, Writer, partial_path};
+use partial::{Checkpoint, Kept, Resumable, TEMP_PREFIX, Writer, Written, partial_path};
+use pieces::PieceWriter;
+use ranges::Ranges;
 use sha::Sha256 as ResumableSha256;
 use stamp::{Stamp, Stamps};
 
@@ -64,11 +68,14 @@ impl Observer for Quiet {
 
 /// How a large file is read over several connections at once, each asking
 /// for one piece (a range) at a time; the pieces are written in place.
+/// Object stores and CDNs cap each connection's rate, so this is what
+/// makes a large file arrive at the speed of the link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Split {
-    /// Connections per file, and per fetch: files read whole count one each.
+    /// Connections per file (1: every file in one stream).
     pub connections: usize,
-    /// The size of one piece; files smaller than two pieces are read whole.
+    /// The size of one piece. A file with less than two pieces' worth to
+    /// download is read in one stream.
     pub piece_bytes: u64,
 }
 
@@ -277,46 +284,52 @@ impl Fetcher {
         tally: &Tally,
         lock: Arc<DirLock>,
     ) -> Result<Stamp, String> {
-        let target = dir.join(&file.path);
-        let parent = target
+        let target_path = dir.join(&file.path);
+        let parent = target_path
             .parent()
             .expect("a model file has a parent directory");
         std::fs::create_dir_all(parent)
             .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
         let location = source::locate(&model.source, &model.job_id, &file.path)?;
-        let partial = partial_path(&target);
+        let partial = partial_path(&target_path);
         // The checkpoint an interrupted download of this file left, kept
         // beside the verification record, out of the deployers' sight.
         let record = self
             .bookkeeping(&model.job_id)
             .resume
             .join(format!("{}.json", file.path));
-        let (kept, hashed) = match (&file.sha256, std::fs::metadata(&partial)) {
+        let kept = match (&file.sha256, std::fs::metadata(&partial)) {
             (Some(sha256), Ok(meta)) if meta.len() <= file.size_bytes => {
-                (meta.len(), Checkpoint::take(&record, &partial, sha256))
+                Checkpoint::take(&record, &partial, sha256).unwrap_or(Kept {
+                    have: Ranges::prefix(meta.len()),
+                    hash: None,
+                })
             }
             _ => {
                 let _ = std::fs::remove_file(&record);
-                (0, None)
+                Kept::nothing()
             }
         };
-        let attempt = |from, hashed| {
-            let resumable = file.sha256.as_ref().map(|sha256| Resumable {
-                record: record.clone(),
-                sha256: sha256.clone(),
-            });
-            self.attempt(
-                file, &location, &partial, from, hashed, resumable, tally, &lock,
-            )
+        let resumable = file.sha256.as_ref().map(|sha256| Resumable {
+            record: record.clone(),
+            sha256: sha256.clone(),
+        });
+        let target = Target {
+            file,
+            location: &location,
+            partial: &partial,
+            resumable: &resumable,
+            tally,
+            lock: &lock,
         };
-        let outcome = match attempt(kept, hashed).await {
+        let outcome = match self.attempt(&target, kept).await {
             Err(Failure::Rejected {
                 counted,
                 resumed: true,
                 ..
             }) => {
                 tally.rewind(counted);
-                attempt(0, None).await
+                self.attempt(&target, Kept::nothing()).await
             }
             outcome => outcome,
         };
@@ -328,43 +341,117 @@ impl Fetcher {
                 reason
             }
         })?;
-        std::fs::rename(&partial, &target)
+        std::fs::rename(&partial, &target_path)
             .map_err(|e| format!("cannot move the verified file into place: {e}"))?;
-        let meta = std::fs::metadata(&target).map_err(|e| e.to_string())?;
+        let meta = std::fs::metadata(&target_path).map_err(|e| e.to_string())?;
         Ok(Stamp::of(
             &meta,
             file.sha256.as_ref().map(|_| sha256.as_str()),
         ))
     }
 
-    /// One try at filling `partial` from byte `from` on (or from 0, if the
-    /// source does not do ranges); `hashed`, if known, is the hash of the
-    /// bytes before `from`. Returns the verified hash.
-    #[allow(clippy::too_many_arguments)]
-    async fn attempt(
+    /// One try at filling the partial file, continuing what `kept` says
+    /// it holds (if the source does ranges). A file with at least two
+    /// pieces' worth missing is read over several connections; others, and
+    /// sources that send whole files only, in one stream. Returns the
+    /// verified hash.
+    async fn attempt(&self, target: &Target<'_>, kept: Kept) -> Result<String, Failure> {
+        let size = target.file.size_bytes;
+        let missing = kept.have.missing(size);
+        let missing_bytes: u64 = missing.iter().map(|(start, end)| end - start).sum();
+        let in_pieces = self.split.connections > 1
+            && !missing.is_empty()
+            && (missing_bytes >= 2 * self.split.piece_bytes || !kept.have.is_prefix());
+        if !in_pieces {
+            let from = kept.have.contiguous();
+            // An earlier attempt that got every byte but died before the
+            // rename left nothing to ask the source for.
+            let body = match from {
+                from if from == size && from > 0 => None,
+                from => Some(self.open(target, source::Span::from(from)).await?),
+            };
+            return self.stream(target, body, from, kept.hash).await;
+        }
+        let pieces = pieces::cut(&missing, self.split.piece_bytes);
+        let first = pieces.front().expect("a missing range makes a piece");
+        let body = self.open(target, first.span()).await?;
+        if !(body.ranged && body.start == first.start) {
+            // The source sends whole files only: one stream from the start.
+            return self.stream(target, Some(body), 0, None).await;
+        }
+        let resumed = !kept.have.is_empty();
+        target.tally.bytes(kept.have.len());
+        let writer = PieceWriter::start(
+            target.partial,
+            size,
+            kept.have,
+            kept.hash,
+            target.resumable.clone(),
+            target.lock.clone(),
+        )
+        .map_err(Failure::Interrupted)?;
+        let written = pieces::download(
+            &self.sources,
+            target.location,
+            pieces,
+            body,
+            self.split.connections,
+            writer,
+            target.tally,
+        )
+        .await
+        .map_err(Failure::Interrupted)?;
+        verified(target, written, resumed, size)
+    }
+
+    /// Opens the file at the source, refusing at once a file whose size
+    /// the source tells and which is not the recorded one.
+    async fn open(&self, target: &Target<'_>, span: source::Span) -> Result<source::Body, Failure> {
+        let body = self
+            .sources
+            .open(target.location, span)
+            .await
+            .map_err(Failure::Interrupted)?;
+        let size = target.file.size_bytes;
+        match body.total {
+            // Nothing proves the kept bytes wrong: they stay.
+            Some(total) if total != size => Err(Failure::Interrupted(format!(
+                "the source has {total} bytes for this file, but the record says {size} ({})",
+                target.location
+            ))),
+            _ => Ok(body),
+        }
+    }
+
+    /// Fills the partial file from one stream, which starts at byte
+    /// `body.start` (the `from` asked for, or 0 if the source ignored the
+    /// range); `hashed`, if known, is the hash of the bytes before `from`.
+    /// No body: the file is complete on disk and is only hashed.
+    async fn stream(
         &self,
-        file: &ModelFile,
-        location: &source::Location,
-        partial: &Path,
+        target: &Target<'_>,
+        body: Option<source::Body>,
         from: u64,
         hashed: Option<ResumableSha256>,
-        resumable: Option<Resumable>,
-        tally: &Tally,
-        lock: &Arc<DirLock>,
     ) -> Result<String, Failure> {
+        let Target {
+            file,
+            location,
+            partial,
+            tally,
+            ..
+        } = *target;
         let size = file.size_bytes;
-        // An earlier attempt that got every byte but died before the rename
-        // left nothing to ask the source for.
-        let body = match from {
-            from if from == size && from > 0 => None,
-            from => Some(self.sources.open(location, source::Span::from(from)).await),
-        }
-        .transpose()
-        .map_err(Failure::Interrupted)?;
         let start = body.as_ref().map_or(from, |body| body.start);
         let hashed = hashed.filter(|hashed| hashed.len() == start);
-        let writer = Writer::start(partial, start, hashed, resumable, lock.clone())
-            .map_err(Failure::Interrupted)?;
+        let writer = Writer::start(
+            partial,
+            start,
+            hashed,
+            target.resumable.clone(),
+            target.lock.clone(),
+        )
+        .map_err(Failure::Interrupted)?;
         tally.bytes(start);
         let mut received = start;
         let rejected = |reason, received| Failure::Rejected {
@@ -406,16 +493,40 @@ impl Fetcher {
             ));
         }
         let written = writer.finish().await.map_err(Failure::Interrupted)?;
-        if let Some(expected) = &file.sha256
-            && *expected != written.sha256
-        {
-            let reason = format!(
-                "sha256 mismatch: expected {expected}, got {} ({location})",
-                written.sha256
-            );
-            return Err(rejected(reason, received));
-        }
-        Ok(written.sha256)
+        verified(target, written, start > 0, received)
+    }
+}
+
+/// One file being put in place, as every attempt at it sees it.
+struct Target<'a> {
+    file: &'a ModelFile,
+    location: &'a source::Location,
+    /// The `.fetch-*` file the bytes go to.
+    partial: &'a Path,
+    /// Where an interruption leaves its checkpoint.
+    resumable: &'a Option<Resumable>,
+    tally: &'a Tally,
+    lock: &'a Arc<DirLock>,
+}
+
+/// The written file's hash if it is the recorded one. `counted`: the bytes
+/// reported as progress, taken back if the file is downloaded again.
+fn verified(
+    target: &Target<'_>,
+    written: Written,
+    resumed: bool,
+    counted: u64,
+) -> Result<String, Failure> {
+    match &target.file.sha256 {
+        Some(expected) if *expected != written.sha256 => Err(Failure::Rejected {
+            reason: format!(
+                "sha256 mismatch: expected {expected}, got {} ({})",
+                written.sha256, target.location
+            ),
+            resumed,
+            counted,
+        }),
+        _ => Ok(written.sha256),
     }
 }
 

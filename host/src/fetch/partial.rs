@@ -18,6 +18,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use super::ranges::Ranges;
 use super::sha::Sha256;
 use super::stamp::Stamp;
 
@@ -26,12 +27,12 @@ pub(crate) const TEMP_PREFIX: &str = ".fetch-";
 /// Chunks in flight to each of the two threads: enough to ride out a slow
 /// write or a slow hash, few enough that memory stays flat (hyper hands
 /// over at most ~400 KiB per chunk, so this is a few MiB per file).
-const QUEUE: usize = 16;
+pub(crate) const QUEUE: usize = 16;
 /// Written bytes are handed to the disk in windows of this size, so the
 /// disk works while the network does.
-const WRITEBACK_WINDOW: u64 = 8 << 20;
+pub(crate) const WRITEBACK_WINDOW: u64 = 8 << 20;
 /// Read size when hashing a resumed file's earlier bytes.
-const READ_BUF: usize = 1 << 20;
+pub(crate) const READ_BUF: usize = 1 << 20;
 
 /// Where the download of `target` is kept until it is verified: beside it,
 /// under a name registration refuses, the same for every attempt so that
@@ -46,9 +47,10 @@ pub(crate) fn partial_path(target: &Path) -> PathBuf {
 
 /// The layout checkpoints are written in. A checkpoint in any other one
 /// is used up unread and the kept bytes are hashed again: those without a
-/// `format` were written before berth saved sha2's own hash state. Change
-/// it whenever `Checkpoint` or the saved hash state (`sha::Saved`) changes.
-pub(crate) const CHECKPOINT_FORMAT: u32 = 2;
+/// `format` were written before berth saved sha2's own hash state, format 2
+/// before downloads in pieces. Change it whenever `Checkpoint` or the saved
+/// hash state (`sha::Saved`) changes.
+pub(crate) const CHECKPOINT_FORMAT: u32 = 3;
 
 /// What an interrupted download left besides its bytes: how far the hash
 /// got and what the file looked like then. Trusted only while the file
@@ -59,23 +61,56 @@ pub(crate) struct Checkpoint {
     format: u32,
     stamp: Stamp,
     hash: Sha256,
+    /// Which bytes the file holds: one run from the start for a download
+    /// read in one stream, any pieces for one read over several
+    /// connections. The hash covers a prefix of them.
+    have: Ranges,
+}
+
+/// What an earlier attempt left in a partial file: the bytes written, and
+/// the hash of the first of them when a checkpoint vouches for it.
+pub(crate) struct Kept {
+    pub(crate) have: Ranges,
+    pub(crate) hash: Option<Sha256>,
+}
+
+impl Kept {
+    pub(crate) fn nothing() -> Self {
+        Self {
+            have: Ranges::default(),
+            hash: None,
+        }
+    }
 }
 
 impl Checkpoint {
-    /// The hash of the kept bytes of `partial`, if `record` vouches for
-    /// them. The record is used up either way: the next writes outdate it.
-    pub(crate) fn take(record: &Path, partial: &Path, sha256: &str) -> Option<Sha256> {
+    pub(crate) fn new(stamp: Stamp, hash: Sha256, have: Ranges) -> Self {
+        Self {
+            format: CHECKPOINT_FORMAT,
+            stamp,
+            hash,
+            have,
+        }
+    }
+
+    /// What `partial` holds, if `record` vouches for it. The record is
+    /// used up either way: the next writes outdate it.
+    pub(crate) fn take(record: &Path, partial: &Path, sha256: &str) -> Option<Kept> {
         let bytes = std::fs::read(record).ok();
         let _ = std::fs::remove_file(record);
         let checkpoint: Checkpoint = serde_json::from_slice(&bytes?).ok()?;
         let meta = std::fs::symlink_metadata(partial).ok()?;
         (checkpoint.format == CHECKPOINT_FORMAT
             && checkpoint.stamp.vouches_for(&meta, Some(sha256))
-            && checkpoint.hash.len() == meta.len())
-        .then_some(checkpoint.hash)
+            && checkpoint.have.end() <= meta.len()
+            && checkpoint.hash.len() <= checkpoint.have.contiguous())
+        .then_some(Kept {
+            have: checkpoint.have,
+            hash: Some(checkpoint.hash),
+        })
     }
 
-    fn save(&self, record: &Path) -> std::io::Result<()> {
+    pub(crate) fn save(&self, record: &Path) -> std::io::Result<()> {
         if let Some(parent) = record.parent() {
             std::fs::create_dir_all(parent)?;
         }
@@ -91,6 +126,7 @@ impl Checkpoint {
 
 /// Where an interrupted download writes its checkpoint, and the hash the
 /// finished file must have (the checkpoint is only good for that file).
+#[derive(Clone)]
 pub(crate) struct Resumable {
     pub(crate) record: PathBuf,
     pub(crate) sha256: String,
@@ -263,13 +299,7 @@ fn write(
             && hash.len() == position
         {
             let stamp = Stamp::of(&file.metadata()?, Some(&resumable.sha256));
-            let format = CHECKPOINT_FORMAT;
-            Checkpoint {
-                format,
-                stamp,
-                hash,
-            }
-            .save(&resumable.record)?;
+            Checkpoint::new(stamp, hash, Ranges::prefix(position)).save(&resumable.record)?;
         }
     }
     Err(std::io::Error::other("the download stopped"))
@@ -334,7 +364,7 @@ fn hash_prefix(
 #[cfg(target_os = "linux")]
 // Neither nix nor rustix wraps sync_file_range; libc is the only way in.
 #[allow(unsafe_code)]
-fn start_writeback(file: &File, offset: u64, len: u64) {
+pub(crate) fn start_writeback(file: &File, offset: u64, len: u64) {
     use std::os::fd::AsRawFd;
     let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
         return;
@@ -347,4 +377,4 @@ fn start_writeback(file: &File, offset: u64, len: u64) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn start_writeback(_: &File, _: u64, _: u64) {}
+pub(crate) fn start_writeback(_: &File, _: u64, _: u64) {}

@@ -1,0 +1,449 @@
+//! A large file read over several connections at once, as object stores and
+//! CDNs cap each connection's rate. The bytes still missing are cut into
+//! pieces that the connections claim in file order, each written in place
+//! in the `.fetch-*` file by one disk thread; a hash thread follows the run
+//! of written bytes from the start, reading them back as it grows, so the
+//! SHA-256 (one sequential chain) ends moments after the last byte arrives.
+//! An interruption leaves the written pieces and a checkpoint of the hash
+//! and of which bytes are written, and the next fetch asks only for the
+//! rest. Memory stays bounded: chunks go to disk as they come, and the hash
+//! reads back through one buffer. Knows nothing of verification records.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+use super::Tally;
+use super::partial::{
+    Checkpoint, QUEUE, READ_BUF, Resumable, WRITEBACK_WINDOW, Written, start_writeback,
+};
+use super::ranges::Ranges;
+use super::sha::Sha256;
+use super::source::{Body, Location, Sources, Span};
+use super::stamp::Stamp;
+
+/// The bytes `start..end` of the file, asked for with one range request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+}
+
+impl Piece {
+    pub(crate) fn span(&self) -> Span {
+        Span {
+            start: self.start,
+            end: Some(self.end),
+        }
+    }
+}
+
+/// Cuts the missing ranges into pieces of at most `piece_bytes`, in file
+/// order, so that the run of written bytes from the start, which the hash
+/// follows, grows first.
+pub(crate) fn cut(missing: &[(u64, u64)], piece_bytes: u64) -> VecDeque<Piece> {
+    let piece_bytes = piece_bytes.max(1);
+    let mut pieces = VecDeque::new();
+    for &(start, end) in missing {
+        let mut at = start;
+        while at < end {
+            let next = end.min(at.saturating_add(piece_bytes));
+            pieces.push_back(Piece {
+                start: at,
+                end: next,
+            });
+            at = next;
+        }
+    }
+    pieces
+}
+
+/// Reads `pieces` into `writer` over at most `connections` connections;
+/// `first` is the already opened answer for the first piece. Returns the
+/// hash of the whole file, or why the download stopped (the writer then
+/// leaves what it has, with a checkpoint).
+pub(crate) async fn download(
+    sources: &Sources,
+    location: &Location,
+    mut pieces: VecDeque<Piece>,
+    first: Body,
+    connections: usize,
+    writer: PieceWriter,
+    tally: &Tally,
+) -> Result<Written, String> {
+    let Some(first_piece) = pieces.pop_front() else {
+        return writer.finish().await;
+    };
+    let connections = connections.clamp(1, pieces.len() + 1);
+    let claims = Claims {
+        sources,
+        location,
+        queue: Mutex::new(pieces),
+        writer: &writer,
+        tally,
+    };
+    let mut first = Some((first_piece, first));
+    let readers = (0..connections).map(|_| claims.read(first.take()));
+    match futures::future::try_join_all(readers).await {
+        Ok(_) => writer.finish().await,
+        Err(Stop::Source(reason)) => {
+            let _ = writer.abandon().await;
+            Err(reason)
+        }
+        // The disk thread's own error says what went wrong.
+        Err(Stop::Disk) => Err(writer
+            .abandon()
+            .await
+            .err()
+            .unwrap_or_else(|| "the writer stopped".to_string())),
+    }
+}
+
+/// Why a connection stopped before the pieces ran out.
+enum Stop {
+    Source(String),
+    Disk,
+}
+
+/// What the connections of one file share: the pieces nobody claimed yet.
+struct Claims<'a> {
+    sources: &'a Sources,
+    location: &'a Location,
+    queue: Mutex<VecDeque<Piece>>,
+    writer: &'a PieceWriter,
+    tally: &'a Tally,
+}
+
+impl Claims<'_> {
+    /// One connection: reads the pieces it claims, one after another,
+    /// until none is left.
+    async fn read(&self, mut opened: Option<(Piece, Body)>) -> Result<(), Stop> {
+        loop {
+            let (piece, body) = match opened.take() {
+                Some(opened) => opened,
+                None => {
+                    let Some(piece) = self.queue.lock().expect("queue lock").pop_front() else {
+                        return Ok(());
+                    };
+                    let body = self
+                        .sources
+                        .open(self.location, piece.span())
+                        .await
+                        .map_err(Stop::Source)?;
+                    if !body.ranged || body.start != piece.start {
+                        return Err(Stop::Source(format!(
+                            "the source stopped answering range requests ({})",
+                            self.location
+                        )));
+                    }
+                    (piece, body)
+                }
+            };
+            self.fill(piece, body).await?;
+        }
+    }
+
+    async fn fill(&self, piece: Piece, mut body: Body) -> Result<(), Stop> {
+        let mut at = piece.start;
+        while let Some(chunk) = body.stream.next().await {
+            let chunk = chunk.map_err(|e| Stop::Source(format!("{e} at byte {at}")))?;
+            let len = chunk.len() as u64;
+            if at + len > piece.end {
+                return Err(Stop::Source(format!(
+                    "the source sent more than the bytes {}-{} asked for ({})",
+                    piece.start,
+                    piece.end - 1,
+                    self.location
+                )));
+            }
+            self.writer
+                .write(at, chunk)
+                .await
+                .map_err(|()| Stop::Disk)?;
+            self.tally.bytes(len);
+            at += len;
+        }
+        if at < piece.end {
+            return Err(Stop::Source(format!(
+                "the download broke off at byte {at} ({})",
+                self.location
+            )));
+        }
+        Ok(())
+    }
+}
+
+enum Message {
+    Chunk {
+        at: u64,
+        bytes: Bytes,
+    },
+    /// Every piece is in: make the bytes durable.
+    Finish,
+}
+
+/// What the disk thread has written, watched by the hash thread.
+#[derive(Default)]
+struct Progress {
+    have: Ranges,
+    /// The disk thread is done: the hash takes what is there and ends.
+    ended: bool,
+    /// The download is gone: the hash stops where it is.
+    stopped: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    progress: Mutex<Progress>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn update(&self, change: impl FnOnce(&mut Progress)) {
+        change(&mut self.progress.lock().expect("progress lock"));
+        self.changed.notify_all();
+    }
+}
+
+/// The two threads behind a partial file written in pieces: one writes
+/// chunks where they belong, one hashes the written run from the start.
+/// Dropping it without `finish` (a cancelled or broken-off download)
+/// leaves the file and a checkpoint for the next attempt.
+pub(crate) struct PieceWriter {
+    to_disk: mpsc::Sender<Message>,
+    disk: tokio::task::JoinHandle<std::io::Result<()>>,
+    hash: tokio::task::JoinHandle<std::io::Result<Sha256>>,
+    shared: Arc<Shared>,
+    size: u64,
+    path: PathBuf,
+    armed: bool,
+}
+
+impl Drop for PieceWriter {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.update(|p| p.stopped = true);
+        }
+    }
+}
+
+impl PieceWriter {
+    /// Writes the missing bytes of `path`, a file of `size` bytes of which
+    /// `have` are already written; `hashed`, if known, covers a prefix of
+    /// them (else they are read back and hashed). `hold` is kept until both
+    /// threads end, as for `partial::Writer`.
+    pub(crate) fn start<H: Send + Sync + 'static>(
+        path: &Path,
+        size: u64,
+        have: Ranges,
+        hashed: Option<Sha256>,
+        resumable: Option<Resumable>,
+        hold: Arc<H>,
+    ) -> Result<Self, String> {
+        let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(failed)?;
+        // Sparse until written: the pieces land at their own offsets.
+        file.set_len(size).map_err(failed)?;
+        let kept = file.try_clone().map_err(failed)?;
+        let hasher = hashed
+            .filter(|h| h.len() <= have.contiguous())
+            .unwrap_or_default();
+        let shared = Arc::new(Shared {
+            progress: Mutex::new(Progress {
+                have,
+                ..Progress::default()
+            }),
+            changed: Condvar::new(),
+        });
+        let (to_disk, rx) = mpsc::channel(QUEUE);
+        let (last_hash, hash_at_stop) = std::sync::mpsc::sync_channel(1);
+        let (held, disk_shared) = (hold.clone(), shared.clone());
+        let disk = tokio::task::spawn_blocking(move || {
+            let _hold = held;
+            write(file, rx, &disk_shared, resumable, hash_at_stop)
+        });
+        let hash_shared = shared.clone();
+        let hash = tokio::task::spawn_blocking(move || {
+            let _hold = hold;
+            let hashed = hash(kept, hasher, size, &hash_shared)?;
+            let _ = last_hash.try_send(hashed.clone());
+            Ok(hashed)
+        });
+        Ok(Self {
+            to_disk,
+            disk,
+            hash,
+            shared,
+            size,
+            path: path.to_path_buf(),
+            armed: true,
+        })
+    }
+
+    /// Queues a chunk for the disk; waits while the disk is behind.
+    async fn write(&self, at: u64, bytes: Bytes) -> Result<(), ()> {
+        self.to_disk
+            .send(Message::Chunk { at, bytes })
+            .await
+            .map_err(drop)
+    }
+
+    /// Every piece is queued: waits until the bytes are on disk and hashed.
+    async fn finish(mut self) -> Result<Written, String> {
+        self.armed = false;
+        let _ = self.to_disk.send(Message::Finish).await;
+        let size = self.size;
+        let hashed = self.end().await?;
+        if hashed.len() != size {
+            return Err(format!(
+                "only the first {} of {size} bytes were written",
+                hashed.len()
+            ));
+        }
+        Ok(Written {
+            sha256: hashed.finalize(),
+        })
+    }
+
+    /// Stops after what is queued, keeping the file and a checkpoint.
+    async fn abandon(self) -> Result<Written, String> {
+        self.end().await.map(|hashed| Written {
+            sha256: hashed.finalize(),
+        })
+    }
+
+    async fn end(mut self) -> Result<Sha256, String> {
+        let failed = |e: std::io::Error| format!("cannot write {}: {e}", self.path.display());
+        let crashed = |e: tokio::task::JoinError| format!("the writer crashed: {e}");
+        // Closing the queue without Finish tells the disk thread the
+        // download stopped.
+        let (to_disk, _) = mpsc::channel(1);
+        drop(std::mem::replace(&mut self.to_disk, to_disk));
+        let disk = (&mut self.disk).await.map_err(crashed)?;
+        let hash = (&mut self.hash).await.map_err(crashed)?;
+        disk.map_err(failed)?;
+        hash.map_err(failed)
+    }
+}
+
+fn write(
+    file: File,
+    mut rx: mpsc::Receiver<Message>,
+    shared: &Shared,
+    resumable: Option<Resumable>,
+    hash_at_stop: std::sync::mpsc::Receiver<Sha256>,
+) -> std::io::Result<()> {
+    let wrote = |file: &File, rx: &mut mpsc::Receiver<Message>| -> std::io::Result<bool> {
+        // Handed to the kernel's writeback a window at a time, so the
+        // final fsync has little left to do.
+        let mut unflushed = Ranges::default();
+        while let Some(message) = rx.blocking_recv() {
+            match message {
+                Message::Chunk { at, bytes } => {
+                    file.write_all_at(&bytes, at)?;
+                    let end = at + bytes.len() as u64;
+                    shared.update(|p| p.have.insert(at, end));
+                    unflushed.insert(at, end);
+                    if unflushed.len() >= WRITEBACK_WINDOW {
+                        for (start, end) in std::mem::take(&mut unflushed).iter() {
+                            start_writeback(file, start, end - start);
+                        }
+                    }
+                }
+                Message::Finish => {
+                    file.sync_data()?;
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    };
+    match wrote(&file, &mut rx) {
+        Ok(true) => {
+            shared.update(|p| p.ended = true);
+            return Ok(());
+        }
+        Ok(false) => shared.update(|p| p.stopped = true),
+        Err(e) => {
+            shared.update(|p| p.stopped = true);
+            return Err(e);
+        }
+    }
+    // Interrupted: the checkpoint is written after the bytes are durable,
+    // and records exactly what the disk holds.
+    if let Some(resumable) = resumable {
+        file.sync_data()?;
+        if let Ok(hash) = hash_at_stop.recv() {
+            let have = shared.progress.lock().expect("progress lock").have.clone();
+            let stamp = Stamp::of(&file.metadata()?, Some(&resumable.sha256));
+            Checkpoint::new(stamp, hash, have).save(&resumable.record)?;
+        }
+    }
+    Err(std::io::Error::other("the download stopped"))
+}
+
+/// Follows the written run from the start, reading it back and hashing it,
+/// until the whole file is hashed, the disk thread ended, or the download
+/// stopped.
+fn hash(file: File, mut hasher: Sha256, size: u64, shared: &Shared) -> std::io::Result<Sha256> {
+    let mut buf = vec![0; READ_BUF];
+    loop {
+        let upto = {
+            let mut progress = shared.progress.lock().expect("progress lock");
+            loop {
+                let written = progress.have.contiguous();
+                if progress.stopped {
+                    break None;
+                }
+                if written > hasher.len() {
+                    break Some(written);
+                }
+                if progress.ended || hasher.len() >= size {
+                    break None;
+                }
+                progress = shared.changed.wait(progress).expect("progress lock");
+            }
+        };
+        let Some(upto) = upto else {
+            return Ok(hasher);
+        };
+        let want = usize::try_from(upto - hasher.len())
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        file.read_exact_at(&mut buf[..want], hasher.len())?;
+        hasher.update(&buf[..want]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_ranges_are_cut_into_pieces_in_file_order() {
+        let piece = |start, end| Piece { start, end };
+        assert_eq!(
+            cut(&[(0, 10), (15, 16), (20, 45)], 10),
+            [
+                piece(0, 10),
+                piece(15, 16),
+                piece(20, 30),
+                piece(30, 40),
+                piece(40, 45)
+            ]
+        );
+        assert!(cut(&[], 10).is_empty());
+    }
+}
