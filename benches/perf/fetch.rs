@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use berth::fetch::{Fetcher, Quiet};
+use berth::fetch::{Fetcher, Quiet, Split};
 use berth::model::{ModelFile, TrainedModel};
 use tokio_util::sync::CancellationToken;
 
@@ -56,7 +56,7 @@ pub fn files(
     Ok(files)
 }
 
-async fn fetch(fetcher: &Fetcher, model: &TrainedModel) -> anyhow::Result<Duration> {
+pub async fn fetch(fetcher: &Fetcher, model: &TrainedModel) -> anyhow::Result<Duration> {
     let started = Instant::now();
     fetcher
         .fetch(model, Arc::new(Quiet), &CancellationToken::new())
@@ -65,21 +65,31 @@ async fn fetch(fetcher: &Fetcher, model: &TrainedModel) -> anyhow::Result<Durati
     Ok(started.elapsed())
 }
 
-fn fresh_fetcher(ctx: &Ctx, name: &str) -> anyhow::Result<Fetcher> {
+/// A fetcher with berth's defaults (8 connections per large file) into an
+/// empty directory.
+pub fn fresh_fetcher(ctx: &Ctx, name: &str) -> anyhow::Result<Fetcher> {
     let dir = ctx.out_dir.join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     Fetcher::new(dir, Duration::from_secs(3600))
 }
 
-fn fresh_dir(ctx: &Ctx, name: &str) -> anyhow::Result<std::path::PathBuf> {
+/// A fetcher that reads every file in one stream, as a single connection.
+fn one_stream_fetcher(ctx: &Ctx, name: &str) -> anyhow::Result<Fetcher> {
+    Ok(fresh_fetcher(ctx, name)?.split(Split {
+        connections: 1,
+        ..Split::default()
+    }))
+}
+
+pub fn fresh_dir(ctx: &Ctx, name: &str) -> anyhow::Result<std::path::PathBuf> {
     let dir = ctx.out_dir.join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
 
-fn shell_quote(path: &Path) -> String {
+pub fn shell_quote(path: &Path) -> String {
     format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
 }
 
@@ -310,7 +320,7 @@ pub async fn resume(ctx: &Ctx) -> anyhow::Result<()> {
     let mut rehashed = Vec::new();
     for _ in 0..ctx.rounds {
         settle();
-        let fetcher = fresh_fetcher(ctx, "berth")?;
+        let fetcher = one_stream_fetcher(ctx, "berth")?;
         whole.push(
             fetch(&fetcher, &model(ctx, "big", &big))
                 .await?
@@ -364,7 +374,7 @@ pub async fn resume(ctx: &Ctx) -> anyhow::Result<()> {
 
 /// A fetcher whose download of `big` broke off after `cut_at` bytes.
 async fn cut_off(ctx: &Ctx, big: &[DataFile], cut_at: u64) -> anyhow::Result<Fetcher> {
-    let fetcher = fresh_fetcher(ctx, "berth")?;
+    let fetcher = one_stream_fetcher(ctx, "berth")?;
     let mut cut = model(ctx, "big", big);
     cut.source = format!(
         "http://{}/cut/{cut_at}/{{job_id}}/{{path}}",

@@ -3,10 +3,12 @@
 //! Every figure is printed beside a baseline measured in the same run, on
 //! the same files: the machine is shared and noisy, so ratios mean more
 //! than absolute times. Sections: `fetch` (one large file, many files),
-//! `resume`, `reverify`, `plugin`, `api`, `memory`; all by default. Data goes
+//! `resume`, `reverify`, `plugin`, `api`, `memory`, `capped` (one file from
+//! a source that caps each connection's rate); all by default. Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
+mod capped;
 mod data;
 mod fetch;
 mod plugin;
@@ -32,13 +34,22 @@ pub struct Ctx {
     pub model_gib: u64,
     /// Plugin calls per measurement.
     pub calls: usize,
+    /// Size of the file of the capped-source benchmark, GiB.
+    pub capped_gib: u64,
+    /// Size of the file berth's memory is measured on there, GiB.
+    pub rss_gib: u64,
+    /// The capped source's rate per connection, MB/s.
+    pub cap_mbps: u64,
 }
 
-const SECTIONS: [&str; 6] = ["fetch", "resume", "reverify", "plugin", "api", "memory"];
+const SECTIONS: [&str; 7] = [
+    "fetch", "resume", "reverify", "plugin", "api", "memory", "capped",
+];
 
 fn main() -> anyhow::Result<()> {
     let mut sections = Vec::new();
     let (mut rounds, mut big_gib, mut model_gib, mut calls, mut keep) = (3, 1, 4, 2000, false);
+    let (mut capped_gib, mut rss_gib, mut cap_mbps) = (2, 4, 50);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut number = |name: &str| -> anyhow::Result<u64> {
@@ -53,6 +64,9 @@ fn main() -> anyhow::Result<()> {
             "--big-gib" => big_gib = number("--big-gib")?,
             "--model-gib" => model_gib = number("--model-gib")?,
             "--calls" => calls = number("--calls")? as usize,
+            "--capped-gib" => capped_gib = number("--capped-gib")?,
+            "--rss-gib" => rss_gib = number("--rss-gib")?,
+            "--cap-mbps" => cap_mbps = number("--cap-mbps")?,
             "--keep" => keep = true,
             section if SECTIONS.contains(&section) => sections.push(section.to_string()),
             other => anyhow::bail!(
@@ -79,6 +93,9 @@ fn main() -> anyhow::Result<()> {
         big_gib,
         model_gib,
         calls,
+        capped_gib,
+        rss_gib,
+        cap_mbps,
     };
     machine();
 
@@ -94,6 +111,7 @@ fn main() -> anyhow::Result<()> {
                 "plugin" => plugin::calls(&ctx).await?,
                 "api" => api::deployments(&ctx).await?,
                 "memory" => api::memory(&ctx).await?,
+                "capped" => capped::throughput(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
         }

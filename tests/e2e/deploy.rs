@@ -208,13 +208,13 @@ async fn bad_sources_fail_with_the_file_named_and_leave_no_unverified_bytes(back
             "short",
             Box::new(|m| m["files"][1]["size_bytes"] = json!(300_001)),
             None,
-            "expected 300001 bytes, got 300000",
+            "the source has 300000 bytes for this file, but the record says 300001",
         ),
         (
             "long",
             Box::new(|m| m["files"][1]["size_bytes"] = json!(299_999)),
             None,
-            "the source sent more than the expected 299999 bytes",
+            "the source has 300000 bytes for this file, but the record says 299999",
         ),
         (
             "cut",
