@@ -6,6 +6,7 @@
 // exists (ARCHITECTURE.md lists them).
 #![deny(unsafe_code)]
 
+pub mod auth;
 pub mod cli;
 pub mod db;
 pub mod deployers;

@@ -90,6 +90,8 @@ pub struct Request<'a> {
     pub deployer: &'a str,
     /// A JSON object, at most `MAX_OPTIONS_BYTES`.
     pub options_json: &'a str,
+    /// The name of the API token that asked (none without tokens).
+    pub created_by: Option<&'a str>,
 }
 
 /// A recorded, running deployment, ready to be carried out.
@@ -174,6 +176,7 @@ impl Pipeline {
             model_id,
             deployer,
             options_json,
+            created_by,
         } = request;
         let model = self
             .db
@@ -211,6 +214,7 @@ impl Pipeline {
                     options_json,
                     dir: &dir.display().to_string(),
                     server_id: &self.server_id,
+                    created_by,
                 },
                 &move |id| out_root.join(id.to_string()).display().to_string(),
             )

@@ -152,6 +152,7 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
         source,
         files,
         created_at: String::new(),
+        created_by: None,
     })
 }
 

@@ -6,6 +6,7 @@
 mod support;
 
 mod api;
+mod auth;
 mod client;
 mod deploy;
 mod fetch;

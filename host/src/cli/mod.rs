@@ -5,6 +5,7 @@
 mod client;
 mod plugin;
 mod serve;
+mod token;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -31,6 +32,9 @@ enum Command {
     /// Tools for plugin authors: check and run a deployer without a server.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// API tokens for `berth serve --api-tokens-file`.
+    #[command(subcommand)]
+    Token(token::TokenCommand),
     /// `deploy`, `models`, `deployments`, `deployers`: a running server's client.
     #[command(flatten)]
     Client(client::ClientCommand),
@@ -52,6 +56,7 @@ pub fn main(args: Args) -> ExitCode {
         match args.command {
             Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Plugin(command) => plugin::run(command).await,
+            Command::Token(command) => token::run(command),
             Command::Client(command) => client::run(command).await,
         }
     });

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
+use crate::auth::Tokens;
 use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
@@ -72,11 +73,29 @@ pub struct ServeArgs {
     /// Sign webhook bodies with this secret (header X-Berth-Signature).
     #[arg(long, env = "BERTH_WEBHOOK_SECRET", hide_env_values = true)]
     webhook_secret: Option<String>,
+    /// The accepted API tokens: `NAME ROLE SHA256` lines (`berth token new`
+    /// prints one); read again when it changes.
+    #[arg(long, env = "BERTH_API_TOKENS_FILE", value_name = "FILE")]
+    api_tokens_file: Option<PathBuf>,
+    /// One accepted API token, with the admin role, recorded as
+    /// BERTH_API_TOKEN (for a single operator).
+    #[arg(
+        long,
+        env = "BERTH_API_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    api_token: Option<String>,
+    /// Serve without API tokens on an address other than loopback: anyone
+    /// who reaches it may register, deploy and delete.
+    #[arg(long, env = "BERTH_INSECURE_NO_AUTH")]
+    insecure_no_auth: bool,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let clock = std::time::Instant::now();
     let args = args.absolute()?;
+    let tokens = open_tokens(&args)?;
     let (db, server_id) = open_records(&args).await?;
     let events = Events::default();
     if let Some(url) = &args.webhook_url {
@@ -118,11 +137,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         "berth is listening on http://{}",
         listener.local_addr()?
     );
+    if let Some(tokens) = &tokens {
+        tokio::spawn(reload_tokens(tokens.clone(), pipeline.stopping().clone()));
+    }
     let app = crate::http::app(ApiContext {
         db: db.clone(),
         events,
         deployers,
         pipeline: pipeline.clone(),
+        tokens,
     });
     let stopping = pipeline.clone();
     axum::serve(listener, app)
@@ -160,6 +183,53 @@ impl ServeArgs {
         self.cache_dir
             .clone()
             .unwrap_or_else(|| self.data_dir.join("cache"))
+    }
+}
+
+/// The API tokens, if any are configured; refuses to serve an open API
+/// beyond loopback unless told to.
+fn open_tokens(args: &ServeArgs) -> anyhow::Result<Option<Arc<Tokens>>> {
+    let tokens = Tokens::load(args.api_tokens_file.as_deref(), args.api_token.as_deref())?;
+    match &tokens {
+        None if !args.listen.ip().is_loopback() && !args.insecure_no_auth => anyhow::bail!(
+            "refusing to serve {} without API tokens: anyone who reaches it could register, \
+             deploy and delete. Give --api-tokens-file or BERTH_API_TOKEN (`berth token new NAME` \
+             makes a token), listen on 127.0.0.1, or pass --insecure-no-auth",
+            args.listen
+        ),
+        None if !args.listen.ip().is_loopback() => tracing::warn!(
+            "serving {} without API tokens (--insecure-no-auth): anyone who reaches it may \
+             register, deploy and delete",
+            args.listen
+        ),
+        None => {}
+        Some(tokens) => {
+            if tokens.is_empty() {
+                tracing::warn!(
+                    file = ?tokens.file(),
+                    "the API tokens file lists no tokens: every request to /v1 is refused until one is added"
+                );
+            }
+            tracing::info!(tokens = tokens.len(), "API tokens required");
+        }
+    }
+    Ok(tokens.map(Arc::new))
+}
+
+/// Reads the tokens file again when it changes, so a token is added or
+/// revoked without a restart.
+async fn reload_tokens(tokens: Arc<Tokens>, stopping: tokio_util::sync::CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopping.cancelled() => return,
+        }
+        match tokens.reload() {
+            Ok(true) => tracing::info!(tokens = tokens.len(), "API tokens file read again"),
+            Ok(false) => {}
+            Err(e) => tracing::error!("{e}; the tokens read before stay accepted"),
+        }
     }
 }
 

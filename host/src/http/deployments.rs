@@ -2,16 +2,17 @@
 //! show one, cancel one, read its log. The pipeline runs them; this module
 //! only translates HTTP.
 
-use axum::Json;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
+use axum::{Extension, Json};
 use serde_json::{Value, json};
 
 use super::ApiContext;
 use super::error::Error;
 use super::json::{self, Body, DeployBody, DeployParams, Id, ListParams, Params};
+use crate::auth::Caller;
 use crate::model::Status;
 use crate::pipeline::{CancelError, MAX_OPTIONS_BYTES, Request};
 
@@ -25,6 +26,7 @@ pub fn router() -> Router<ApiContext> {
 
 async fn deploy(
     State(ctx): State<ApiContext>,
+    caller: Option<Extension<Caller>>,
     Id(model_id): Id,
     Params(params): Params<DeployParams>,
     Body(body): Body<DeployBody>,
@@ -46,10 +48,12 @@ async fn deploy(
             MAX_OPTIONS_BYTES / 1024
         )));
     }
+    let created_by = caller.map(|Extension(c)| c.name);
     let request = Request {
         model_id,
         deployer: &deployer,
         options_json: &options,
+        created_by: created_by.as_deref(),
     };
     if params.wait == Some(false) {
         let running = ctx.pipeline.run_detached(request).await?;

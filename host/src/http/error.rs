@@ -3,7 +3,7 @@
 //! answered without detail.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -14,6 +14,10 @@ use crate::pipeline::{RunError, StartError};
 pub enum Error {
     /// 400
     BadRequest(String),
+    /// 401, with `WWW-Authenticate: Bearer`
+    Unauthorized(String),
+    /// 403
+    Forbidden(String),
     /// 404
     NotFound(String),
     /// 409
@@ -26,6 +30,12 @@ impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let (status, message) = match self {
             Error::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
+            Error::Unauthorized(m) => {
+                let body = Json(json!({ "error": m }));
+                let challenge = [(header::WWW_AUTHENTICATE, r#"Bearer realm="berth""#)];
+                return (StatusCode::UNAUTHORIZED, challenge, body).into_response();
+            }
+            Error::Forbidden(m) => (StatusCode::FORBIDDEN, m),
             Error::NotFound(m) => (StatusCode::NOT_FOUND, m),
             Error::Conflict(m) => (StatusCode::CONFLICT, m),
             Error::Internal(detail) => {

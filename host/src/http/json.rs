@@ -137,6 +137,7 @@ pub fn model(m: &TrainedModel) -> Value {
         "params": object(&m.params_json),
         "source": m.source,
         "created_at": m.created_at,
+        "created_by": m.created_by,
         "files": m.files.iter().map(|f| json!({
             "path": f.path,
             "size_bytes": f.size_bytes,
@@ -162,6 +163,7 @@ pub fn deployment(d: &Deployment) -> Value {
         "duration_ms": d.duration_ms,
         "created_at": d.created_at,
         "completed_at": d.completed_at,
+        "created_by": d.created_by,
     })
 }
 

@@ -1,6 +1,7 @@
 //! The HTTP API: one module per resource, each with its own `router()`.
 //! Only this module knows JSON shapes and status codes.
 
+mod auth;
 mod deployers;
 mod deployments;
 mod error;
@@ -15,8 +16,10 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::get;
 
+use crate::auth::Tokens;
 use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
@@ -34,6 +37,8 @@ pub struct ApiContext {
     pub events: Events,
     pub deployers: Arc<Deployers>,
     pub pipeline: Arc<Pipeline>,
+    /// The accepted API tokens; `None`: the API is open (loopback only).
+    pub tokens: Option<Arc<Tokens>>,
 }
 
 /// The whole API; `serve` runs it, tests call it with `oneshot`.
@@ -50,5 +55,6 @@ pub fn app(ctx: ApiContext) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(ctx.clone(), auth::require))
         .with_state(ctx)
 }

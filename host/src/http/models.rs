@@ -1,15 +1,16 @@
 //! `/v1/models`: register, list, show and delete trained models.
 
-use axum::Json;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
+use axum::{Extension, Json};
 use serde_json::{Value, json};
 
 use super::ApiContext;
 use super::error::Error;
 use super::json::{self, Body, Id, RegisterBody};
+use crate::auth::Caller;
 use crate::validate::{self, FileDraft, ModelDraft};
 
 pub fn router() -> Router<ApiContext> {
@@ -20,6 +21,7 @@ pub fn router() -> Router<ApiContext> {
 
 async fn register(
     State(ctx): State<ApiContext>,
+    caller: Option<Extension<Caller>>,
     Body(body): Body<RegisterBody>,
 ) -> Result<(StatusCode, Json<Value>), Error> {
     let draft = ModelDraft {
@@ -43,8 +45,9 @@ async fn register(
             })
             .collect(),
     };
-    let model =
+    let mut model =
         validate::model(draft).map_err(|p| Error::BadRequest(format!("invalid model: {p}")))?;
+    model.created_by = caller.map(|Extension(c)| c.name);
     let stored = ctx.db.insert_model(&model).await?;
     tracing::info!(model_id = stored.id, job_id = %stored.job_id, files = stored.files.len(), "model registered");
     Ok((StatusCode::CREATED, Json(json::model(&stored))))
