@@ -8,6 +8,7 @@ mod support;
 mod api;
 mod auth;
 mod client;
+mod config;
 mod deploy;
 mod fetch;
 mod languages;

@@ -21,6 +21,10 @@ use crate::watch::Watcher;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// A TOML file of these settings (keys: the flags' names in snake
+    /// case); flags and environment variables win over it.
+    #[arg(long, env = "BERTH_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:7878")]
     listen: SocketAddr,
@@ -323,7 +327,7 @@ fn server_id(data_dir: &Path) -> anyhow::Result<String> {
 }
 
 /// A database URL without its password, for messages.
-fn redact(url: &str) -> String {
+pub(super) fn redact(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut parsed) if parsed.password().is_some() => {
             let _ = parsed.set_password(Some("***"));
