@@ -16,5 +16,6 @@ mod live;
 mod network;
 mod plugin_cli;
 mod plugins;
+mod ready;
 mod runtime;
 mod webhook;

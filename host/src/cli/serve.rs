@@ -16,7 +16,7 @@ use crate::events::Events;
 use crate::fetch::{Fetcher, Split};
 use crate::http::{ApiContext, Webhook};
 use crate::pipeline::Pipeline;
-use crate::runtime::{CodeCache, Limits, Origin, Runtime};
+use crate::runtime::{CodeCache, Limits, Origin, PluginSet, Runtime, folder_names};
 use crate::watch::Watcher;
 
 #[derive(Debug, Args)]
@@ -110,7 +110,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         .spawn(&events)?;
     }
-    let (deployers, watcher) = load_deployers(&args).await?;
+    let (deployers, watcher, runtime) = prepare_deployers(&args)?;
     let fetcher = Fetcher::new(args.models_dir(), Duration::from_secs(args.fetch_timeout_s))?
         .split(Split {
             connections: usize::from(args.fetch_connections),
@@ -124,14 +124,33 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         server_id,
         args.data_dir.join("out"),
     ));
-    if args.plugins_poll_ms > 0 {
-        tokio::spawn(watcher.run(
-            deployers.clone(),
-            events.clone(),
-            pipeline.stopping().clone(),
-            Duration::from_millis(args.plugins_poll_ms),
-        ));
-    }
+    // Listening comes first: the deployers appear one by one as they
+    // compile (seconds each for Python and JavaScript), /readyz tells when
+    // all are in, and only then does the watcher take over the folder.
+    let poll = Duration::from_millis(args.plugins_poll_ms);
+    let stopping = pipeline.stopping().clone();
+    let (loading, loading_events) = (deployers.clone(), events.clone());
+    let (plugins_dir, cache_dir, max) = (
+        args.plugins_dir.clone(),
+        args.cache_dir(),
+        args.max_deployers,
+    );
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let plugins = runtime
+            .load_dir_each(&plugins_dir, max, |name, set, changes| {
+                loading.loaded(name, set.clone());
+                crate::watch::announce(&loading_events, changes);
+            })
+            .await;
+        // Also clears names whose files went away during the load, and
+        // brings in a folder that could not be read as the set's rejection.
+        loading.finish_loading(plugins.clone());
+        log_loaded(&plugins, &plugins_dir, &cache_dir, started.elapsed());
+        if !poll.is_zero() {
+            watcher.run(loading, loading_events, stopping, poll).await;
+        }
+    });
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -266,9 +285,11 @@ async fn open_records(args: &ServeArgs) -> anyhow::Result<(Db, String)> {
     Ok((db, server_id))
 }
 
-/// Loads the plugins folder, compiling what the code cache does not hold,
-/// and returns the watcher that keeps it current.
-async fn load_deployers(args: &ServeArgs) -> anyhow::Result<(Arc<Deployers>, Watcher)> {
+/// The runtime, and the served deployers as loading: nothing served yet,
+/// every name of the plugins folder to come. Returns the watcher that keeps
+/// the set current once loaded, its view of the folder taken now, so a
+/// change made during the load is picked up afterwards.
+fn prepare_deployers(args: &ServeArgs) -> anyhow::Result<(Arc<Deployers>, Watcher, Arc<Runtime>)> {
     let limits = Limits {
         memory_mib: args.memory_mib,
         timeout: Duration::from_secs(args.timeout_s),
@@ -278,9 +299,13 @@ async fn load_deployers(args: &ServeArgs) -> anyhow::Result<(Arc<Deployers>, Wat
         Some(CodeCache::new(args.cache_dir())),
     )?);
     let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
-    let plugins = runtime
-        .load_dir(&args.plugins_dir, args.max_deployers)
-        .await;
+    let names = folder_names(&args.plugins_dir);
+    let deployers = Deployers::loading(runtime.clone(), args.plugins_dir.clone(), names);
+    Ok((Arc::new(deployers), watcher, runtime))
+}
+
+/// The first load's summary line.
+fn log_loaded(plugins: &PluginSet, dir: &Path, cache: &Path, took: Duration) {
     let compiled = plugins
         .deployers
         .values()
@@ -291,12 +316,11 @@ async fn load_deployers(args: &ServeArgs) -> anyhow::Result<(Arc<Deployers>, Wat
         compiled,
         from_cache = plugins.deployers.len() - compiled,
         rejected = plugins.rejected.len(),
-        folder = %args.plugins_dir.display(),
-        cache = %args.cache_dir().display(),
-        "plugins folder loaded"
+        folder = %dir.display(),
+        cache = %cache.display(),
+        took_ms = took.as_millis() as u64,
+        "plugins folder loaded: ready"
     );
-    let deployers = Deployers::new(runtime, args.plugins_dir.clone(), plugins);
-    Ok((Arc::new(deployers), watcher))
 }
 
 async fn stop_signal() {

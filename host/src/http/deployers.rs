@@ -1,4 +1,5 @@
-//! `GET /v1/deployers`: what can deploy, and which plugin files were refused.
+//! `GET /v1/deployers`: what can deploy, which plugin files were refused,
+//! and which are still loading after a start.
 
 use axum::Json;
 use axum::Router;
@@ -36,5 +37,6 @@ async fn list(State(ctx): State<ApiContext>) -> Json<Value> {
         .iter()
         .map(|r| json!({ "file": r.file, "reason": r.reason }))
         .collect();
-    Json(json!({ "deployers": deployers, "rejected": rejected }))
+    let loading = ctx.deployers.still_loading();
+    Json(json!({ "deployers": deployers, "rejected": rejected, "loading": loading }))
 }

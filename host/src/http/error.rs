@@ -22,6 +22,8 @@ pub enum Error {
     NotFound(String),
     /// 409
     Conflict(String),
+    /// 503, with `Retry-After`: not yet, soon.
+    Unavailable(String),
     /// 500
     Internal(String),
 }
@@ -38,6 +40,11 @@ impl IntoResponse for Error {
             Error::Forbidden(m) => (StatusCode::FORBIDDEN, m),
             Error::NotFound(m) => (StatusCode::NOT_FOUND, m),
             Error::Conflict(m) => (StatusCode::CONFLICT, m),
+            Error::Unavailable(m) => {
+                let body = Json(json!({ "error": m }));
+                let retry = [(header::RETRY_AFTER, "5")];
+                return (StatusCode::SERVICE_UNAVAILABLE, retry, body).into_response();
+            }
             Error::Internal(detail) => {
                 tracing::error!("internal error: {detail}");
                 (
@@ -63,6 +70,7 @@ impl From<StartError> for Error {
     fn from(e: StartError) -> Self {
         match e {
             StartError::UnknownModel(_) => Error::NotFound(e.to_string()),
+            StartError::StillLoading(_) => Error::Unavailable(e.to_string()),
             StartError::NoDeployers(_)
             | StartError::UnknownDeployer { .. }
             | StartError::BadOptions(_) => Error::BadRequest(e.to_string()),

@@ -41,6 +41,22 @@ pub struct ApiContext {
     pub tokens: Option<Arc<Tokens>>,
 }
 
+/// Readiness: 503 with what is still loading until the server's first load
+/// of the plugins folder is done (liveness is `/healthz`).
+async fn ready(
+    axum::extract::State(ctx): axum::extract::State<ApiContext>,
+) -> Result<&'static str, error::Error> {
+    let loading = ctx.deployers.still_loading();
+    if loading.is_empty() {
+        return Ok("ready");
+    }
+    Err(error::Error::Unavailable(format!(
+        "not ready: still loading {} of the plugins folder's deployers ({})",
+        loading.len(),
+        loading.join(", ")
+    )))
+}
+
 /// The whole API; `serve` runs it, tests call it with `oneshot`.
 pub fn app(ctx: ApiContext) -> Router {
     Router::new()
@@ -49,6 +65,7 @@ pub fn app(ctx: ApiContext) -> Router {
         .merge(deployers::router())
         .merge(events::router())
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
         .fallback(|| async {
             error::Error::NotFound(
                 "no such endpoint; the API lives under /v1 (see README.md)".into(),

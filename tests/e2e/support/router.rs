@@ -89,6 +89,43 @@ impl App {
         }
     }
 
+    /// The API of a server whose first load of the plugins folder has not
+    /// reached `names` yet (and serves nothing).
+    pub async fn start_still_loading(names: &[&str]) -> Self {
+        let temp = tempfile::tempdir().unwrap();
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let deployers = Arc::new(Deployers::loading(
+            Arc::new(runtime),
+            temp.path().join("plugins"),
+            names.iter().map(|n| n.to_string()).collect(),
+        ));
+        let db = Db::connect(&database_url(Backend::Sqlite).await)
+            .await
+            .unwrap();
+        let events = Events::default();
+        let fetcher = Fetcher::new(temp.path().join("models"), Duration::from_secs(60)).unwrap();
+        let pipeline = Arc::new(Pipeline::new(
+            db.clone(),
+            events.clone(),
+            deployers.clone(),
+            fetcher,
+            "router-test".to_string(),
+            temp.path().join("out"),
+        ));
+        let router = berth::http::app(ApiContext {
+            db,
+            events,
+            deployers,
+            pipeline,
+            tokens: None,
+        });
+        Self {
+            app: router,
+            token: None,
+            _temp: Arc::new(temp),
+        }
+    }
+
     /// The same API, called with `token` (or with none).
     pub fn with_token(&self, token: Option<&str>) -> Self {
         Self {
