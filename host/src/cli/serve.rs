@@ -12,7 +12,7 @@ use clap::Args;
 use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
-use crate::fetch::Fetcher;
+use crate::fetch::{Access, Fetcher};
 use crate::http::{ApiContext, Webhook};
 use crate::pipeline::Pipeline;
 use crate::runtime::{CodeCache, Limits, Origin, Runtime};
@@ -48,6 +48,11 @@ pub struct ServeArgs {
     /// Default wall-clock limit of one deploy call, in seconds.
     #[arg(long, env = "BERTH_TIMEOUT_S", default_value_t = 1800)]
     timeout_s: u64,
+    /// Credentials for sources, by URL prefix: a TOML file of
+    /// `[[source]]` entries with `prefix` and `headers` (HTTP) or `options`
+    /// (object stores); values may use `${VAR}` from this environment.
+    #[arg(long, env = "BERTH_SOURCES_FILE")]
+    sources_file: Option<PathBuf>,
     /// Limit on fetching all files of one deployment, in seconds.
     #[arg(long, env = "BERTH_FETCH_TIMEOUT_S", default_value_t = 1800)]
     fetch_timeout_s: u64,
@@ -77,7 +82,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .spawn(&events)?;
     }
     let (deployers, watcher) = load_deployers(&args).await?;
-    let fetcher = Fetcher::new(args.models_dir(), Duration::from_secs(args.fetch_timeout_s))?;
+    let fetcher = Fetcher::new(args.models_dir(), Duration::from_secs(args.fetch_timeout_s))?
+        .access(load_access(&args)?);
     let pipeline = Arc::new(Pipeline::new(
         db.clone(),
         events.clone(),
@@ -208,6 +214,21 @@ async fn load_deployers(args: &ServeArgs) -> anyhow::Result<(Arc<Deployers>, Wat
     );
     let deployers = Deployers::new(runtime, args.plugins_dir.clone(), plugins);
     Ok((Arc::new(deployers), watcher))
+}
+
+/// The sources file, if there is one; its values are secrets, so only the
+/// prefixes are logged.
+fn load_access(args: &ServeArgs) -> anyhow::Result<Access> {
+    let Some(path) = &args.sources_file else {
+        return Ok(Access::default());
+    };
+    let access = Access::load(path)?;
+    tracing::info!(
+        file = %path.display(),
+        prefixes = %access.prefixes().join(" "),
+        "sources file loaded"
+    );
+    Ok(access)
 }
 
 async fn stop_signal() {

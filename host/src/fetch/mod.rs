@@ -11,11 +11,13 @@
 //! lock. Never deletes a model file; knows nothing of deployers or the
 //! database.
 
+mod access;
 mod lock;
 mod partial;
 mod sha;
 mod source;
 mod stamp;
+mod store;
 #[cfg(test)]
 mod tests;
 
@@ -30,6 +32,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{ModelFile, TrainedModel};
+pub use access::Access;
 use lock::DirLock;
 use partial::{Checkpoint, Resumable, TEMP_PREFIX, Writer, partial_path};
 use sha::Sha256 as ResumableSha256;
@@ -110,6 +113,12 @@ impl Fetcher {
     /// Reads large files over `split.connections` connections at once.
     pub fn split(mut self, split: Split) -> Self {
         self.split = split;
+        self
+    }
+
+    /// Gives the sources the credentials of the sources file.
+    pub fn access(mut self, access: Access) -> Self {
+        self.sources = self.sources.with_access(access);
         self
     }
 
