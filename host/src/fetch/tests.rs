@@ -662,15 +662,18 @@ async fn a_redirect_to_another_host_carries_no_credentials() {
     setup.fetch().await.unwrap();
     assert_file(&setup, "moved.bin", &moved);
     assert_file(&setup, "kept.bin", &kept);
-    let sent = Some("Bearer t0ken".to_string());
-    assert_eq!(setup.source.authorizations("job/moved.bin"), [sent.clone()]);
+    let sent = || Some("Bearer t0ken".to_string());
+    assert_eq!(setup.source.authorizations("job/moved.bin"), [sent()]);
     assert_eq!(
         elsewhere.authorizations("other/moved.bin"),
         [None],
         "the other host got the token"
     );
-    assert_eq!(setup.source.authorizations("job/kept.bin"), [sent.clone()]);
-    assert_eq!(setup.source.authorizations("job/renamed/kept.bin"), [sent]);
+    assert_eq!(setup.source.authorizations("job/kept.bin"), [sent()]);
+    assert_eq!(
+        setup.source.authorizations("job/renamed/kept.bin"),
+        [sent()]
+    );
 }
 
 #[tokio::test]
