@@ -19,6 +19,8 @@ mod source;
 mod stamp;
 mod store;
 #[cfg(test)]
+mod store_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::BTreeSet;

@@ -193,7 +193,7 @@ impl Store {
             object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. } => format!(
                 "the store refused the credentials for {url} ({}); they are {}",
-                innermost(&e),
+                store_said(&innermost(&e)),
                 self.credentials
             ),
             _ if unreachable(&e) => format!(
@@ -201,7 +201,10 @@ impl Store {
                 self.endpoint,
                 innermost(&e)
             ),
-            _ => format!("the store could not serve {url}: {}", innermost(&e)),
+            _ => format!(
+                "the store could not serve {url}: {}",
+                store_said(&innermost(&e))
+            ),
         }
     }
 }
@@ -218,4 +221,37 @@ fn unreachable(e: &object_store::Error) -> bool {
         cause = e.source();
     }
     false
+}
+
+/// An S3 error answer is an XML document; its code and message are what
+/// people need ("InvalidAccessKeyId: The AWS Access Key Id you provided
+/// does not exist in our records."), not the document.
+fn store_said(text: &str) -> String {
+    let element = |name: &str| {
+        let (open, close) = (format!("<{name}>"), format!("</{name}>"));
+        let start = text.find(&open)? + open.len();
+        let len = text[start..].find(&close)?;
+        Some(text[start..start + len].trim().to_string())
+    };
+    match (element("Code"), element("Message")) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (Some(code), None) => code,
+        _ => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_s3_error_document_is_told_by_its_code_and_message() {
+        let said = super::store_said(
+            "Server returned non-2xx status code: 403 Forbidden: <?xml version=\"1.0\"?>\n\
+             <Error><Code>InvalidAccessKeyId</Code><Message>The key does not exist.</Message></Error>",
+        );
+        assert_eq!(said, "InvalidAccessKeyId: The key does not exist.");
+        assert_eq!(
+            super::store_said("Connection refused"),
+            "Connection refused"
+        );
+    }
 }

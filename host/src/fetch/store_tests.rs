@@ -1,0 +1,364 @@
+//! The fetcher against a real S3-compatible server: moto's, started once
+//! for this test binary by `tests/moto/serve.py` on a free loopback port.
+//! Ranged reads, a verified fetch, a missing object, refused credentials,
+//! an unreachable endpoint, and a download cut short and continued.
+
+use std::io::BufRead;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as Key;
+
+use super::source::Span;
+use super::*;
+
+/// The bucket `tests/moto/serve.py` creates; each test has its own job id.
+const BUCKET: &str = "berth-test";
+
+/// The running server and the keys of its one user.
+struct Moto {
+    endpoint: String,
+    region: String,
+    access_key_id: String,
+    secret_access_key: String,
+    /// Held open: the server stops when it closes, that is when this
+    /// test binary exits, however it exits.
+    _stdin: ChildStdin,
+    _child: Child,
+}
+
+fn moto() -> &'static Moto {
+    static MOTO: OnceLock<Moto> = OnceLock::new();
+    MOTO.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let python = root.join(".venv/bin/python");
+        let missing = "run scripts/setup, which installs moto[server] into .venv";
+        let mut child = Command::new(&python)
+            .arg(root.join("tests/moto/serve.py"))
+            .arg(BUCKET)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}; {missing}", python.display()));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("moto's server did not start within 2 minutes"));
+        let started: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| {
+            panic!("moto's server did not start (see its error above); {missing}")
+        });
+        let field = |name: &str| started[name].as_str().unwrap().to_string();
+        Moto {
+            endpoint: field("endpoint"),
+            region: field("region"),
+            access_key_id: field("access_key_id"),
+            secret_access_key: field("secret_access_key"),
+            _stdin: child.stdin.take().unwrap(),
+            _child: child,
+        }
+    })
+}
+
+impl Moto {
+    /// A sources file giving the bucket this endpoint and these keys.
+    fn access(&self, endpoint: &str, access_key_id: &str, secret_access_key: &str) -> Access {
+        let text = format!(
+            "[[source]]\nprefix = \"s3://{BUCKET}/\"\noptions = {{ endpoint = \"{endpoint}\", \
+             region = \"{}\", access_key_id = \"{access_key_id}\", \
+             secret_access_key = \"{secret_access_key}\" }}",
+            self.region
+        );
+        Access::parse(&text, |_| None).unwrap()
+    }
+
+    fn good_access(&self) -> Access {
+        self.access(&self.endpoint, &self.access_key_id, &self.secret_access_key)
+    }
+
+    /// Puts `files` under `job/` in the bucket.
+    async fn put(&self, job: &str, files: &[(&str, Vec<u8>)]) {
+        let store = AmazonS3Builder::new()
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_region(&self.region)
+            .with_access_key_id(&self.access_key_id)
+            .with_secret_access_key(&self.secret_access_key)
+            .with_bucket_name(BUCKET)
+            .build()
+            .unwrap();
+        for (path, contents) in files {
+            store
+                .put(&Key::from(format!("{job}/{path}")), contents.clone().into())
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// A fetcher into a fresh models dir, and model `job` of `files` in the
+/// bucket (put there only if `put`).
+async fn setup(
+    job: &str,
+    files: &[(&str, Vec<u8>)],
+    access: Access,
+) -> (tempfile::TempDir, Fetcher, TrainedModel) {
+    moto().put(job, files).await;
+    let models = tempfile::tempdir().unwrap();
+    let fetcher = Fetcher::new(models.path().to_path_buf(), Duration::from_secs(120))
+        .unwrap()
+        .access(access);
+    let model = TrainedModel::from_files(
+        job,
+        format!("s3://{BUCKET}/{{job_id}}/{{path}}"),
+        files
+            .iter()
+            .map(|(path, contents)| ModelFile {
+                path: path.to_string(),
+                size_bytes: contents.len() as u64,
+                sha256: Some(hex::encode(Sha256::digest(contents))),
+            })
+            .collect(),
+    );
+    (models, fetcher, model)
+}
+
+async fn fetch(fetcher: &Fetcher, model: &TrainedModel) -> Result<PathBuf, Error> {
+    fetcher
+        .fetch(model, Arc::new(Quiet), &CancellationToken::new())
+        .await
+}
+
+fn contents(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(37).wrapping_add(seed) ^ (i >> 11) as u8)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_model_in_the_store_is_fetched_and_verified() {
+    let files = [
+        ("adapter.bin", contents(1, 3 << 20)),
+        ("sub/w x+y.json", contents(2, 1000)),
+    ];
+    let (_models, fetcher, model) = setup("fetched", &files, moto().good_access()).await;
+    let dir = fetch(&fetcher, &model).await.unwrap();
+    for (path, contents) in &files {
+        assert!(
+            std::fs::read(dir.join(path)).unwrap() == *contents,
+            "{path} holds other bytes than the store's"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_span_is_read_with_a_range_and_the_total_is_the_objects_size() {
+    let data = contents(3, 100_000);
+    let (_models, fetcher, _) =
+        setup("spans", &[("a.bin", data.clone())], moto().good_access()).await;
+    let location = source::locate(
+        &format!("s3://{BUCKET}/{{job_id}}/{{path}}"),
+        "spans",
+        "a.bin",
+    )
+    .unwrap();
+    let cases = [
+        (
+            Span {
+                start: 0,
+                end: None,
+            },
+            0..100_000,
+            false,
+        ),
+        (
+            Span {
+                start: 1000,
+                end: None,
+            },
+            1000..100_000,
+            true,
+        ),
+        (
+            Span {
+                start: 1000,
+                end: Some(5000),
+            },
+            1000..5000,
+            true,
+        ),
+        (
+            Span {
+                start: 0,
+                end: Some(10),
+            },
+            0..10,
+            true,
+        ),
+    ];
+    for (span, expected, ranged) in cases {
+        let body = fetcher.sources.open(&location, span).await.unwrap();
+        assert_eq!(
+            (body.start, body.ranged, body.total),
+            (expected.start as u64, ranged, Some(100_000)),
+            "{span:?}"
+        );
+        let read: Vec<u8> = body.stream.try_collect::<Vec<_>>().await.unwrap().concat();
+        assert!(
+            read == data[expected.clone()],
+            "{span:?}: other bytes than {expected:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_missing_object_is_named() {
+    let (_models, fetcher, mut model) = setup(
+        "missing",
+        &[("here.bin", contents(4, 10))],
+        moto().good_access(),
+    )
+    .await;
+    model.files.push(ModelFile {
+        path: "gone.bin".into(),
+        size_bytes: 10,
+        sha256: None,
+    });
+    let error = fetch(&fetcher, &model).await.unwrap_err().to_string();
+
+    assert_eq!(
+        error,
+        format!("file gone.bin: the store has no object s3://{BUCKET}/missing/gone.bin")
+    );
+}
+
+#[tokio::test]
+async fn refused_credentials_say_where_they_came_from() {
+    let moto = moto();
+    let files = [("a.bin", contents(5, 10))];
+    let wrong_secret = moto.access(&moto.endpoint, &moto.access_key_id, "not-the-secret");
+    let unknown_key = moto.access(&moto.endpoint, "AKIAUNKNOWNUNKNOWN00", "whatever");
+    for (access, code) in [
+        (wrong_secret, "SignatureDoesNotMatch"),
+        (unknown_key, "InvalidAccessKeyId"),
+    ] {
+        let (models, fetcher, model) = setup("refused", &files, access).await;
+        let error = fetch(&fetcher, &model).await.unwrap_err().to_string();
+
+        let refused = format!(
+            "file a.bin: the store refused the credentials for s3://{BUCKET}/refused/a.bin ("
+        );
+        assert!(error.starts_with(&refused), "{error}");
+        assert!(error.contains(code), "{error}");
+        assert!(
+            error.ends_with(&format!(
+                "); they are the access key of s3://{BUCKET}/ in the sources file"
+            )),
+            "{error}"
+        );
+        assert!(!error.contains("not-the-secret"), "{error}");
+        assert!(
+            std::fs::read_dir(models.path().join("refused"))
+                .unwrap()
+                .next()
+                .is_none(),
+            "nothing is written"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_store_is_named() {
+    // Port 9 (discard) on loopback: nothing listens there.
+    let moto = moto();
+    let access = moto.access(
+        "http://127.0.0.1:9",
+        &moto.access_key_id,
+        &moto.secret_access_key,
+    );
+    let (_models, fetcher, model) =
+        setup("unreachable", &[("a.bin", contents(6, 10))], access).await;
+    let error = tokio::time::timeout(Duration::from_secs(60), fetch(&fetcher, &model))
+        .await
+        .expect("the fetch gave up in time")
+        .unwrap_err()
+        .to_string();
+    let expected = format!(
+        "file a.bin: cannot reach the store at http://127.0.0.1:9 (s3://{BUCKET}/unreachable/a.bin): "
+    );
+    assert!(error.starts_with(&expected), "{error}");
+}
+
+/// Cancels a fetch once it has reported `at` bytes.
+struct CancelAt {
+    at: u64,
+    cancel: CancellationToken,
+}
+
+impl Observer for CancelAt {
+    fn fetched(&self, bytes_done: u64, _: u64, _: usize, _: usize) {
+        if bytes_done >= self.at {
+            self.cancel.cancel();
+        }
+    }
+}
+
+/// Remembers where a fetch started: its first report.
+#[derive(Default)]
+struct FirstReport(Mutex<Option<u64>>);
+
+impl Observer for FirstReport {
+    fn fetched(&self, bytes_done: u64, _: u64, _: usize, _: usize) {
+        self.0.lock().unwrap().get_or_insert(bytes_done);
+    }
+}
+
+#[tokio::test]
+async fn a_download_cut_short_continues_with_a_range() {
+    let data = contents(7, 32 << 20);
+    let (models, fetcher, model) = setup(
+        "resumed",
+        &[("big.bin", data.clone())],
+        moto().good_access(),
+    )
+    .await;
+    let cancel = CancellationToken::new();
+    let cutter = Arc::new(CancelAt {
+        at: 2 << 20,
+        cancel: cancel.clone(),
+    });
+    assert_eq!(
+        fetcher.fetch(&model, cutter, &cancel).await,
+        Err(Error::Cancelled)
+    );
+    // The writer finishes what it was given, then lets go of the lock.
+    let lock = DirLock::acquire(&models.path().join(".berth/resumed.lock"))
+        .await
+        .unwrap();
+    let partial = models.path().join("resumed/.fetch-big.bin");
+    let kept = std::fs::metadata(&partial).unwrap().len();
+    drop(lock);
+    assert!(kept > 0 && kept < data.len() as u64, "kept {kept} bytes");
+
+    let first = Arc::new(FirstReport::default());
+    fetcher
+        .fetch(&model, first.clone(), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(
+        std::fs::read(models.path().join("resumed/big.bin")).unwrap() == data,
+        "big.bin holds other bytes than the store's"
+    );
+    // The fetch counts what it continues from: the kept bytes, where the
+    // store's answer to the range started.
+    assert_eq!(*first.0.lock().unwrap(), Some(kept));
+}
