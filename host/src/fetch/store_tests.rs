@@ -3,8 +3,6 @@
 //! Ranged reads, a verified fetch, a missing object, refused credentials,
 //! an unreachable endpoint, and a download cut short and continued.
 
-use std::io::BufRead;
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -16,57 +14,16 @@ use object_store::path::Path as Key;
 use super::source::Span;
 use super::*;
 
+#[path = "../../../tests/moto/moto.rs"]
+mod moto;
+use moto::Moto;
+
 /// The bucket `tests/moto/serve.py` creates; each test has its own job id.
 const BUCKET: &str = "berth-test";
 
-/// The running server and the keys of its one user.
-struct Moto {
-    endpoint: String,
-    region: String,
-    access_key_id: String,
-    secret_access_key: String,
-    /// Held open: the server stops when it closes, that is when this
-    /// test binary exits, however it exits.
-    _stdin: ChildStdin,
-    _child: Child,
-}
-
 fn moto() -> &'static Moto {
     static MOTO: OnceLock<Moto> = OnceLock::new();
-    MOTO.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let python = root.join(".venv/bin/python");
-        let missing = "run scripts/setup, which installs moto[server] into .venv";
-        let mut child = Command::new(&python)
-            .arg(root.join("tests/moto/serve.py"))
-            .arg(BUCKET)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}; {missing}", python.display()));
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(120))
-            .unwrap_or_else(|_| panic!("moto's server did not start within 2 minutes"));
-        let started: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| {
-            panic!("moto's server did not start (see its error above); {missing}")
-        });
-        let field = |name: &str| started[name].as_str().unwrap().to_string();
-        Moto {
-            endpoint: field("endpoint"),
-            region: field("region"),
-            access_key_id: field("access_key_id"),
-            secret_access_key: field("secret_access_key"),
-            _stdin: child.stdin.take().unwrap(),
-            _child: child,
-        }
-    })
+    MOTO.get_or_init(|| Moto::start(&[BUCKET]))
 }
 
 impl Moto {
