@@ -15,4 +15,5 @@ mod network;
 mod plugin_cli;
 mod plugins;
 mod runtime;
+mod sources;
 mod webhook;

@@ -71,6 +71,9 @@ pub struct ServeArgs {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let clock = std::time::Instant::now();
     let args = args.absolute()?;
+    // First: a sources file that cannot be used stops the start before
+    // anything is opened.
+    let access = load_access(&args)?;
     let (db, server_id) = open_records(&args).await?;
     let events = Events::default();
     if let Some(url) = &args.webhook_url {
@@ -82,8 +85,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .spawn(&events)?;
     }
     let (deployers, watcher) = load_deployers(&args).await?;
-    let fetcher = Fetcher::new(args.models_dir(), Duration::from_secs(args.fetch_timeout_s))?
-        .access(load_access(&args)?);
+    let fetcher =
+        Fetcher::new(args.models_dir(), Duration::from_secs(args.fetch_timeout_s))?.access(access);
     let pipeline = Arc::new(Pipeline::new(
         db.clone(),
         events.clone(),
