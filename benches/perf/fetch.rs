@@ -72,7 +72,7 @@ fn fresh_fetcher(ctx: &Ctx, name: &str) -> anyhow::Result<Fetcher> {
     Fetcher::new(dir, Duration::from_secs(3600))
 }
 
-fn fresh_dir(ctx: &Ctx, name: &str) -> anyhow::Result<std::path::PathBuf> {
+pub fn fresh_dir(ctx: &Ctx, name: &str) -> anyhow::Result<std::path::PathBuf> {
     let dir = ctx.out_dir.join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;

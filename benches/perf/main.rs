@@ -3,15 +3,19 @@
 //! Every figure is printed beside a baseline measured in the same run, on
 //! the same files: the machine is shared and noisy, so ratios mean more
 //! than absolute times. Sections: `fetch` (one large file, many files),
-//! `resume`, `reverify`, `plugin`, `api`, `memory`; all by default. Data goes
+//! `resume`, `reverify`, `plugin`, `api`, `memory`, `store` (a model from
+//! an S3-compatible server); all by default. Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
 mod data;
 mod fetch;
+#[path = "../../tests/moto/moto.rs"]
+mod moto;
 mod plugin;
 mod report;
 mod source;
+mod store;
 
 use std::path::PathBuf;
 
@@ -34,7 +38,9 @@ pub struct Ctx {
     pub calls: usize,
 }
 
-const SECTIONS: [&str; 6] = ["fetch", "resume", "reverify", "plugin", "api", "memory"];
+const SECTIONS: [&str; 7] = [
+    "fetch", "resume", "reverify", "plugin", "api", "memory", "store",
+];
 
 fn main() -> anyhow::Result<()> {
     let mut sections = Vec::new();
@@ -94,6 +100,7 @@ fn main() -> anyhow::Result<()> {
                 "plugin" => plugin::calls(&ctx).await?,
                 "api" => api::deployments(&ctx).await?,
                 "memory" => api::memory(&ctx).await?,
+                "store" => store::model(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
         }
