@@ -14,7 +14,7 @@ use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
-use super::access::{Access, Credentials};
+use super::access::Access;
 use super::store::Stores;
 
 /// Characters escaped in a filled-in `{path}` or `{job_id}`: everything but
@@ -157,8 +157,8 @@ pub(crate) struct Sources {
 /// A source's answer to an HTTP request, after the redirects.
 struct Answer {
     response: reqwest::Response,
-    /// The URL that answered, if a redirect led elsewhere.
-    redirected: Option<url::Url>,
+    /// The request, as messages name it.
+    named: String,
     /// The prefix whose credentials the answering request carried.
     credentials: Option<String>,
 }
@@ -213,17 +213,9 @@ impl Sources {
         }
         let Answer {
             response,
-            redirected,
+            named: url,
             credentials,
         } = answer;
-        // The query of a redirect's target may be a signature: not for rows.
-        let url = match redirected {
-            Some(mut to) => {
-                to.set_query(None);
-                format!("{url}, redirected to {to}")
-            }
-            None => url.to_string(),
-        };
         let status = response.status();
         if matches!(
             status,
@@ -282,19 +274,31 @@ impl Sources {
             if let Some(span) = range {
                 request = request.header(reqwest::header::RANGE, span.header());
             }
-            let response = request
-                .send()
-                .await
-                .map_err(|e| format!("cannot reach the source ({at}): {}", innermost(&e)))?;
-            if let Some(next) = redirect_target(&response, &at)? {
-                at = next;
-                continue;
-            }
-            return Ok(Answer {
-                response,
-                redirected: (at != *url).then_some(at),
-                credentials: credentials.map(|c: &Credentials| c.prefix().to_string()),
-            });
+            let response = request.send().await.map_err(|e| {
+                format!(
+                    "cannot reach the source ({}): {}",
+                    named(url, &at),
+                    innermost(&e)
+                )
+            })?;
+            let Some(location) = redirect_target(&response) else {
+                return Ok(Answer {
+                    response,
+                    named: named(url, &at),
+                    credentials: credentials.map(|c| c.prefix().to_string()),
+                });
+            };
+            at = location
+                .to_str()
+                .ok()
+                .and_then(|location| at.join(location).ok())
+                .filter(|next| matches!(next.scheme(), "http" | "https"))
+                .ok_or_else(|| {
+                    format!(
+                        "the source ({}) redirected to an invalid location",
+                        named(url, &at)
+                    )
+                })?;
         }
         Err(format!(
             "the source redirected more than {MAX_REDIRECTS} times ({url})"
@@ -302,32 +306,32 @@ impl Sources {
     }
 }
 
-/// Where a redirect answer sends the request next, if it is one.
-fn redirect_target(
-    response: &reqwest::Response,
-    at: &url::Url,
-) -> Result<Option<url::Url>, String> {
+/// Where a redirect answer sends the request next (its `Location`), if it
+/// is one.
+fn redirect_target(response: &reqwest::Response) -> Option<&reqwest::header::HeaderValue> {
     use reqwest::StatusCode;
-    if !matches!(
+    matches!(
         response.status(),
         StatusCode::MOVED_PERMANENTLY
             | StatusCode::FOUND
             | StatusCode::SEE_OTHER
             | StatusCode::TEMPORARY_REDIRECT
             | StatusCode::PERMANENT_REDIRECT
-    ) {
-        return Ok(None);
+    )
+    .then(|| response.headers().get(reqwest::header::LOCATION))
+    .flatten()
+}
+
+/// A request as messages name it: the model's URL and, after a redirect,
+/// where it led, without its query, which may be a signature (messages
+/// reach rows).
+fn named(url: &url::Url, at: &url::Url) -> String {
+    if at == url {
+        return url.to_string();
     }
-    let Some(location) = response.headers().get(reqwest::header::LOCATION) else {
-        return Ok(None);
-    };
-    location
-        .to_str()
-        .ok()
-        .and_then(|location| at.join(location).ok())
-        .filter(|next| matches!(next.scheme(), "http" | "https"))
-        .map(Some)
-        .ok_or_else(|| format!("the source ({at}) redirected to an invalid location"))
+    let mut to = at.clone();
+    to.set_query(None);
+    format!("{url}, redirected to {to}")
 }
 
 async fn open_file(path: &std::path::Path, span: Span) -> Result<Body, String> {
