@@ -189,6 +189,15 @@ impl Store {
     /// What went wrong, in words a person can act on.
     fn describe(&self, e: object_store::Error, url: &url::Url) -> String {
         match &e {
+            object_store::Error::NotFound { .. }
+                if store_said(&innermost(&e)).starts_with("NoSuchBucket") =>
+            {
+                format!(
+                    "the store at {} has no bucket {} ({url})",
+                    self.endpoint,
+                    url.host_str().unwrap_or_default()
+                )
+            }
             object_store::Error::NotFound { .. } => format!("the store has no object {url}"),
             object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. } => format!(

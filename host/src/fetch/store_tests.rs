@@ -1,7 +1,8 @@
 //! The fetcher against a real S3-compatible server: moto's, started once
 //! for this test binary by `tests/moto/serve.py` on a free loopback port.
-//! Ranged reads, a verified fetch, a missing object, refused credentials,
-//! an unreachable endpoint, and a download cut short and continued.
+//! Ranged reads, a verified fetch, a missing object or bucket, refused
+//! credentials, an unreachable endpoint, and a download cut short and
+//! continued.
 
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -195,6 +196,33 @@ async fn a_missing_object_is_named() {
     assert_eq!(
         error,
         format!("file gone.bin: the store has no object s3://{BUCKET}/missing/gone.bin")
+    );
+}
+
+#[tokio::test]
+async fn a_missing_bucket_is_named() {
+    let moto = moto();
+    let text = format!(
+        "[[source]]\nprefix = \"s3://no-such-bucket/\"\noptions = {{ endpoint = \"{}\", \
+         region = \"{}\", access_key_id = \"{}\", secret_access_key = \"{}\" }}",
+        moto.endpoint, moto.region, moto.access_key_id, moto.secret_access_key
+    );
+    let (_models, fetcher, mut model) =
+        setup("no-bucket", &[], Access::parse(&text, |_| None).unwrap()).await;
+    model.source = "s3://no-such-bucket/{job_id}/{path}".into();
+    model.files.push(ModelFile {
+        path: "a.bin".into(),
+        size_bytes: 10,
+        sha256: None,
+    });
+    let error = fetch(&fetcher, &model).await.unwrap_err().to_string();
+    assert_eq!(
+        error,
+        format!(
+            "file a.bin: the store at {} has no bucket no-such-bucket \
+             (s3://no-such-bucket/no-bucket/a.bin)",
+            moto.endpoint
+        )
     );
 }
 
