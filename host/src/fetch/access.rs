@@ -80,7 +80,10 @@ impl Access {
         for source in raw.source {
             match Credentials::resolve(source, &lookup) {
                 Ok(entry) if entries.iter().any(|e| e.prefix == entry.prefix) => {
-                    problems.push(format!("prefix {} is listed twice", entry.prefix));
+                    problems.push(format!(
+                        "prefix {:?} is listed twice",
+                        entry.prefix.as_str()
+                    ));
                 }
                 Ok(entry) => entries.push(entry),
                 Err(mut each) => problems.append(&mut each),
@@ -383,7 +386,7 @@ mod tests {
                     source("prefix = \"https://h/a\""),
                     source("prefix = \"https://H/a\"")
                 ),
-                "prefix https://h/a is listed twice",
+                "prefix \"https://h/a\" is listed twice",
             ),
         ];
         for (text, expected) in cases {
