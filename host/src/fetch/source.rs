@@ -151,7 +151,7 @@ const MAX_REDIRECTS: usize = 10;
 pub(crate) struct Sources {
     client: reqwest::Client,
     access: Arc<Access>,
-    stores: Arc<Stores>,
+    pub(super) stores: Arc<Stores>,
 }
 
 /// A source's answer to an HTTP request, after the redirects.

@@ -102,6 +102,12 @@ impl Stores {
         })
     }
 
+    /// How many stores were built.
+    #[cfg(test)]
+    pub(crate) fn built(&self) -> usize {
+        self.built.lock().unwrap().len()
+    }
+
     /// The store for `bucket` with these credentials, built on first use.
     fn store(&self, bucket: &str, credentials: Option<&Credentials>) -> Result<Arc<Store>, String> {
         let id = StoreId {

@@ -119,7 +119,7 @@ async fn a_model_in_the_store_is_fetched_and_verified() {
 }
 
 #[tokio::test]
-async fn a_span_is_read_with_a_range_and_the_total_is_the_objects_size() {
+async fn spans_are_read_with_ranges_at_once_from_one_store() {
     let data = contents(3, 100_000);
     let (_models, fetcher, _) =
         setup("spans", &[("a.bin", data.clone())], moto().good_access()).await;
@@ -129,42 +129,28 @@ async fn a_span_is_read_with_a_range_and_the_total_is_the_objects_size() {
         "a.bin",
     )
     .unwrap();
+    let span = |start, end| Span { start, end };
+    // Asked for, the bytes that come, and whether they are exactly the span.
     let cases = [
-        (
-            Span {
-                start: 0,
-                end: None,
-            },
-            0..100_000,
-            false,
-        ),
-        (
-            Span {
-                start: 1000,
-                end: None,
-            },
-            1000..100_000,
-            true,
-        ),
-        (
-            Span {
-                start: 1000,
-                end: Some(5000),
-            },
-            1000..5000,
-            true,
-        ),
-        (
-            Span {
-                start: 0,
-                end: Some(10),
-            },
-            0..10,
-            true,
-        ),
+        (span(0, None), 0..100_000, false),
+        (span(1000, None), 1000..100_000, true),
+        (span(1000, Some(5000)), 1000..5000, true),
+        (span(0, Some(10)), 0..10, true),
+        (span(99_990, Some(100_000)), 99_990..100_000, true),
+        // Past the end: what there is, but not the span.
+        (span(99_000, Some(200_000)), 99_000..100_000, false),
+        // Wholly past the end: the object from the start.
+        (span(150_000, None), 0..100_000, false),
     ];
-    for (span, expected, ranged) in cases {
-        let body = fetcher.sources.open(&location, span).await.unwrap();
+    // At once, as the pieces of one file are read.
+    let opened = futures::future::join_all(
+        cases
+            .iter()
+            .map(|(span, _, _)| fetcher.sources.open(&location, *span)),
+    )
+    .await;
+    for ((span, expected, ranged), body) in cases.into_iter().zip(opened) {
+        let body = body.unwrap();
         assert_eq!(
             (body.start, body.ranged, body.total),
             (expected.start as u64, ranged, Some(100_000)),
@@ -176,6 +162,11 @@ async fn a_span_is_read_with_a_range_and_the_total_is_the_objects_size() {
             "{span:?}: other bytes than {expected:?}"
         );
     }
+    assert_eq!(
+        fetcher.sources.stores.built(),
+        1,
+        "one store for the bucket, shared"
+    );
 }
 
 #[tokio::test]
