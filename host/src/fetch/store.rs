@@ -54,16 +54,10 @@ impl Stores {
         credentials: Option<&Credentials>,
     ) -> Result<Body, String> {
         let store = self.store(bucket, credentials)?;
-        let range = match span {
-            Span {
-                start: 0,
-                end: None,
-            } => None,
-            Span { start, end: None } => Some(GetRange::Offset(start)),
-            Span {
-                start,
-                end: Some(end),
-            } => Some(GetRange::Bounded(start..end)),
+        let range = match (span.start, span.end) {
+            (0, None) => None,
+            (start, None) => Some(GetRange::Offset(start)),
+            (start, Some(end)) => Some(GetRange::Bounded(start..end)),
         };
         let get = |range| {
             store.s3.get_opts(
