@@ -274,6 +274,21 @@ async fn an_unreachable_store_is_named() {
     assert!(error.starts_with(&expected), "{error}");
 }
 
+#[tokio::test]
+async fn settings_object_store_cannot_use_are_named() {
+    let text =
+        format!("[[source]]\nprefix = \"s3://{BUCKET}/\"\noptions = {{ allow_http = \"maybe\" }}");
+    let access = Access::parse(&text, |_| None).unwrap();
+    let (_models, fetcher, model) = setup("unusable", &[("a.bin", contents(8, 10))], access).await;
+    let error = fetch(&fetcher, &model).await.unwrap_err().to_string();
+    assert!(
+        error.starts_with(&format!(
+            "file a.bin: the store for s3://{BUCKET}/ cannot be set up: "
+        )) && error.contains("maybe"),
+        "{error}"
+    );
+}
+
 /// Cancels a fetch once it has reported `at` bytes.
 struct CancelAt {
     at: u64,
