@@ -12,6 +12,7 @@ pub mod db;
 pub mod deployers;
 pub mod events;
 pub mod fetch;
+mod host_env;
 pub mod http;
 pub mod human;
 pub mod live;

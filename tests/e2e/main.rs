@@ -18,4 +18,5 @@ mod plugin_cli;
 mod plugins;
 mod ready;
 mod runtime;
+mod sources;
 mod webhook;

@@ -13,7 +13,7 @@ use crate::auth::Tokens;
 use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
-use crate::fetch::{Fetcher, Split};
+use crate::fetch::{Access, Fetcher, Split};
 use crate::http::{ApiContext, Webhook};
 use crate::pipeline::Pipeline;
 use crate::runtime::{CodeCache, Limits, Origin, PluginSet, Runtime, folder_names};
@@ -53,6 +53,11 @@ pub struct ServeArgs {
     /// Default wall-clock limit of one deploy call, in seconds.
     #[arg(long, env = "BERTH_TIMEOUT_S", default_value_t = 1800)]
     timeout_s: u64,
+    /// Credentials for sources, by URL prefix: a TOML file of
+    /// `[[source]]` entries with `prefix` and `headers` (HTTP) or `options`
+    /// (object stores); values may use `${VAR}` from this environment.
+    #[arg(long, env = "BERTH_SOURCES_FILE")]
+    sources_file: Option<PathBuf>,
     /// Limit on fetching all files of one deployment, in seconds.
     #[arg(long, env = "BERTH_FETCH_TIMEOUT_S", default_value_t = 1800)]
     fetch_timeout_s: u64,
@@ -99,7 +104,10 @@ pub struct ServeArgs {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let clock = std::time::Instant::now();
     let args = args.absolute()?;
+    // First: tokens or a sources file that cannot be used stop the start
+    // before anything is opened.
     let tokens = open_tokens(&args)?;
+    let access = load_access(&args)?;
     let (db, server_id) = open_records(&args).await?;
     let events = Events::default();
     if let Some(url) = &args.webhook_url {
@@ -115,7 +123,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .split(Split {
             connections: usize::from(args.fetch_connections),
             piece_bytes: args.fetch_piece_mib << 20,
-        });
+        })
+        .access(access);
     let pipeline = Arc::new(Pipeline::new(
         db.clone(),
         events.clone(),
@@ -321,6 +330,21 @@ fn log_loaded(plugins: &PluginSet, dir: &Path, cache: &Path, took: Duration) {
         took_ms = took.as_millis() as u64,
         "plugins folder loaded: ready"
     );
+}
+
+/// The sources file, if there is one; its values are secrets, so only the
+/// prefixes are logged.
+fn load_access(args: &ServeArgs) -> anyhow::Result<Access> {
+    let Some(path) = &args.sources_file else {
+        return Ok(Access::default());
+    };
+    let access = Access::load(path)?;
+    tracing::info!(
+        file = %path.display(),
+        prefixes = %access.prefixes().join(" "),
+        "sources file loaded"
+    );
+    Ok(access)
 }
 
 async fn stop_signal() {
