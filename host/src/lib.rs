@@ -14,6 +14,7 @@ pub mod fetch;
 pub mod http;
 pub mod human;
 pub mod live;
+pub mod metrics;
 pub mod model;
 pub mod pipeline;
 pub mod runtime;

@@ -36,8 +36,21 @@ enum Command {
     Client(client::ClientCommand),
 }
 
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// For people: one line of text per event, with its spans.
+    Text,
+    /// For log collectors: one JSON object per line, with the current span
+    /// and the list of spans.
+    Json,
+}
+
 pub fn main(args: Args) -> ExitCode {
-    init_logging();
+    init_logging(match &args.command {
+        Command::Serve(serve) => serve.log_format,
+        _ => LogFormat::Text,
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -65,15 +78,17 @@ pub fn main(args: Args) -> ExitCode {
 }
 
 /// Logs go to stderr; `RUST_LOG` (or `BERTH_LOG`) chooses what, default info.
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     let filter = std::env::var("BERTH_LOG")
         .ok()
         .and_then(|f| EnvFilter::try_new(f).ok())
         .or_else(|| EnvFilter::try_from_default_env().ok())
         .unwrap_or_else(|| EnvFilter::new("info,wasmtime=warn,cranelift=warn"));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().init(),
+    }
 }

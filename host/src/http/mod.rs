@@ -6,15 +6,19 @@ mod deployments;
 mod error;
 mod events;
 mod json;
+mod metrics;
 mod models;
+mod observe;
 mod webhook;
 
+pub use observe::REQUEST_ID;
 pub use webhook::{Webhook, signature};
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::get;
 
 use crate::db::Db;
@@ -43,6 +47,7 @@ pub fn app(ctx: ApiContext) -> Router {
         .merge(deployments::router())
         .merge(deployers::router())
         .merge(events::router())
+        .merge(metrics::router())
         .route("/healthz", get(|| async { "ok" }))
         .fallback(|| async {
             error::Error::NotFound(
@@ -50,5 +55,14 @@ pub fn app(ctx: ApiContext) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Outermost, so every answer (refusals too) has an id and a count.
+        .layer(middleware::from_fn(observe::observe))
         .with_state(ctx)
+}
+
+/// `--metrics-listen`: `/metrics` alone, for an address the API is not on.
+pub fn metrics_app() -> Router {
+    metrics::router().fallback(|| async {
+        error::Error::NotFound("this address serves only GET /metrics".into())
+    })
 }
