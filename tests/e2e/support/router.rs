@@ -79,7 +79,7 @@ impl App {
     /// Sends a request as the test built it (a body without its content
     /// type, say).
     pub async fn send(&self, request: Request<Body>) -> (StatusCode, Value) {
-        let response = self.app.clone().oneshot(request).await.unwrap();
+        let response = self.response(request).await;
         let status = response.status();
         let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
@@ -88,6 +88,11 @@ impl App {
             status,
             answer_body(String::from_utf8_lossy(&bytes).into_owned()),
         )
+    }
+
+    /// The whole response, headers included.
+    pub async fn response(&self, request: Request<Body>) -> axum::response::Response {
+        self.app.clone().oneshot(request).await.unwrap()
     }
 
     /// A request with a JSON body, or none.
