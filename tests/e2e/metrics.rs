@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::support::files::FileServer;
 use crate::support::prometheus::Scrape;
 use crate::support::server::{Backend, Berth};
-use crate::support::{adapter_files, model, on_both_backends};
+use crate::support::{adapter_files, eventually, model, on_both_backends};
 
 on_both_backends!(the_counters_follow_the_deployments_that_ran);
 
@@ -134,7 +134,9 @@ async fn the_counters_follow_the_deployments_that_ran(backend: Backend) {
     for sample in after.matching("berth_http_requests_total", &[]) {
         let route = &sample.labels["route"];
         assert!(
-            !route.split('/').any(|segment| segment.parse::<u64>().is_ok()),
+            !route
+                .split('/')
+                .any(|segment| segment.parse::<u64>().is_ok()),
             "a raw path as a route label: {route}"
         );
     }
@@ -199,4 +201,69 @@ async fn metrics_off_records_nothing_and_says_so() {
         stderr.contains("--metrics-listen 127.0.0.1:0 serves metrics, but --metrics is off"),
         "{stderr}"
     );
+}
+
+/// The gauges read the state as it is now: plugins as the watcher swaps
+/// them in and out, deployments while they run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gauges_follow_the_plugins_folder_and_running_deployments() {
+    let files = FileServer::start().await;
+    let berth = Berth::options(Backend::Sqlite)
+        .arg("--plugins-poll-ms")
+        .arg("100")
+        .start()
+        .await;
+    let metrics = format!("{}/metrics", berth.url);
+    let plugins = |want_loaded: f64, want_rejected: f64| {
+        let (berth, metrics) = (&berth, &metrics);
+        eventually(
+            move || {
+                format!(
+                    "{want_loaded} loaded, {want_rejected} rejected; log:\n{}",
+                    berth.log()
+                )
+            },
+            async move || {
+                let now = scrape(berth.client(), metrics).await;
+                (now.value("berth_plugins_loaded", &[]) == want_loaded
+                    && now.value("berth_plugins_rejected", &[]) == want_rejected)
+                    .then_some(())
+            },
+        )
+    };
+    let dir = berth.plugins_dir().to_path_buf();
+    let archive = std::fs::read(crate::support::plugins::example("archive")).unwrap();
+    std::fs::write(dir.join(".packer.tmp"), &archive).unwrap();
+    std::fs::rename(dir.join(".packer.tmp"), dir.join("packer.wasm")).unwrap();
+    plugins(3.0, 0.0).await;
+    std::fs::write(dir.join("broken.wasm"), b"not a component").unwrap();
+    plugins(3.0, 1.0).await;
+    std::fs::remove_file(dir.join("packer.wasm")).unwrap();
+    std::fs::remove_file(dir.join("broken.wasm")).unwrap();
+    plugins(2.0, 0.0).await;
+
+    let id = berth
+        .register(&model(&files, "job-gauges", &adapter_files()))
+        .await;
+    let (status, running) = berth
+        .post(
+            &format!("/v1/models/{id}/deployments?wait=false"),
+            &json!({ "deployer": "misbehave", "options": { "mode": "sleep", "ms": 60000 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{running}");
+    let now = scrape(berth.client(), &metrics).await;
+    assert_eq!(now.value("berth_deployments_running", &[]), 1.0);
+    let (status, cancelled) = berth
+        .post(
+            &format!("/v1/deployments/{}/cancel", running["id"]),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{cancelled}");
+    assert_eq!(cancelled["status"], "failed");
+    let now = scrape(berth.client(), &metrics).await;
+    assert_eq!(now.value("berth_deployments_running", &[]), 0.0);
+    let failed = [("deployer", "misbehave"), ("outcome", "failed")];
+    assert_eq!(now.value("berth_deployments_total", &failed), 1.0);
 }

@@ -11,7 +11,6 @@ mod models;
 mod observe;
 mod webhook;
 
-pub use observe::REQUEST_ID;
 pub use webhook::{Webhook, signature};
 
 use std::sync::Arc;

@@ -13,7 +13,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
-pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longer ids are replaced: they end up in every log line of the request.
 const MAX_ID_BYTES: usize = 128;
