@@ -77,11 +77,11 @@ struct Metrics {
 impl Metrics {
     fn new() -> Self {
         let mut registry = Registry::default();
-        let deployments = Family::default();
+        let deployments: Family<DeploymentLabels, Counter> = Family::default();
         registry.register(
             "berth_deployments",
             "Deployments that ended, by deployer and outcome (completed, failed)",
-            Family::clone(&deployments),
+            deployments.clone(),
         );
         let deployment_duration = Durations::new_with_constructor(durations as fn() -> _);
         registry.register_with_unit(
@@ -144,11 +144,11 @@ impl Metrics {
             "Files in the plugins folder that were refused (listed under rejected in GET /v1/deployers)",
             plugins_rejected.clone(),
         );
-        let http_requests = Family::default();
+        let http_requests: Family<RequestLabels, Counter> = Family::default();
         registry.register(
             "berth_http_requests",
             "HTTP requests answered, by method, route template and status",
-            Family::clone(&http_requests),
+            http_requests.clone(),
         );
         Self {
             registry,

@@ -174,7 +174,7 @@ async fn metrics_listen_serves_metrics_and_nothing_else() {
 }
 
 #[tokio::test]
-async fn metrics_off_records_nothing_and_says_so() {
+async fn metrics_off_serves_no_metrics_and_refuses_a_metrics_address() {
     let berth = Berth::start_with(Backend::Sqlite, &["--metrics", "off"]).await;
     let (status, body) = berth.get("/metrics").await;
     crate::support::assert_error(

@@ -1,5 +1,6 @@
 //! `GET /metrics`: the server's Prometheus metrics, on the API's address
-//! and, with `--metrics-listen`, alone on an address of their own.
+//! and, with `--metrics-listen`, alone on an address of their own. Only
+//! renders them: what they count is recorded where it happens.
 
 use axum::Router;
 use axum::http::header;

@@ -2,6 +2,7 @@
 //! when it is well-formed, a fresh one otherwise), returned in the response
 //! and carried by the span over the request's log lines and those of the
 //! deployment it starts; and its count by route template and status.
+//! Never reads a body nor changes an answer but for that header.
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::LazyLock;
