@@ -13,6 +13,8 @@ mod deploy;
 mod fetch;
 mod languages;
 mod live;
+mod logs;
+mod metrics;
 mod network;
 mod plugin_cli;
 mod plugins;

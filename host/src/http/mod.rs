@@ -7,7 +7,9 @@ mod deployments;
 mod error;
 mod events;
 mod json;
+mod metrics;
 mod models;
+mod observe;
 mod webhook;
 
 pub use webhook::{Webhook, signature};
@@ -64,6 +66,7 @@ pub fn app(ctx: ApiContext) -> Router {
         .merge(deployments::router())
         .merge(deployers::router())
         .merge(events::router())
+        .merge(metrics::router())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .fallback(|| async {
@@ -73,5 +76,14 @@ pub fn app(ctx: ApiContext) -> Router {
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(ctx.clone(), auth::require))
+        // Outermost, so every answer (refusals too) has an id and a count.
+        .layer(middleware::from_fn(observe::observe))
         .with_state(ctx)
+}
+
+/// `--metrics-listen`: `/metrics` alone, for an address the API is not on.
+pub fn metrics_app() -> Router {
+    metrics::router().fallback(|| async {
+        error::Error::NotFound("this address serves only GET /metrics".into())
+    })
 }

@@ -333,8 +333,10 @@ fn wait_until_listening(child: &mut Child, wait_loaded: bool) -> (String, Arc<Mu
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Some(at) = line.find("berth is listening on ") {
                 let rest = &line[at + "berth is listening on ".len()..];
+                // The address ends at a space (text logs) or at the end of
+                // the JSON string holding the message.
                 let _ = ready_tx.send(
-                    rest.split_whitespace()
+                    rest.split(|c: char| c.is_whitespace() || c == '"')
                         .next()
                         .unwrap_or_default()
                         .to_string(),
