@@ -1,8 +1,9 @@
 //! Benchmarks 4b and 5 against the real server (`berth serve`, the bench
 //! build of the binary, SQLite): no-op deployments through the HTTP API at
 //! 100 in flight, against `GET /healthz` at the same concurrency, each on a
-//! server with metrics and one with `--metrics off`; and the server's
-//! resident memory while it fetches a large model.
+//! server with metrics and one with `--metrics off`, and deployments on a
+//! third that also checks an API token on each; and the server's resident
+//! memory while it fetches a large model.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -25,6 +26,9 @@ struct Server {
     child: Child,
     url: String,
     client: reqwest::Client,
+    /// Sent as `Authorization: Bearer` on API calls, when the server
+    /// requires a token.
+    token: Option<String>,
 }
 
 impl Drop for Server {
@@ -37,6 +41,16 @@ impl Drop for Server {
 impl Server {
     /// A server of its own in `out_dir/NAME`, with `args` added.
     fn start(ctx: &Ctx, name: &str, args: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with_token(ctx, name, args, None)
+    }
+
+    /// The same, requiring `token` (`BERTH_API_TOKEN`) if given.
+    fn start_with_token(
+        ctx: &Ctx,
+        name: &str,
+        args: &[&str],
+        token: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let home = ctx.out_dir.join(name);
         let _ = std::fs::remove_dir_all(&home);
         let plugins = home.join("plugins");
@@ -49,6 +63,7 @@ impl Server {
             .arg("--data-dir")
             .arg(home.join("data"))
             .args(args)
+            .envs(token.map(|t| ("BERTH_API_TOKEN", t)))
             .env("BERTH_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -75,7 +90,12 @@ impl Server {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(CONCURRENCY)
             .build()?;
-        Ok(Self { child, url, client })
+        Ok(Self {
+            child,
+            url,
+            client,
+            token: token.map(str::to_string),
+        })
     }
 
     async fn register(&self, ctx: &Ctx, job_id: &str, files: &[DataFile]) -> anyhow::Result<i64> {
@@ -93,6 +113,7 @@ impl Server {
             .client
             .post(format!("{}/v1/models", self.url))
             .json(&body)
+            .bearer_auth(self.token.as_deref().unwrap_or_default())
             .send()
             .await?;
         ensure!(
@@ -107,12 +128,14 @@ impl Server {
     }
 
     async fn deploy(&self, model_id: i64) -> anyhow::Result<()> {
-        let response = self
+        let mut request = self
             .client
             .post(format!("{}/v1/models/{model_id}/deployments", self.url))
-            .json(&json!({ "deployer": "misbehave", "options": { "mode": "ok" } }))
-            .send()
-            .await?;
+            .json(&json!({ "deployer": "misbehave", "options": { "mode": "ok" } }));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await?;
         if !response.status().is_success() {
             bail!("deployment failed: {}", response.text().await?);
         }
@@ -222,17 +245,27 @@ pub async fn deployments(ctx: &Ctx) -> anyhow::Result<()> {
     let tiny = files(ctx, "tiny", &[("config.json".into(), 4096)], 7)?;
     let on = Server::start(ctx, "metrics-on", &[])?;
     let off = Server::start(ctx, "metrics-off", &["--metrics", "off"])?;
+    let token = "berth_bench_0123456789abcdef";
+    let auth = Server::start_with_token(ctx, "auth-on", &[], Some(token))?;
     let id = on.register(ctx, "tiny", &tiny).await?;
-    ensure!(
-        off.register(ctx, "tiny", &tiny).await? == id,
-        "the two servers gave the model different ids"
-    );
-    on.deploy(id).await?;
-    off.deploy(id).await?;
+    for other in [&off, &auth] {
+        ensure!(
+            other.register(ctx, "tiny", &tiny).await? == id,
+            "the servers gave the model different ids"
+        );
+    }
+    for server in [&on, &off, &auth] {
+        server.deploy(id).await?;
+    }
 
     let total = (ctx.calls / 2).max(CONCURRENCY * 5);
-    let [mut health_on, mut health_off, mut deploy_on, mut deploy_off] =
-        std::array::from_fn(|_| Rounds::default());
+    let [
+        mut health_on,
+        mut health_off,
+        mut deploy_on,
+        mut deploy_off,
+        mut deploy_auth,
+    ] = std::array::from_fn(|_| Rounds::default());
     for round in 0..ctx.rounds {
         // Alternate which goes first, so a drift of the machine's load
         // does not favour one.
@@ -250,6 +283,7 @@ pub async fn deployments(ctx: &Ctx) -> anyhow::Result<()> {
             health.add(load(total, || server.healthz()).await?);
             deploy.add(load(total, || server.deploy(id)).await?);
         }
+        deploy_auth.add(load(total, || auth.deploy(id)).await?);
     }
     let mut table = Table::new(&format!(
         "4b. HTTP API, {total} requests, {CONCURRENCY} in flight (SQLite), median of {} rounds",
@@ -277,6 +311,11 @@ pub async fn deployments(ctx: &Ctx) -> anyhow::Result<()> {
         "POST deployments (no-op plugin, synchronous), metrics on",
         deploy_on.figure(),
         deploy_on.over(&deploy_off),
+    );
+    table.row(
+        "POST deployments, metrics on and an API token checked",
+        deploy_auth.figure(),
+        deploy_auth.over(&deploy_off),
     );
     table.row(
         "the metrics a synchronous deployment records, in-process",
