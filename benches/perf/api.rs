@@ -269,21 +269,21 @@ pub async fn deployments(ctx: &Ctx) -> anyhow::Result<()> {
     for round in 0..ctx.rounds {
         // Alternate which goes first, so a drift of the machine's load
         // does not favour one.
-        let order = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for metrics in order {
-            let (server, health, deploy) = if metrics {
-                (&on, &mut health_on, &mut deploy_on)
-            } else {
-                (&off, &mut health_off, &mut deploy_off)
-            };
-            health.add(load(total, || server.healthz()).await?);
-            deploy.add(load(total, || server.deploy(id)).await?);
+        // Rotate which goes first, so a drift of the machine's load does
+        // not favour one.
+        for k in 0..3 {
+            match (k + round) % 3 {
+                0 => {
+                    health_on.add(load(total, || on.healthz()).await?);
+                    deploy_on.add(load(total, || on.deploy(id)).await?);
+                }
+                1 => {
+                    health_off.add(load(total, || off.healthz()).await?);
+                    deploy_off.add(load(total, || off.deploy(id)).await?);
+                }
+                _ => deploy_auth.add(load(total, || auth.deploy(id)).await?),
+            }
         }
-        deploy_auth.add(load(total, || auth.deploy(id)).await?);
     }
     let mut table = Table::new(&format!(
         "4b. HTTP API, {total} requests, {CONCURRENCY} in flight (SQLite), median of {} rounds",
