@@ -1,5 +1,6 @@
 //! How berth writes quantities for people — in error messages, logs and
-//! the CLI's tables — so a duration reads the same wherever it appears.
+//! the CLI's tables — so a duration or a size reads the same wherever it
+//! appears.
 //! The API never uses it: JSON carries plain numbers (`duration_ms`).
 
 use std::time::Duration;
@@ -18,6 +19,21 @@ pub fn duration(d: Duration) -> String {
         (h, 0, _) => format!("{h}h"),
         (h, m, _) => format!("{h}h {m}m"),
     }
+}
+
+/// `412 B`, `16.0 MiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }
 
 #[cfg(test)]

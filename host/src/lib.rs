@@ -20,5 +20,6 @@ pub mod metrics;
 pub mod model;
 pub mod pipeline;
 pub mod runtime;
+pub mod space;
 pub mod validate;
 pub mod watch;

@@ -39,6 +39,15 @@ pub enum StartError {
         "deployer {0} is still loading (the server compiles its plugins after it starts); try again in a few seconds, GET /readyz says when all are loaded"
     )]
     StillLoading(String),
+    #[error(
+        "the server's volume ({dir}) has {} free, less than the {} berth keeps to record the end of every deployment (--min-free-mib); free some space: reads keep working",
+        crate::human::bytes(*.free), crate::human::bytes(*.reserve)
+    )]
+    LowOnSpace {
+        dir: String,
+        free: u64,
+        reserve: u64,
+    },
     #[error("unknown deployer {name:?}; the loaded deployers are: {}", .known.join(", "))]
     UnknownDeployer { name: String, known: Vec<String> },
     #[error("{0}")]
@@ -64,6 +73,8 @@ pub struct Pipeline {
     /// Every deployment task, so a stop can wait for their rows.
     tasks: TaskTracker,
     live: Live,
+    /// Bytes of the data volume new deployments leave free.
+    reserve: u64,
 }
 
 /// Why a cancel request was refused.
@@ -137,7 +148,16 @@ impl Pipeline {
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             live: Live::default(),
+            reserve: 0,
         }
+    }
+
+    /// Refuses new deployments while the volume of the out-dirs (the data
+    /// dir's) has less than `bytes` free, so that every deployment started
+    /// can still record its end.
+    pub fn reserve(mut self, bytes: u64) -> Self {
+        self.reserve = bytes;
+        self
     }
 
     /// Records the deployment and carries it out while the caller waits;
@@ -182,6 +202,21 @@ impl Pipeline {
         Ok(deployment)
     }
 
+    fn check_reserve(&self) -> Result<(), StartError> {
+        if self.reserve == 0 {
+            return Ok(());
+        }
+        let free = crate::space::free_bytes(&self.out_root).unwrap_or(u64::MAX);
+        if free >= self.reserve {
+            return Ok(());
+        }
+        Err(StartError::LowOnSpace {
+            dir: self.out_root.display().to_string(),
+            free,
+            reserve: self.reserve,
+        })
+    }
+
     /// Steps 1–3: nothing is recorded unless all checks pass.
     async fn start(&self, request: Request<'_>) -> Result<Started, StartError> {
         let Request {
@@ -195,6 +230,7 @@ impl Pipeline {
             .model(model_id)
             .await?
             .ok_or(StartError::UnknownModel(model_id))?;
+        self.check_reserve()?;
         let plugins = self.deployers.current();
         if !plugins.deployers.contains_key(deployer) && self.deployers.is_loading(deployer) {
             return Err(StartError::StillLoading(deployer.to_string()));

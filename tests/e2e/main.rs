@@ -21,4 +21,5 @@ mod plugins;
 mod ready;
 mod runtime;
 mod sources;
+mod space;
 mod webhook;

@@ -75,6 +75,12 @@ pub struct ServeArgs {
     #[arg(long, env = "BERTH_FETCH_PIECE_MIB", default_value_t = 16,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     fetch_piece_mib: u64,
+    /// Free space, in MiB, that berth keeps on the data and models volumes:
+    /// a fetch that would eat into it fails before downloading, and new
+    /// deployments are refused (503) while less is free, so that every
+    /// started deployment can still record its end.
+    #[arg(long, env = "BERTH_MIN_FREE_MIB", default_value_t = 256)]
+    min_free_mib: u64,
     /// How often the plugins folder is checked for added, replaced or
     /// removed plugins, in milliseconds; 0 turns watching off.
     #[arg(long, env = "BERTH_PLUGINS_POLL_MS", default_value_t = 1000)]
@@ -143,15 +149,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             connections: usize::from(args.fetch_connections),
             piece_bytes: args.fetch_piece_mib << 20,
         })
-        .access(access);
-    let pipeline = Arc::new(Pipeline::new(
-        db.clone(),
-        events.clone(),
-        deployers.clone(),
-        fetcher,
-        server_id,
-        args.data_dir.join("out"),
-    ));
+        .access(access)
+        .reserve(args.min_free_mib << 20);
+    let pipeline = Arc::new(
+        Pipeline::new(
+            db.clone(),
+            events.clone(),
+            deployers.clone(),
+            fetcher,
+            server_id,
+            args.data_dir.join("out"),
+        )
+        .reserve(args.min_free_mib << 20),
+    );
     // Listening comes first: the deployers appear one by one as they
     // compile (seconds each for Python and JavaScript), /readyz tells when
     // all are in, and only then does the watcher take over the folder.

@@ -56,6 +56,16 @@ pub enum Error {
     Cancelled,
     #[error("model directory {dir}: {reason}")]
     Disk { dir: String, reason: String },
+    #[error(
+        "model directory {dir}: the missing files need {}, but the volume has {} free and berth keeps {} of it for its records (--min-free-mib); free some space, or move --models-dir to a larger volume",
+        crate::human::bytes(*.needed), crate::human::bytes(*.free), crate::human::bytes(*.reserve)
+    )]
+    NoRoom {
+        dir: String,
+        needed: u64,
+        free: u64,
+        reserve: u64,
+    },
 }
 
 /// Told how far a fetch has come. Called often (every chunk): implementations
@@ -101,6 +111,8 @@ pub struct Fetcher {
     /// How many files of one model download at once.
     parallel: usize,
     split: Split,
+    /// Bytes of the models volume a fetch leaves free.
+    reserve: u64,
 }
 
 /// Where berth keeps its own bookkeeping of the models dir: locks,
@@ -116,7 +128,15 @@ impl Fetcher {
             timeout,
             parallel: 4,
             split: Split::default(),
+            reserve: 0,
         })
+    }
+
+    /// Refuses a fetch that would leave less than `bytes` free on the
+    /// models volume.
+    pub fn reserve(mut self, bytes: u64) -> Self {
+        self.reserve = bytes;
+        self
     }
 
     /// Reads large files over `split.connections` connections at once.
@@ -192,10 +212,39 @@ impl Fetcher {
             .check_in_place(&dir, &model.files, &mut stamps, &tally)
             .await;
         remove_leftovers(&dir, &missing);
+        self.check_room(&dir, &missing)?;
         let downloaded = self
             .download_all(model, missing, &dir, &tally, &lock, &mut stamps)
             .await;
         settle(&dir, &books, &stamps, downloaded)
+    }
+
+    /// Refuses before downloading what would not fit: the missing files'
+    /// bytes, less what their kept partials already hold, plus the reserve.
+    fn check_room(&self, dir: &Path, missing: &[ModelFile]) -> Result<(), Error> {
+        use std::os::unix::fs::MetadataExt;
+        let needed: u64 = missing
+            .iter()
+            .map(|file| {
+                // Blocks, not length: a download in pieces is sparse.
+                let kept = std::fs::metadata(partial_path(&dir.join(&file.path)))
+                    .map_or(0, |m| m.len().min(m.blocks() * 512));
+                file.size_bytes.saturating_sub(kept)
+            })
+            .sum();
+        if needed == 0 {
+            return Ok(());
+        }
+        let free = crate::space::free_bytes(dir).map_err(disk_error(dir))?;
+        if free >= needed.saturating_add(self.reserve) {
+            return Ok(());
+        }
+        Err(Error::NoRoom {
+            dir: dir.display().to_string(),
+            needed,
+            free,
+            reserve: self.reserve,
+        })
     }
 
     /// Where this fetcher keeps its bookkeeping of one model directory.

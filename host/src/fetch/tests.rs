@@ -1042,3 +1042,28 @@ fn a_sources_file_that_cannot_be_used_stops_the_start_naming_the_file() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_model_that_would_not_fit_is_refused_before_a_byte_is_asked_for() {
+    let contents = bytes(30, 1000);
+    let mut setup = Setup::new(&[("huge.bin", contents.clone()), ("small.bin", contents)]).await;
+    // Recorded as a petabyte: no test machine has the room.
+    setup.model.files[0].size_bytes = 1 << 50;
+    let error = setup.fetch().await.unwrap_err();
+    assert!(matches!(error, Error::NoRoom { needed, .. } if needed == (1 << 50) + 1000));
+    let error = error.to_string();
+    assert!(
+        error.contains("the missing files need 1.0 PiB, but the volume has")
+            && error.contains("free some space, or move --models-dir"),
+        "{error}"
+    );
+    assert!(setup.source.requests("job/huge.bin").is_empty());
+    assert!(setup.source.requests("job/small.bin").is_empty());
+
+    // The reserve counts too: a small model that would eat into it.
+    let (mut setup, _) = in_pieces(31, 1).await;
+    setup.fetcher = setup.fetcher.clone().reserve(1 << 60);
+    let error = setup.fetch().await.unwrap_err().to_string();
+    assert!(error.contains("berth keeps 1024.0 PiB of it"), "{error}");
+    assert!(setup.source.requests("job/big.bin").is_empty());
+}

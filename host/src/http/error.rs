@@ -70,7 +70,9 @@ impl From<StartError> for Error {
     fn from(e: StartError) -> Self {
         match e {
             StartError::UnknownModel(_) => Error::NotFound(e.to_string()),
-            StartError::StillLoading(_) => Error::Unavailable(e.to_string()),
+            StartError::StillLoading(_) | StartError::LowOnSpace { .. } => {
+                Error::Unavailable(e.to_string())
+            }
             StartError::NoDeployers(_)
             | StartError::UnknownDeployer { .. }
             | StartError::BadOptions(_) => Error::BadRequest(e.to_string()),

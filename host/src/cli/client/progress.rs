@@ -108,8 +108,8 @@ fn describe(phase: &str, progress: &Value) -> String {
         "fetching" if !sized(progress) => "fetching".to_string(),
         "fetching" => format!(
             "fetching {} / {}{}, {}/{} files",
-            text::bytes(number(&progress["bytes_done"])),
-            text::bytes(number(&progress["bytes_total"])),
+            crate::human::bytes(number(&progress["bytes_done"])),
+            crate::human::bytes(number(&progress["bytes_total"])),
             percent(fraction(phase, progress)),
             number(&progress["files_done"]),
             number(&progress["files_total"]),

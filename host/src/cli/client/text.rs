@@ -70,21 +70,6 @@ impl Table {
     }
 }
 
-/// `412 B`, `16.0 MiB`.
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut value = n as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
-}
-
 /// A stored `duration_ms`, written as berth writes every duration.
 pub fn duration_ms(ms: i64) -> String {
     crate::human::duration(std::time::Duration::from_millis(ms.max(0) as u64))
@@ -132,7 +117,7 @@ mod tests {
             (3 << 30, "3.0 GiB"),
         ];
         for &(n, expected) in cases {
-            assert_eq!(bytes(n), expected, "{n} bytes");
+            assert_eq!(crate::human::bytes(n), expected, "{n} bytes");
         }
         assert_eq!(duration_ms(-5), "0ms", "a clock stepped back");
         assert_eq!(duration_ms(65_000), "1m 5s");
