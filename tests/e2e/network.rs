@@ -517,3 +517,30 @@ async fn receive(
         }
     }
 }
+
+/// A granted host *name* that resolves to this machine: the name is in the
+/// manifest, but the address it leads to is internal and is not, so
+/// nothing leaves; granting the address itself is what the tests above do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_name_that_resolves_to_an_internal_address_is_refused() {
+    let files = FileServer::start().await;
+    let mirror = Mirror::start(Answer::Store).await;
+    let name = format!("localhost:{}", mirror.addr.port());
+    let berth = berth_with_publisher(Backend::Sqlite, Some(std::slice::from_ref(&name))).await;
+    let id = berth
+        .register(&model(&files, "job-internal", &publish_files()))
+        .await;
+    let base_url = format!("http://{name}/mirror");
+    let (status, failed) = berth
+        .deploy(id, "http-publish", json!({ "base_url": base_url }))
+        .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{failed}");
+    assert_eq!(failed["status"], "failed");
+    assert_eq!(mirror.received().len(), 0, "nothing reached the mirror");
+    let log = berth.log();
+    assert!(
+        log.contains("outgoing request denied: localhost resolves to")
+            && log.contains("an internal address; grant the address itself in allowed_hosts"),
+        "{log}"
+    );
+}

@@ -6,8 +6,17 @@
 //! Redirects are not followed by wasi:http: a guest that follows one makes a
 //! new request, which passes through here again. The `Host` header is on
 //! wasmtime's forbidden list, so the authority checked is the one used.
+//!
+//! A granted host *name* is resolved here and every address it resolves to
+//! is checked: one on this machine, a private network, link-local (cloud
+//! metadata at 169.254.169.254) or unspecified is refused unless the
+//! manifest grants that address itself (`127.0.0.1:9000`). A plain-HTTP
+//! request then goes to exactly the address checked; an HTTPS one is
+//! connected by wasmtime, which resolves the name again (a DNS answer that
+//! changes in between is not caught there).
 
 use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 
 use wasmtime_wasi_http::{WasiBody, WasiHttpHooks};
 
@@ -113,21 +122,86 @@ impl HttpGate {
         }
     }
 
-    fn permits(&self, uri: &http::Uri) -> bool {
+    /// The scheme, host and port of `uri` if the allow-list grants them.
+    fn target(&self, uri: &http::Uri) -> Option<(String, String, u16)> {
         let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
         // wasmtime's sender connects to the raw authority: with user info in
         // it, what connects is not the host checked here.
-        let Some(host) = uri
+        let host = uri
             .host()
-            .filter(|_| !uri.authority().is_some_and(|a| a.as_str().contains('@')))
-        else {
-            return false;
-        };
+            .filter(|_| !uri.authority().is_some_and(|a| a.as_str().contains('@')))?;
         let port = uri.port_u16().unwrap_or(default_port(&scheme));
         let host = normalize_host(host);
-        self.allowed.iter().any(|a| a.allows(&scheme, &host, port))
+        self.allowed
+            .iter()
+            .any(|a| a.allows(&scheme, &host, port))
+            .then_some((scheme, host, port))
     }
 }
+
+/// Whether a host name may not lead a plugin to `ip` without the address
+/// itself being granted: this machine, a private or shared network,
+/// link-local, unspecified or broadcast.
+fn internal(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                // 100.64.0.0/10, carrier-grade NAT: someone's private network.
+                || (a == 100 && (b & 0xc0) == 64)
+        }
+        IpAddr::V6(v6) => {
+            let first = v6.segments()[0];
+            v6.is_loopback()
+                || v6.is_unspecified()
+                // fc00::/7 unique local, fe80::/10 link-local.
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+                || v6.to_ipv4_mapped().is_some_and(|v4| internal(IpAddr::V4(v4)))
+        }
+    }
+}
+
+/// Where a granted host name may be reached: its first resolved address,
+/// or why not (a refused address, or no answer).
+async fn resolve(host: &str, port: u16) -> Result<SocketAddr, (wasmtime_wasi_http::Error, String)> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| {
+            (
+                wasmtime_wasi_http::Error::DnsError {
+                    rcode: Some(e.to_string()),
+                    info_code: None,
+                },
+                format!("{host} does not resolve: {e}"),
+            )
+        })?
+        .collect();
+    if let Some(refused) = addrs.iter().find(|a| internal(a.ip())) {
+        return Err((
+            wasmtime_wasi_http::Error::DestinationIpProhibited,
+            format!(
+                "{host} resolves to {}, an internal address; grant the address itself in allowed_hosts to reach it",
+                refused.ip()
+            ),
+        ));
+    }
+    addrs.first().copied().ok_or_else(|| {
+        (
+            wasmtime_wasi_http::Error::DnsError {
+                rcode: None,
+                info_code: None,
+            },
+            format!("{host} resolves to no address"),
+        )
+    })
+}
+
+impl HttpGate {}
 
 /// Scheme, host, port and path only: a query string may carry a secret.
 fn loggable(uri: &http::Uri) -> String {
@@ -151,22 +225,90 @@ impl WasiHttpHooks for HttpGate {
         options: Option<wasmtime_wasi_http::RequestOptions>,
         fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
-        if self.permits(request.uri()) {
-            tracing::debug!(plugin = %self.plugin, to = %loggable(request.uri()), "outgoing request allowed");
-            return wasmtime_wasi_http::default_hooks().send_request(request, options, fut);
+        let Some((scheme, host, port)) = self.target(request.uri()) else {
+            tracing::warn!(
+                plugin = %self.plugin,
+                to = %loggable(request.uri()),
+                "outgoing request denied: the host is not in allowed_hosts of the plugin's manifest"
+            );
+            return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
+        };
+        let plugin = self.plugin.clone();
+        let mut request = request;
+        Box::new(async move {
+            // An address in the grant is the address granted.
+            if host.parse::<IpAddr>().is_err() {
+                let addr = match resolve(&host, port).await {
+                    Ok(addr) => addr,
+                    Err((error, reason)) => {
+                        tracing::warn!(plugin = %plugin, to = %loggable(request.uri()), "outgoing request denied: {reason}");
+                        return Err(error);
+                    }
+                };
+                if scheme == "http" {
+                    pin_to(&mut request, addr);
+                }
+            }
+            tracing::debug!(plugin = %plugin, to = %loggable(request.uri()), "outgoing request allowed");
+            Box::into_pin(wasmtime_wasi_http::default_hooks().send_request(request, options, fut))
+                .await
+        })
+    }
+}
+
+/// Points a plain-HTTP request at the address that was checked; the
+/// `Host` header wasmtime set from the original authority stays.
+fn pin_to(request: &mut http::Request<WasiBody>, addr: SocketAddr) {
+    let mut parts = request.uri().clone().into_parts();
+    if let Ok(authority) = addr.to_string().parse() {
+        parts.authority = Some(authority);
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
         }
-        tracing::warn!(
-            plugin = %self.plugin,
-            to = %loggable(request.uri()),
-            "outgoing request denied: the host is not in allowed_hosts of the plugin's manifest"
-        );
-        Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn internal_addresses_are_told_apart_from_public_ones() {
+        for (ip, expected) in [
+            ("127.0.0.1", true),
+            ("10.1.2.3", true),
+            ("172.16.0.1", true),
+            ("192.168.1.1", true),
+            ("169.254.169.254", true),
+            ("100.64.0.1", true),
+            ("0.0.0.0", true),
+            ("::1", true),
+            ("fd00::1", true),
+            ("fe80::1", true),
+            ("::ffff:127.0.0.1", true),
+            ("8.8.8.8", false),
+            ("100.128.0.1", false),
+            ("2001:4860:4860::8888", false),
+        ] {
+            assert_eq!(internal(ip.parse().unwrap()), expected, "{ip}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_name_that_resolves_to_an_internal_address_is_refused() {
+        let (error, reason) = resolve("localhost", 80).await.unwrap_err();
+        assert!(matches!(
+            error,
+            wasmtime_wasi_http::Error::DestinationIpProhibited
+        ));
+        assert!(
+            reason.starts_with("localhost resolves to ")
+                && reason.ends_with(
+                    "an internal address; grant the address itself in allowed_hosts to reach it"
+                ),
+            "{reason}"
+        );
+    }
 
     #[track_caller]
     fn check(allowed: &[&str], uri: &str, expected: bool) {
@@ -175,7 +317,11 @@ mod tests {
             .map(|a| AllowedHost::parse(a).unwrap())
             .collect();
         let gate = HttpGate::new("test", allowed);
-        assert_eq!(gate.permits(&uri.parse().unwrap()), expected, "{uri}");
+        assert_eq!(
+            gate.target(&uri.parse().unwrap()).is_some(),
+            expected,
+            "{uri}"
+        );
     }
 
     #[test]
