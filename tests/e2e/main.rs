@@ -6,6 +6,7 @@
 mod support;
 
 mod api;
+mod artifacts;
 mod auth;
 mod client;
 mod config;

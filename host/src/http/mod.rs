@@ -1,6 +1,7 @@
 //! The HTTP API: one module per resource, each with its own `router()`.
 //! Only this module knows JSON shapes and status codes.
 
+mod artifacts;
 mod auth;
 mod deployers;
 mod deployments;
@@ -64,6 +65,7 @@ pub fn app(ctx: ApiContext) -> Router {
     Router::new()
         .merge(models::router())
         .merge(deployments::router())
+        .merge(artifacts::router())
         .merge(deployers::router())
         .merge(events::router())
         .merge(metrics::router())
