@@ -11,6 +11,7 @@ mod json;
 mod metrics;
 mod models;
 mod observe;
+mod page;
 mod webhook;
 
 pub use webhook::{Webhook, signature};
@@ -69,6 +70,7 @@ pub fn app(ctx: ApiContext) -> Router {
         .merge(deployers::router())
         .merge(events::router())
         .merge(metrics::router())
+        .merge(page::router())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .fallback(|| async {
