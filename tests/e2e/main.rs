@@ -17,6 +17,7 @@ mod live;
 mod logs;
 mod metrics;
 mod network;
+mod page;
 mod plugin_cli;
 mod plugins;
 mod ready;
