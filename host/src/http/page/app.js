@@ -494,19 +494,22 @@ function deploymentRow(d) {
 
 function fillProgress(cell, phase, p) {
   if (!p) return cell.replaceChildren(phase ?? "");
+  // Fetching: bytes of the model's files; deploying: the deployer's own
+  // figures if it reports any (otherwise a bar without an end).
   let value;
   let max;
   let note = "";
-  if (phase === "deploying" && p.deployer?.total) {
-    value = p.deployer.done;
-    max = p.deployer.total;
-    note = p.deployer.note ?? "";
+  if (phase === "deploying") {
+    if (p.deployer?.total) {
+      value = p.deployer.done;
+      max = p.deployer.total;
+    }
+    note = p.deployer?.note ?? "";
   } else if (p.bytes_total) {
     value = p.bytes_done;
     max = p.bytes_total;
     note = `${bytes(p.bytes_done)} of ${bytes(p.bytes_total)}`;
   }
-  if (phase === "deploying" && p.deployer?.note) note = p.deployer.note;
   const bar = max
     ? h("progress", { value, max, "aria-label": `${phase ?? "progress"} ${Math.round((100 * value) / max)}%` })
     : h("progress", { "aria-label": phase ?? "running" });
