@@ -292,6 +292,8 @@ async function modelsView() {
     registerForm(),
     deployersBlock(),
   );
+  // For scripts/measure-page and DevTools: when the table was drawn.
+  performance.mark("berth:models-drawn");
   loadNewest(state.models);
 }
 
