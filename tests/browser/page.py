@@ -6,6 +6,9 @@ registered model, and gives this script:
 
   BERTH_URL, BERTH_MODEL_ID, BERTH_PLUGINS_DIR, BERTH_SCREENSHOTS
 
+and, for a server that needs a token, BERTH_TOKEN: then only the token
+scenario runs (`page::the_page_asks_for_a_token`).
+
 To restart the server it prints `restart` and waits for a line on stdin.
 Each scenario is bounded by Playwright's timeouts (hang guards, not timing
 assertions); a failing one leaves a screenshot of every view it saw in
@@ -25,13 +28,16 @@ URL = os.environ["BERTH_URL"]
 MODEL_ID = int(os.environ["BERTH_MODEL_ID"])
 PLUGINS = Path(os.environ["BERTH_PLUGINS_DIR"])
 SHOTS = Path(os.environ["BERTH_SCREENSHOTS"])
+TOKEN = os.environ.get("BERTH_TOKEN")
 WAIT_MS = 30_000
 
 expect.set_options(timeout=WAIT_MS)
 
 
 def api(path):
-    with urllib.request.urlopen(URL + path, timeout=30) as answer:
+    headers = {"Authorization": f"Bearer {TOKEN}"} if TOKEN else {}
+    request = urllib.request.Request(URL + path, headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as answer:
         return json.load(answer)
 
 
@@ -239,6 +245,32 @@ def scenario_narrow_and_dark(page, shots):
                 shots(f"{'models' if view == '#/' else 'model'}-{width}-{scheme}")
 
 
+def scenario_token(page, shots):
+    page.goto(f"{URL}/")
+    dialog = page.locator("#token-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog).to_contain_text("needs an API token")
+    shots("token-asked")
+    page.get_by_label("Token", exact=True).fill(TOKEN)
+    page.get_by_role("button", name="Use token").click()
+    expect(dialog).to_be_hidden()
+    expect(page.locator(f'#models tr[data-model="{MODEL_ID}"]')).to_be_visible()
+    expect(page.locator("#stream")).to_have_text("live")
+    # Deploying, the events and the download all carry the token.
+    open_model(page)
+    deploy_with(page, "archive")
+    row = newest_row(page)
+    expect(row).to_have_attribute("data-status", "completed")
+    stored = api(f"/v1/deployments/{row.get_attribute('data-deployment')}")
+    with page.expect_download() as download:
+        row.locator(".ref-cell a").click()
+    got = Path(download.value.path()).read_bytes()
+    want = (Path(stored["out_dir"]) / stored["ref"].removeprefix("/out/")).read_bytes()
+    assert got == want, f"downloaded {len(got)} bytes, the out-dir file has {len(want)}"
+    urls = page.evaluate("performance.getEntriesByType('resource').map(e => e.name).join(' ')")
+    assert TOKEN not in urls, "the token went into a URL"
+
+
 SCENARIOS = [
     scenario_schema_form_and_archive,
     scenario_failing_deployer,
@@ -252,9 +284,11 @@ SCENARIOS = [
     scenario_reconnects_after_restart,
 ]
 
-# Refusals the scenarios provoke on purpose (400s) and the restart's refused
+# Refusals the scenarios provoke on purpose (400s, the 401 before a token
+# is given) and the restart's refused
 # connections: Chromium reports each as a console error.
 EXPECTED_CONSOLE = ("Failed to load resource: the server responded with a status of 400",
+                    "Failed to load resource: the server responded with a status of 401",
                     "Failed to load resource: net::ERR_CONNECTION_REFUSED")
 
 
@@ -263,7 +297,7 @@ def main():
     failures = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        for scenario in SCENARIOS:
+        for scenario in [scenario_token] if TOKEN else SCENARIOS:
             name = scenario.__name__.removeprefix("scenario_")
             context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
             page = context.new_page()

@@ -96,12 +96,9 @@ fn browser() -> PathBuf {
     python
 }
 
-/// The scenarios of `tests/browser/page.py`, each bounded by its own
-/// timeouts; the whole run by `LIMIT`, a hang guard.
+/// The scenarios of `tests/browser/page.py` but the token's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_works_in_a_real_browser() {
-    const LIMIT: Duration = Duration::from_secs(300);
-    let python = browser();
     let files = FileServer::start().await;
     let mut berth = Berth::options(Backend::Sqlite)
         .arg("--plugins-poll-ms")
@@ -111,17 +108,52 @@ async fn the_page_works_in_a_real_browser() {
     let model_id = berth
         .register(&model(&files, "sample-lora-1", &adapter_files()))
         .await;
+    run_scenarios(&mut berth, model_id, None);
+}
+
+/// A server with a token: the page asks for it and sends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_asks_for_a_token() {
+    const TOKEN: &str = "berth-page-test-token-0123456789abcdef";
+    let files = FileServer::start().await;
+    let mut berth = Berth::options(Backend::Sqlite)
+        .env("BERTH_API_TOKEN", TOKEN)
+        .start()
+        .await;
+    let answer = berth
+        .client()
+        .post(format!("{}/v1/models", berth.url))
+        .bearer_auth(TOKEN)
+        .json(&model(&files, "sample-lora-1", &adapter_files()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    let model_id = answer.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_i64()
+        .unwrap();
+    run_scenarios(&mut berth, model_id, Some(TOKEN));
+}
+
+/// Runs `tests/browser/page.py` against `berth`, each scenario bounded by
+/// its own timeouts and the whole run by `LIMIT`, a hang guard.
+fn run_scenarios(berth: &mut Berth, model_id: i64, token: Option<&str>) {
+    const LIMIT: Duration = Duration::from_secs(300);
+    let python = browser();
     let screenshots = root().join("target/browser-screenshots");
-    let mut child = Command::new(python)
+    let mut command = Command::new(python);
+    command
         .arg(root().join("tests/browser/page.py"))
         .env("BERTH_URL", &berth.url)
         .env("BERTH_MODEL_ID", model_id.to_string())
         .env("BERTH_PLUGINS_DIR", berth.plugins_dir())
         .env("BERTH_SCREENSHOTS", &screenshots)
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starting tests/browser/page.py");
+        .stdout(Stdio::piped());
+    if let Some(token) = token {
+        command.env("BERTH_TOKEN", token);
+    }
+    let mut child = command.spawn().expect("starting tests/browser/page.py");
     let mut stdin = child.stdin.take().unwrap();
     let stdout = BufReader::new(child.stdout.take().unwrap());
     // A hang guard: a script stuck past `LIMIT` is killed, which ends its

@@ -15,6 +15,9 @@ const state = {
   rejected: [],
   loading: [],
   filter: "",
+  /** deployment id → its latest progress event, newer than any row read
+   * before it: a row fetched after a `started` event may arrive late. */
+  live: new Map(),
   /** what the current view shows, to update it from events */
   view: { kind: "models" },
 };
@@ -475,7 +478,9 @@ async function refreshDeployers() {
 function deploymentRow(d) {
   const running = d.status === "running";
   const progressCell = h("td", { class: "progress-cell" });
-  if (running) fillProgress(progressCell, d.phase, d.progress);
+  const live = state.live.get(d.id);
+  if (running) fillProgress(progressCell, live?.phase ?? d.phase, live?.progress ?? d.progress);
+  else state.live.delete(d.id);
   return h("tr", { "data-deployment": d.id, "data-status": d.status },
     h("td", {}, h("a", { href: `#/deployments/${d.id}` }, `#${d.id}`)),
     h("td", { class: "status-cell" }, statusBadge(d.status)),
@@ -642,7 +647,8 @@ async function deploymentView(id) {
   }
   if (state.view.kind !== "deployment" || state.view.id !== id) return;
   const progressCell = h("span", { id: "deployment-progress" });
-  if (d.status === "running") fillProgress(progressCell, d.phase, d.progress);
+  const live = state.live.get(d.id);
+  if (d.status === "running") fillProgress(progressCell, live?.phase ?? d.phase, live?.progress ?? d.progress);
   show(
     h("p", {}, h("a", { href: `#/models/${d.model_id}` }, "← Model")),
     h("h1", {}, `Deployment #${d.id}`),
@@ -918,6 +924,7 @@ function dispatch(block) {
 }
 
 function progressed(event) {
+  state.live.set(event.deploy_id, event);
   const row = document.querySelector(`#deployments-body tr[data-deployment="${event.deploy_id}"]`);
   const cell = row?.querySelector(".progress-cell");
   if (cell && row.dataset.status === "running") fillProgress(cell, event.phase, event.progress);
