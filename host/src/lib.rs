@@ -6,6 +6,7 @@
 // exists (ARCHITECTURE.md lists them).
 #![deny(unsafe_code)]
 
+pub mod artifacts;
 pub mod auth;
 pub mod cli;
 pub mod db;

@@ -6,6 +6,7 @@
 mod support;
 
 mod api;
+mod artifacts;
 mod auth;
 mod client;
 mod config;
@@ -16,6 +17,7 @@ mod live;
 mod logs;
 mod metrics;
 mod network;
+mod page;
 mod plugin_cli;
 mod plugins;
 mod ready;

@@ -1,7 +1,8 @@
 //! Who may call: each request's bearer token, checked against the
 //! configured tokens. No known token: 401 with `WWW-Authenticate`; a read
 //! token asking to change something: 403. `/healthz`, `/readyz` and
-//! `/openapi.json` stay open, so probes and tooling need no secret. With no
+//! `/openapi.json` stay open, so probes and tooling need no secret, and so
+//! do the web page's assets, which hold no data. With no
 //! tokens configured everyone is let in (`serve` allows that on loopback
 //! only). The caller is handed to the handlers, which record its name.
 
@@ -12,6 +13,7 @@ use axum::response::Response;
 
 use super::ApiContext;
 use super::error::Error;
+use super::page;
 use crate::auth::Role;
 
 /// Paths anyone may call, tokens or not.
@@ -25,7 +27,8 @@ pub async fn require(
     let Some(tokens) = &ctx.tokens else {
         return Ok(next.run(request).await);
     };
-    if OPEN.contains(&request.uri().path()) {
+    let path = request.uri().path();
+    if OPEN.contains(&path) || page::PATHS.contains(&path) {
         return Ok(next.run(request).await);
     }
     let presented = request

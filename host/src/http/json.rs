@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::error::Error;
+use crate::artifacts::Listing;
 use crate::events::Event;
 use crate::model::{Deployment, Progress, TrainedModel};
 
@@ -49,6 +50,25 @@ impl<S: Send + Sync> FromRequestParts<S> for Id {
             _ => Err(Error::BadRequest(format!(
                 "{:?} is not an id: ids are positive integers",
                 raw.0
+            ))),
+        }
+    }
+}
+
+/// `{id}` and a `{*path}` after it: an artifact of a deployment.
+pub struct IdAndPath(pub i64, pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for IdAndPath {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path((raw, path)) = Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map_err(|e: PathRejection| Error::BadRequest(e.body_text()))?;
+        match raw.parse::<i64>() {
+            Ok(id) if id > 0 => Ok(IdAndPath(id, path)),
+            _ => Err(Error::BadRequest(format!(
+                "{raw:?} is not an id: ids are positive integers"
             ))),
         }
     }
@@ -164,6 +184,17 @@ pub fn deployment(d: &Deployment) -> Value {
         "created_at": d.created_at,
         "completed_at": d.completed_at,
         "created_by": d.created_by,
+    })
+}
+
+pub fn artifacts(listing: &Listing) -> Value {
+    json!({
+        "files": listing.files.iter().map(|a| json!({
+            "path": a.path,
+            "size_bytes": a.size_bytes,
+            "modified": humantime::format_rfc3339_millis(a.modified).to_string(),
+        })).collect::<Vec<_>>(),
+        "truncated": listing.truncated,
     })
 }
 

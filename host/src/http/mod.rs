@@ -1,6 +1,7 @@
 //! The HTTP API: one module per resource, each with its own `router()`.
 //! Only this module knows JSON shapes and status codes.
 
+mod artifacts;
 mod auth;
 mod deployers;
 mod deployments;
@@ -10,6 +11,7 @@ mod json;
 mod metrics;
 mod models;
 mod observe;
+mod page;
 mod webhook;
 
 pub use webhook::{Webhook, signature};
@@ -64,9 +66,11 @@ pub fn app(ctx: ApiContext) -> Router {
     Router::new()
         .merge(models::router())
         .merge(deployments::router())
+        .merge(artifacts::router())
         .merge(deployers::router())
         .merge(events::router())
         .merge(metrics::router())
+        .merge(page::router())
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .fallback(|| async {

@@ -1,0 +1,286 @@
+//! A deployment's artifacts: the regular files its deployer wrote to its
+//! output directory, listed and opened for reading. The directory is written
+//! by an untrusted plugin, so this is **the one place of the artifact path
+//! rules**: a path is relative, `/`-separated, without `.`, `..` or empty
+//! segments; every component is opened with `O_NOFOLLOW` relative to the
+//! one before it (never by a whole path, which a symlink swapped in between
+//! a check and an open could redirect), and only a regular file with a
+//! single link is served. Never writes, never follows a symbolic link, never
+//! reads a file's contents (callers stream them); knows nothing of HTTP.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::SystemTime;
+
+use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+/// A listing stops here: a plugin could write millions of files.
+pub const MAX_LISTED: usize = 10_000;
+/// Deeper directories are not listed (nor can a path this deep be opened).
+const MAX_DEPTH: usize = 32;
+
+/// One file of an output directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Artifact {
+    /// Relative to the output directory, `/`-separated.
+    pub path: String,
+    pub size_bytes: u64,
+    pub modified: SystemTime,
+}
+
+/// What is in an output directory, as far as it may be served.
+#[derive(Debug, Default)]
+pub struct Listing {
+    /// Sorted by path.
+    pub files: Vec<Artifact>,
+    /// More than `MAX_LISTED` files: the rest are not listed.
+    pub truncated: bool,
+}
+
+/// An artifact opened for reading, with what was checked about it.
+pub struct Opened {
+    pub file: File,
+    pub size_bytes: u64,
+    pub modified: SystemTime,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The path breaks the rules before anything is opened (a 400).
+    #[error("artifact path {path:?}: {reason}")]
+    BadPath { path: String, reason: &'static str },
+    /// Nothing there (a 404).
+    #[error("{path}: no such file in the deployment's output directory")]
+    Missing { path: String },
+    /// Something there that is never served (a 404 saying why).
+    #[error("{path}: {reason}; only regular files the deployer wrote are served")]
+    Refused { path: String, reason: &'static str },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// The segments of a requested path, or why it is refused.
+pub fn segments(path: &str) -> Result<Vec<&str>, Error> {
+    let bad = |reason| Error::BadPath {
+        path: path.to_string(),
+        reason,
+    };
+    if path.is_empty() {
+        return Err(bad("empty: name a file of the output directory"));
+    }
+    if path.starts_with('/') {
+        return Err(bad(
+            "absolute paths are refused: paths are relative to the output directory",
+        ));
+    }
+    if path.contains('\\') || path.contains('\0') {
+        return Err(bad("backslashes and NUL bytes are refused"));
+    }
+    let segments: Vec<&str> = path.split('/').collect();
+    if segments.len() > MAX_DEPTH {
+        return Err(bad("too deep: at most 32 segments"));
+    }
+    for segment in &segments {
+        match *segment {
+            ".." => {
+                return Err(bad(
+                    "`..` is refused: paths stay inside the output directory",
+                ));
+            }
+            "." => return Err(bad("`.` segments are refused: name each file by one path")),
+            "" => return Err(bad("empty segments (`//`, a trailing `/`) are refused")),
+            _ => {}
+        }
+    }
+    Ok(segments)
+}
+
+/// Opens `path` under `out_dir` by the rules above.
+pub fn open(out_dir: &Path, path: &str) -> Result<Opened, Error> {
+    let segments = segments(path)?;
+    let (last, parents) = segments.split_last().expect("segments are never empty");
+    let missing = || Error::Missing {
+        path: path.to_string(),
+    };
+    let mut dir = match open_dir(CWD, out_dir) {
+        Ok(dir) => dir,
+        // A deployment that never reached its deployer has no directory.
+        Err(Errno::NOENT) => return Err(missing()),
+        Err(e) => return Err(io(path, e)),
+    };
+    for parent in parents {
+        dir = match open_dir(&dir, *parent) {
+            Ok(child) => child,
+            Err(Errno::NOENT) => return Err(missing()),
+            // O_DIRECTORY wins over O_NOFOLLOW: a symlink answers ENOTDIR
+            // too, so look at what is there to say which it was.
+            Err(Errno::NOTDIR | Errno::LOOP) => {
+                let symlink = rustix::fs::statat(&dir, *parent, AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|s| FileType::from_raw_mode(s.st_mode) == FileType::Symlink);
+                return Err(if symlink {
+                    refused(path, "a directory on its path is a symbolic link")
+                } else {
+                    refused(path, "a component of its path is not a directory")
+                });
+            }
+            Err(e) => return Err(io(path, e)),
+        };
+    }
+    // NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(&dir, *last, flags, Mode::empty()).map_err(|e| match e {
+        Errno::NOENT => missing(),
+        Errno::LOOP => refused(path, "it is a symbolic link"),
+        e => io(path, e),
+    })?;
+    let file = File::from(fd);
+    let metadata = file.metadata().map_err(|source| Error::Io {
+        path: path.to_string(),
+        source,
+    })?;
+    if metadata.is_dir() {
+        return Err(refused(path, "it is a directory"));
+    }
+    if !metadata.is_file() {
+        return Err(refused(path, "it is not a regular file"));
+    }
+    if metadata.nlink() > 1 {
+        return Err(refused(
+            path,
+            "it is a hard link (it has other names, maybe outside the output directory)",
+        ));
+    }
+    Ok(Opened {
+        file,
+        size_bytes: metadata.len(),
+        modified: metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+    })
+}
+
+/// Every file `open` would serve under `out_dir`; none if it does not exist.
+pub fn list(out_dir: &Path) -> Result<Listing, Error> {
+    let mut listing = Listing::default();
+    let root = match open_dir(CWD, out_dir) {
+        Ok(dir) => dir,
+        Err(Errno::NOENT) => return Ok(listing),
+        Err(e) => return Err(io(&out_dir.display().to_string(), e)),
+    };
+    walk(&root, "", 1, &mut listing)?;
+    listing.files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(listing)
+}
+
+fn walk(dir: &OwnedFd, prefix: &str, depth: usize, listing: &mut Listing) -> Result<(), Error> {
+    let entries = Dir::read_from(dir).map_err(|e| io(prefix, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| io(prefix, e))?;
+        let Ok(name) = entry.file_name().to_str() else {
+            // Not UTF-8: no path in a URL could name it.
+            continue;
+        };
+        if name == "." || name == ".." {
+            continue;
+        }
+        let path = format!("{prefix}{name}");
+        let stat = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => stat,
+            // Removed while listing (the deployer may still be running).
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(io(&path, e)),
+        };
+        match FileType::from_raw_mode(stat.st_mode) {
+            FileType::Directory if depth < MAX_DEPTH => {
+                let child = match open_dir(dir, name) {
+                    Ok(child) => child,
+                    // Replaced by a symlink or removed since `statat`.
+                    Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => continue,
+                    Err(e) => return Err(io(&path, e)),
+                };
+                walk(&child, &format!("{path}/"), depth + 1, listing)?;
+            }
+            FileType::RegularFile if stat.st_nlink == 1 => {
+                if listing.files.len() == MAX_LISTED {
+                    listing.truncated = true;
+                    return Ok(());
+                }
+                let modified = SystemTime::UNIX_EPOCH
+                    + std::time::Duration::new(
+                        u64::try_from(stat.st_mtime).unwrap_or(0),
+                        u32::try_from(stat.st_mtime_nsec).unwrap_or(0),
+                    );
+                listing.files.push(Artifact {
+                    path,
+                    size_bytes: u64::try_from(stat.st_size).unwrap_or(0),
+                    modified,
+                });
+            }
+            // Symlinks, hard links, devices, FIFOs, sockets: never served,
+            // so never listed.
+            _ => {}
+        }
+        if listing.truncated {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+fn open_dir<Fd: AsFd, P: rustix::path::Arg>(at: Fd, path: P) -> Result<OwnedFd, Errno> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    rustix::fs::openat(at, path, flags, Mode::empty())
+}
+
+fn refused(path: &str, reason: &'static str) -> Error {
+    Error::Refused {
+        path: path.to_string(),
+        reason,
+    }
+}
+
+fn io(path: &str, errno: Errno) -> Error {
+    Error::Io {
+        path: path.to_string(),
+        source: errno.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One path rule a line: the path, and a fragment of the refusal (or
+    /// `None`: accepted).
+    #[rustfmt::skip]
+    const RULES: &[(&str, Option<&str>)] = &[
+        ("model.tar.gz", None),
+        ("nested/dir/file.bin", None),
+        ("..", Some("`..` is refused")),
+        ("a/../../etc/passwd", Some("`..` is refused")),
+        ("/etc/passwd", Some("absolute paths are refused")),
+        ("", Some("empty: name a file")),
+        ("a//b", Some("empty segments")),
+        ("a/", Some("empty segments")),
+        ("./a", Some("`.` segments are refused")),
+        ("a\\b", Some("backslashes")),
+    ];
+
+    #[test]
+    fn path_rules() {
+        for (path, expected) in RULES {
+            match (segments(path), expected) {
+                (Ok(_), None) => {}
+                (Err(e), Some(fragment)) => assert!(
+                    e.to_string().contains(fragment),
+                    "{path:?}: expected {fragment:?}, got {e}"
+                ),
+                (got, _) => panic!("{path:?}: expected {expected:?}, got {got:?}"),
+            }
+        }
+    }
+}
