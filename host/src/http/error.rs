@@ -5,8 +5,8 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
+use super::json::ErrorBody;
 use crate::db;
 use crate::pipeline::{RunError, StartError};
 
@@ -36,7 +36,7 @@ impl IntoResponse for Error {
                 )
             }
         };
-        (status, Json(json!({ "error": message }))).into_response()
+        (status, Json(ErrorBody { error: message })).into_response()
     }
 }
 

@@ -7,6 +7,7 @@ mod error;
 mod events;
 mod json;
 mod models;
+mod openapi;
 mod webhook;
 
 pub use webhook::{Webhook, signature};
@@ -15,7 +16,8 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::get;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::db::Db;
 use crate::deployers::Deployers;
@@ -36,14 +38,22 @@ pub struct ApiContext {
     pub pipeline: Arc<Pipeline>,
 }
 
-/// The whole API; `serve` runs it, tests call it with `oneshot`.
-pub fn app(ctx: ApiContext) -> Router {
-    Router::new()
+/// Every route with its docs, in one place: `app` serves these routes and
+/// `document` describes them, so neither has one the other lacks.
+fn routes() -> OpenApiRouter<ApiContext> {
+    OpenApiRouter::with_openapi(openapi::base())
         .merge(models::router())
         .merge(deployments::router())
         .merge(deployers::router())
         .merge(events::router())
-        .route("/healthz", get(|| async { "ok" }))
+        .routes(routes!(healthz))
+        .merge(openapi::router())
+}
+
+/// The whole API; `serve` runs it, tests call it with `oneshot`.
+pub fn app(ctx: ApiContext) -> Router {
+    let (router, _) = routes().split_for_parts();
+    router
         .fallback(|| async {
             error::Error::NotFound(
                 "no such endpoint; the API lives under /v1 (see README.md)".into(),
@@ -51,4 +61,16 @@ pub fn app(ctx: ApiContext) -> Router {
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(ctx)
+}
+
+/// The OpenAPI document of `app`, as `GET /openapi.json` serves it.
+pub fn document() -> utoipa::openapi::OpenApi {
+    openapi::guard(routes().into_openapi())
+}
+
+/// Liveness: answers while the process serves requests.
+#[utoipa::path(get, path = "/healthz", tag = "server",
+    responses((status = OK, description = "`ok`", body = String, content_type = "text/plain")))]
+async fn healthz() -> &'static str {
+    "ok"
 }
