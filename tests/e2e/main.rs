@@ -12,6 +12,7 @@ mod fetch;
 mod languages;
 mod live;
 mod network;
+mod openapi;
 mod plugin_cli;
 mod plugins;
 mod runtime;

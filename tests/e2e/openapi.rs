@@ -1,0 +1,176 @@
+//! The OpenAPI document (`GET /openapi.json`): complete against the router
+//! that serves it, checked in-process; and kept by a live server under
+//! schemathesis.
+
+use std::collections::BTreeSet;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use serde_json::Value;
+use tower::ServiceExt;
+
+use crate::support::router::App;
+use crate::support::server::Backend;
+
+/// The methods a route could be given; HEAD comes with GET by axum's rule
+/// and is not listed in the document.
+const METHODS: [Method; 5] = [
+    Method::GET,
+    Method::POST,
+    Method::PUT,
+    Method::PATCH,
+    Method::DELETE,
+];
+
+/// Every path the router holds is in the document and every path in the
+/// document is routed; on each path the router serves exactly the methods
+/// the document lists; every operation lists its answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_document_describes_every_route_the_router_serves() {
+    let app = App::start(Backend::Sqlite).await;
+    let (status, document) = app.get("/openapi.json").await;
+    assert_eq!(status, StatusCode::OK, "{document}");
+    assert!(
+        document["openapi"].as_str().unwrap().starts_with("3.1."),
+        "{}",
+        document["openapi"]
+    );
+    let paths = document["paths"].as_object().expect("paths");
+
+    let documented: BTreeSet<String> = paths.keys().cloned().collect();
+    assert_eq!(
+        routed_paths(&app.router()),
+        documented,
+        "the router's paths (left) and the document's (right) differ: \
+         route a handler with utoipa_axum's routes! and its #[utoipa::path]"
+    );
+
+    for (path, item) in paths {
+        let uri = path.replace("{id}", "1");
+        for method in METHODS {
+            let status = status_of(&app, method.clone(), &uri).await;
+            let name = method.as_str().to_ascii_lowercase();
+            match item.get(&name) {
+                Some(operation) => {
+                    assert_ne!(
+                        status,
+                        StatusCode::METHOD_NOT_ALLOWED,
+                        "{method} {path} is documented but not served"
+                    );
+                    check_operation(&document, path, &method, operation);
+                }
+                None => assert_eq!(
+                    status,
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {path} is served but not documented"
+                ),
+            }
+        }
+    }
+    check_refs(&document, &document);
+}
+
+/// The paths of the router's routes. axum offers no list of them but its
+/// `Debug` names each (`RouteId(N): "/path"`) before the fallback's; if
+/// that text changes this finds none, and the comparison fails loudly.
+fn routed_paths(router: &axum::Router) -> BTreeSet<String> {
+    let text = format!("{router:?}");
+    let routes = text
+        .split("fallback_router")
+        .next()
+        .expect("the router's Debug text");
+    routes
+        .split("): \"")
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap().to_string())
+        .collect()
+}
+
+/// The status of a bodiless request, without waiting for the whole body
+/// (`/v1/events` never ends); an unrouted request answers the fallback's
+/// 404, which no documented operation may.
+async fn status_of(app: &App, method: Method, uri: &str) -> StatusCode {
+    let request = Request::builder()
+        .method(method.clone())
+        .uri(uri)
+        .body(Body::empty())
+        .unwrap();
+    let response = app.router().oneshot(request).await.unwrap();
+    let status = response.status();
+    if status == StatusCode::NOT_FOUND {
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let body = String::from_utf8_lossy(&body);
+        assert!(
+            !body.contains("no such endpoint"),
+            "{method} {uri} reached the fallback: {body}"
+        );
+    }
+    status
+}
+
+/// An operation lists a success and its refusals, each described; under
+/// `/v1` it needs the bearer token: 401 everywhere, 403 on what changes
+/// something.
+#[track_caller]
+fn check_operation(document: &Value, path: &str, method: &Method, operation: &Value) {
+    let responses = operation["responses"].as_object().unwrap();
+    assert!(
+        responses.keys().any(|status| status.starts_with('2')),
+        "{method} {path} documents no success: {responses:?}"
+    );
+    for (status, response) in responses {
+        assert!(
+            response["description"]
+                .as_str()
+                .is_some_and(|d| !d.is_empty()),
+            "{method} {path} {status} has no description"
+        );
+    }
+    if !path.starts_with("/v1/") {
+        assert!(operation.get("security").is_none(), "{method} {path}");
+        return;
+    }
+    assert_eq!(
+        operation["security"],
+        serde_json::json!([{ "bearer": [] }]),
+        "{method} {path}"
+    );
+    assert_eq!(
+        document["components"]["securitySchemes"]["bearer"],
+        serde_json::json!({ "type": "http", "scheme": "bearer" })
+    );
+    let mut refusals = vec!["401"];
+    if *method != Method::GET {
+        refusals.push("403");
+    }
+    for status in refusals {
+        assert_eq!(
+            responses[status]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/Error",
+            "{method} {path} {status}"
+        );
+    }
+}
+
+/// Every `$ref` points at a schema the document has.
+#[track_caller]
+fn check_refs(document: &Value, value: &Value) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::String(target)) = map.get("$ref") {
+                let name = target
+                    .strip_prefix("#/components/schemas/")
+                    .unwrap_or_else(|| panic!("{target} is not a schema of the document"));
+                assert!(
+                    document["components"]["schemas"].get(name).is_some(),
+                    "{target} is not in the document"
+                );
+            }
+            map.values().for_each(|v| check_refs(document, v));
+        }
+        Value::Array(items) => items.iter().for_each(|v| check_refs(document, v)),
+        _ => {}
+    }
+}
