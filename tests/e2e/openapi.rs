@@ -68,6 +68,17 @@ async fn the_document_describes_every_route_the_router_serves() {
         }
     }
     check_refs(&document, &document);
+
+    let mut operation_ids = BTreeSet::new();
+    for (path, item) in paths {
+        for (method, operation) in item.as_object().unwrap() {
+            let id = operation["operationId"].as_str().unwrap_or_default();
+            assert!(
+                operation_ids.insert(id),
+                "{method} {path}: operationId {id:?} is not unique"
+            );
+        }
+    }
 }
 
 /// The paths of the router's routes. axum offers no list of them but its

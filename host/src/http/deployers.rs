@@ -14,7 +14,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 
 /// The loaded deployers, by name, and the plugin files that were refused,
 /// with reasons.
-#[utoipa::path(get, path = "/v1/deployers", tag = "deployers",
+#[utoipa::path(get, path = "/v1/deployers", operation_id = "list_deployers", tag = "deployers",
     responses((status = OK, description = "The deployers and the refused files", body = json::Deployers)))]
 async fn list(State(ctx): State<ApiContext>) -> Json<json::Deployers> {
     let plugins = ctx.deployers.current();

@@ -25,8 +25,8 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 
 /// Fetches and verifies the model's files and runs the deployer on them;
 /// answers when the deployment has ended, or at once with `wait=false`.
-#[utoipa::path(post, path = "/v1/models/{id}/deployments", tag = "deployments",
-    params(("id" = i64, Path, minimum = 1, description = "The model's id"), DeployParams),
+#[utoipa::path(post, path = "/v1/models/{id}/deployments", operation_id = "deploy", tag = "deployments",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The model's id"), DeployParams),
     request_body = DeployBody,
     responses(
         (status = OK, description = "The deployment completed", body = json::Deployment),
@@ -81,8 +81,8 @@ const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 500;
 
 /// A model's deployments, newest first.
-#[utoipa::path(get, path = "/v1/models/{id}/deployments", tag = "deployments",
-    params(("id" = i64, Path, minimum = 1, description = "The model's id"), ListParams),
+#[utoipa::path(get, path = "/v1/models/{id}/deployments", operation_id = "list_deployments", tag = "deployments",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The model's id"), ListParams),
     responses(
         (status = OK, description = "The deployments", body = json::Deployments),
         (status = BAD_REQUEST, description = "A bad id or limit", body = ErrorBody),
@@ -107,8 +107,8 @@ async fn list(
 }
 
 /// One deployment; while it runs, its `phase` and `progress`.
-#[utoipa::path(get, path = "/v1/deployments/{id}", tag = "deployments",
-    params(("id" = i64, Path, minimum = 1, description = "The deployment's id")),
+#[utoipa::path(get, path = "/v1/deployments/{id}", operation_id = "show_deployment", tag = "deployments",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The deployment's id")),
     responses(
         (status = OK, description = "The deployment", body = json::Deployment),
         (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),
@@ -123,8 +123,8 @@ async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<json::De
 }
 
 /// Stops a running deployment; answers with the row once it has ended.
-#[utoipa::path(post, path = "/v1/deployments/{id}/cancel", tag = "deployments",
-    params(("id" = i64, Path, minimum = 1, description = "The deployment's id")),
+#[utoipa::path(post, path = "/v1/deployments/{id}/cancel", operation_id = "cancel_deployment", tag = "deployments",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The deployment's id")),
     responses(
         (status = OK, description = "The deployment, failed: cancelled", body = json::Deployment),
         (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),
@@ -148,8 +148,8 @@ async fn cancel(
 
 /// The deployer's log lines (its `log` calls and its stdout/stderr),
 /// bounded: the oldest are dropped first.
-#[utoipa::path(get, path = "/v1/deployments/{id}/logs", tag = "deployments",
-    params(("id" = i64, Path, minimum = 1, description = "The deployment's id")),
+#[utoipa::path(get, path = "/v1/deployments/{id}/logs", operation_id = "deployment_logs", tag = "deployments",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The deployment's id")),
     responses(
         (status = OK, description = "The log, one line per entry", body = String, content_type = "text/plain"),
         (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),

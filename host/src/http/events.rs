@@ -29,7 +29,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 /// `plugin.removed` (PluginNamed), `plugin.rejected` (Rejected). A
 /// subscriber that falls behind loses the oldest events and is told so in
 /// a comment (`: missed N events`).
-#[utoipa::path(get, path = "/v1/events", tag = "events",
+#[utoipa::path(get, path = "/v1/events", operation_id = "events", tag = "events",
     responses((status = OK, description = "An endless stream of events", body = String, content_type = "text/event-stream")))]
 async fn stream(
     State(ctx): State<ApiContext>,

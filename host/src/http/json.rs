@@ -81,11 +81,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Params<T> {
 #[serde(deny_unknown_fields)]
 #[schema(as = Registration)]
 pub struct RegisterBody {
-    #[schema(value_type = String, required = true, min_length = 1, max_length = 1024)]
+    #[schema(value_type = String, required = true, min_length = 1, max_length = 1024, example = "support-bot-lora")]
     pub name: Option<String>,
     /// Names the model's directory: letters, digits, `_`, `-`, `.`,
     /// starting with a letter or digit. Registered once.
-    #[schema(value_type = String, required = true, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+    #[schema(value_type = String, required = true, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", example = "ft-2026-11-29-a")]
     pub job_id: Option<String>,
     #[schema(max_length = 1024)]
     pub base_model: Option<String>,
@@ -112,9 +112,9 @@ pub struct RegisterBody {
 #[schema(as = RegistrationFile)]
 pub struct FileBody {
     /// Relative and `/`-separated; no `..`, no empty segments.
-    #[schema(value_type = String, required = true, min_length = 1, max_length = 1024)]
+    #[schema(value_type = String, required = true, min_length = 1, max_length = 1024, example = "adapter_config.json")]
     pub path: Option<String>,
-    #[schema(value_type = u64, required = true)]
+    #[schema(value_type = u64, required = true, example = 412)]
     pub size_bytes: Option<u64>,
     #[schema(pattern = "^[0-9a-fA-F]{64}$")]
     pub sha256: Option<String>,
@@ -126,7 +126,7 @@ pub struct FileBody {
 #[schema(as = DeployRequest)]
 pub struct DeployBody {
     /// The name of a loaded deployer (`GET /v1/deployers`).
-    #[schema(value_type = String, required = true, min_length = 1)]
+    #[schema(value_type = String, required = true, min_length = 1, example = "archive")]
     pub deployer: Option<String>,
     /// Checked against the deployer's options schema; at most 64 KiB.
     #[schema(value_type = Option<Object>)]

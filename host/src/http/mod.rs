@@ -69,7 +69,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
 }
 
 /// Liveness: answers while the process serves requests.
-#[utoipa::path(get, path = "/healthz", tag = "server",
+#[utoipa::path(get, path = "/healthz", operation_id = "healthz", tag = "server",
     responses((status = OK, description = "`ok`", body = String, content_type = "text/plain")))]
 async fn healthz() -> &'static str {
     "ok"

@@ -18,7 +18,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 }
 
 /// Registers a model: its files and where they come from.
-#[utoipa::path(post, path = "/v1/models", tag = "models",
+#[utoipa::path(post, path = "/v1/models", operation_id = "register_model", tag = "models",
     request_body = RegisterBody,
     responses(
         (status = CREATED, description = "The stored model", body = json::Model),
@@ -59,7 +59,7 @@ async fn register(
 }
 
 /// Every registered model.
-#[utoipa::path(get, path = "/v1/models", tag = "models",
+#[utoipa::path(get, path = "/v1/models", operation_id = "list_models", tag = "models",
     responses(
         (status = OK, description = "The models, oldest first", body = json::Models),
         (status = INTERNAL_SERVER_ERROR, description = "The records could not be read", body = ErrorBody),
@@ -69,8 +69,8 @@ async fn list(State(ctx): State<ApiContext>) -> Result<Json<json::Models>, Error
 }
 
 /// One model with its files.
-#[utoipa::path(get, path = "/v1/models/{id}", tag = "models",
-    params(("id" = i64, Path, minimum = 1, description = "The model's id")),
+#[utoipa::path(get, path = "/v1/models/{id}", operation_id = "show_model", tag = "models",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The model's id")),
     responses(
         (status = OK, description = "The model", body = json::Model),
         (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),
@@ -85,8 +85,8 @@ async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<json::Mo
 }
 
 /// Deletes the records only: the files on disk are never deleted by berth.
-#[utoipa::path(delete, path = "/v1/models/{id}", tag = "models",
-    params(("id" = i64, Path, minimum = 1, description = "The model's id")),
+#[utoipa::path(delete, path = "/v1/models/{id}", operation_id = "delete_model", tag = "models",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The model's id")),
     responses(
         (status = NO_CONTENT, description = "The model and its deployments' records are deleted"),
         (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),

@@ -53,7 +53,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 }
 
 /// This document.
-#[utoipa::path(get, path = "/openapi.json", tag = "server",
+#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi", tag = "server",
     responses((status = OK, description = "The OpenAPI 3.1 document of this API", body = Value)))]
 async fn serve() -> Json<&'static utoipa::openapi::OpenApi> {
     static DOCUMENT: LazyLock<utoipa::openapi::OpenApi> = LazyLock::new(super::document);
