@@ -3,14 +3,21 @@
 //! schemathesis.
 
 use std::collections::BTreeSet;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tower::ServiceExt;
 
+use crate::support::files::FileServer;
 use crate::support::router::App;
-use crate::support::server::Backend;
+use crate::support::server::{Backend, Berth};
+use crate::support::{adapter_files, eventually, model, on_both_backends, plugins};
+
+on_both_backends!(schemathesis_finds_no_server_error_and_no_answer_the_document_lacks);
 
 /// The methods a route could be given; HEAD comes with GET by axum's rule
 /// and is not listed in the document.
@@ -184,4 +191,104 @@ fn check_refs(document: &Value, value: &Value) {
         Value::Array(items) => items.iter().for_each(|v| check_refs(document, v)),
         _ => {}
     }
+}
+
+/// How long schemathesis may run before the test gives up on it: a guard
+/// against a hang, far above the 10 to 30 s a run takes.
+const SCHEMATHESIS_LIMIT: Duration = Duration::from_secs(150);
+
+/// schemathesis (`scripts/setup` installs it into `.venv`), configured by
+/// `tests/e2e/schemathesis.toml`, against a live server with the example
+/// deployers and two models, one that deploys and one whose deployment
+/// fails.
+async fn schemathesis_finds_no_server_error_and_no_answer_the_document_lacks(backend: Backend) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let schemathesis = root.join(".venv/bin/schemathesis");
+    assert!(
+        schemathesis.is_file(),
+        "{} is missing: run scripts/setup (make test does)",
+        schemathesis.display()
+    );
+    let files = FileServer::start().await;
+    let proxy = refusing_proxy();
+    let examples = ["archive", "http-publish", "model-card", "safetensors-check"];
+    let berth = examples
+        .iter()
+        .fold(Berth::bare(backend), |o, name| {
+            o.plugin(name, plugins::example(name))
+        })
+        // Generated models name any host as their source: their fetches
+        // go to a proxy that refuses them, so that the test talks to
+        // loopback only.
+        .env("HTTP_PROXY", &proxy)
+        .env("HTTPS_PROXY", &proxy)
+        .env("NO_PROXY", "127.0.0.1")
+        .start()
+        .await;
+    eventually(
+        || "every example deployer loaded".into(),
+        async || {
+            let (_, listing) = berth.get("/v1/deployers").await;
+            (listing["deployers"].as_array()?.len() == examples.len()).then_some(())
+        },
+    )
+    .await;
+    let good = berth
+        .register(&model(&files, "job-good", &adapter_files()))
+        .await;
+    let mut bad = model(&files, "job-bad", &adapter_files());
+    bad["files"][0]["size_bytes"] = json!(1);
+    let bad = berth.register(&bad).await;
+    for (id, expected) in [(good, StatusCode::OK), (bad, StatusCode::BAD_GATEWAY)] {
+        let (status, deployment) = berth.deploy(id, "archive", json!({})).await;
+        assert_eq!(status, expected, "{deployment}");
+    }
+
+    let work = tempfile::tempdir().unwrap();
+    let output = work.path().join("schemathesis.out");
+    let started = Instant::now();
+    // In a directory of its own: schemathesis keeps its example database
+    // in the working directory.
+    let mut run = tokio::process::Command::new(&schemathesis)
+        .arg("--config-file")
+        .arg(root.join("tests/e2e/schemathesis.toml"))
+        .args(["--no-color", "run", &format!("{}/openapi.json", berth.url)])
+        .current_dir(work.path())
+        .stdout(std::fs::File::create(&output).unwrap())
+        .stderr(std::process::Stdio::from(
+            std::fs::File::options().append(true).open(&output).unwrap(),
+        ))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting schemathesis");
+    let status = tokio::time::timeout(SCHEMATHESIS_LIMIT, run.wait()).await;
+    let report = std::fs::read_to_string(&output).unwrap_or_default();
+    match status {
+        Ok(Ok(status)) => assert!(
+            status.success(),
+            "schemathesis found problems ({status}):\n{report}\nberth's log:\n{}",
+            berth.log()
+        ),
+        Ok(Err(e)) => panic!("waiting for schemathesis: {e}"),
+        Err(_) => {
+            panic!("schemathesis did not finish within {SCHEMATHESIS_LIMIT:?}; so far:\n{report}")
+        }
+    }
+    eprintln!(
+        "schemathesis ({backend:?}) took {:.1?}:\n{report}",
+        started.elapsed()
+    );
+}
+
+/// A loopback port that closes every connection at once: an HTTP proxy
+/// through which nothing gets anywhere, and at once.
+fn refusing_proxy() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for connection in listener.incoming() {
+            drop(connection);
+        }
+    });
+    url
 }
