@@ -101,7 +101,7 @@ pub struct RegisterBody {
     pub params: Option<Value>,
     /// An `http`, `https` or `file` URL template: `{path}` is replaced by
     /// each file's path, `{job_id}` by the job id.
-    #[schema(value_type = String, required = true, example = "http://files.internal/{job_id}/{path}")]
+    #[schema(value_type = String, required = true, pattern = r"\{path\}", example = "http://files.internal/{job_id}/{path}")]
     pub source: Option<String>,
     #[serde(default)]
     pub files: Vec<FileBody>,
@@ -173,6 +173,7 @@ pub struct Model {
     pub created_at: String,
     pub dataset: String,
     pub files: Vec<ModelFile>,
+    #[schema(required = true)]
     pub final_loss: Option<f64>,
     pub id: i64,
     pub job_id: String,
@@ -209,6 +210,7 @@ impl From<TrainedModel> for Model {
 pub struct ModelFile {
     pub path: String,
     /// Lowercase hex; null when the registration gave only the size.
+    #[schema(required = true)]
     pub sha256: Option<String>,
     pub size_bytes: u64,
 }
@@ -272,7 +274,7 @@ impl From<model::Phase> for Phase {
 
 #[derive(Serialize, ToSchema)]
 pub struct Deployment {
-    #[schema(format = DateTime)]
+    #[schema(format = DateTime, required = true)]
     pub completed_at: Option<String>,
     #[schema(format = DateTime)]
     pub created_at: String,
@@ -282,7 +284,9 @@ pub struct Deployment {
     pub details: Value,
     /// Where the verified files are, on the server's disk.
     pub dir: String,
+    #[schema(required = true)]
     pub duration_ms: Option<i64>,
+    #[schema(required = true)]
     pub error: Option<String>,
     pub id: i64,
     pub model_id: i64,
@@ -291,11 +295,12 @@ pub struct Deployment {
     /// Where the deployer wrote (its `/out`), on the server's disk.
     pub out_dir: String,
     /// While running: what it is doing.
+    #[schema(required = true)]
     pub phase: Option<Phase>,
     pub progress: Progress,
     /// What the deployer made (a URL, a path, an id); null unless completed.
     #[serde(rename = "ref")]
-    #[schema(rename = "ref")]
+    #[schema(rename = "ref", required = true)]
     pub reference: Option<String>,
     pub status: Status,
 }
@@ -378,8 +383,9 @@ pub struct Deployer {
     pub env: Vec<String>,
     pub memory_mib: u64,
     pub name: String,
-    /// The JSON Schema its options are checked against, if it has one.
-    #[schema(value_type = Option<Object>)]
+    /// The JSON Schema its options are checked against (any JSON the
+    /// deployer gave), or null.
+    #[schema(value_type = Value, required = true)]
     pub options_schema: Option<Value>,
     /// Of the `.wasm` file.
     pub sha256: String,
