@@ -300,7 +300,7 @@ pub struct Deployment {
     pub progress: Progress,
     /// What the deployer made (a URL, a path, an id); null unless completed.
     #[serde(rename = "ref")]
-    #[schema(rename = "ref", required = true)]
+    #[schema(required = true)]
     pub reference: Option<String>,
     pub status: Status,
 }
@@ -469,7 +469,6 @@ pub struct DeploymentCompleted {
     pub duration_ms: i64,
     pub model_id: i64,
     #[serde(rename = "ref")]
-    #[schema(rename = "ref")]
     pub reference: String,
 }
 

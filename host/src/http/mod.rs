@@ -64,7 +64,7 @@ pub fn app(ctx: ApiContext) -> Router {
 }
 
 /// The OpenAPI document of `app`, as `GET /openapi.json` serves it.
-pub fn document() -> utoipa::openapi::OpenApi {
+fn document() -> utoipa::openapi::OpenApi {
     openapi::guard(routes().into_openapi())
 }
 
