@@ -12,8 +12,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
     OpenApiRouter::new().routes(routes!(list))
 }
 
-/// The loaded deployers, by name, and the plugin files that were refused,
-/// with reasons.
+/// The loaded deployers, and the plugin files that were refused.
 #[utoipa::path(get, path = "/v1/deployers", operation_id = "list_deployers", tag = "deployers",
     responses((status = OK, description = "The deployers and the refused files", body = json::Deployers)))]
 async fn list(State(ctx): State<ApiContext>) -> Json<json::Deployers> {

@@ -23,8 +23,9 @@ pub fn router() -> OpenApiRouter<ApiContext> {
         .routes(routes!(logs))
 }
 
-/// Fetches and verifies the model's files and runs the deployer on them;
-/// answers when the deployment has ended, or at once with `wait=false`.
+/// Deploys a model: fetches and verifies its files, runs the deployer.
+///
+/// Answers when the deployment has ended, or at once with `wait=false`.
 #[utoipa::path(post, path = "/v1/models/{id}/deployments", operation_id = "deploy", tag = "deployments",
     params(("id" = i64, Path, minimum = 1, example = 1, description = "The model's id"), DeployParams),
     request_body = DeployBody,
@@ -146,8 +147,9 @@ async fn cancel(
     }
 }
 
-/// The deployer's log lines (its `log` calls and its stdout/stderr),
-/// bounded: the oldest are dropped first.
+/// The deployer's log lines: its `log` calls and its stdout/stderr.
+///
+/// Bounded: the oldest lines are dropped first.
 #[utoipa::path(get, path = "/v1/deployments/{id}/logs", operation_id = "deployment_logs", tag = "deployments",
     params(("id" = i64, Path, minimum = 1, example = 1, description = "The deployment's id")),
     responses(

@@ -18,11 +18,10 @@ pub fn router() -> OpenApiRouter<ApiContext> {
     OpenApiRouter::new().routes(routes!(stream))
 }
 
-/// Server-sent events, from the moment of subscribing until the server
-/// stops: each one is `event: KIND` and `data: JSON`, with a comment every
-/// 15 s to keep the connection open.
+/// Server-sent events, from the moment of subscribing until the server stops.
 ///
-/// The kinds, and the schema of their data: `deployment.started`
+/// Each is `event: KIND` and `data: JSON`, with a comment every 15 s to
+/// keep the connection open. The kinds, and the schema of their data: `deployment.started`
 /// (DeploymentStarted), `deployment.progress` (DeploymentProgress, at most
 /// 4 a second), `deployment.completed` (DeploymentCompleted),
 /// `deployment.failed` (DeploymentFailed), `plugin.loaded` and

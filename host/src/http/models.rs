@@ -84,7 +84,9 @@ async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<json::Mo
     }
 }
 
-/// Deletes the records only: the files on disk are never deleted by berth.
+/// Deletes a model's record and its deployments'.
+///
+/// Only the records: the files on disk are never deleted by berth.
 #[utoipa::path(delete, path = "/v1/models/{id}", operation_id = "delete_model", tag = "models",
     params(("id" = i64, Path, minimum = 1, example = 1, description = "The model's id")),
     responses(
