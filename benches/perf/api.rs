@@ -53,22 +53,22 @@ impl Server {
             .context("cannot start berth serve")?;
         let stderr = child.stderr.take().expect("piped");
         let (tx, rx) = std::sync::mpsc::channel();
+        // It listens first, then loads its plugins: ready once both happened.
         std::thread::spawn(move || {
+            let mut url = None;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(at) = line.find("berth is listening on ") {
                     let rest = &line[at + "berth is listening on ".len()..];
-                    let _ = tx.send(
-                        rest.split_whitespace()
-                            .next()
-                            .unwrap_or_default()
-                            .to_string(),
-                    );
+                    url = rest.split_whitespace().next().map(str::to_string);
+                }
+                if line.contains("plugins folder loaded: ready") {
+                    let _ = tx.send(url.clone().unwrap_or_default());
                 }
             }
         });
         let url = rx
             .recv_timeout(Duration::from_secs(300))
-            .context("berth serve did not start listening")?;
+            .context("berth serve did not start listening and load its plugins")?;
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(CONCURRENCY)
             .build()?;

@@ -4,16 +4,20 @@
 //! the same files: the machine is shared and noisy, so ratios mean more
 //! than absolute times. Sections: `fetch` (one large file, many files),
 //! `resume`, `reverify`, `plugin`, `api`, `memory`, `capped` (one file from
-//! a source that caps each connection's rate); all by default. Data goes
+//! a source that caps each connection's rate), `store` (a model from an
+//! S3-compatible server); all by default. Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
 mod capped;
 mod data;
 mod fetch;
+#[path = "../../tests/moto/moto.rs"]
+mod moto;
 mod plugin;
 mod report;
 mod source;
+mod store;
 
 use std::path::PathBuf;
 
@@ -42,8 +46,8 @@ pub struct Ctx {
     pub cap_mbps: u64,
 }
 
-const SECTIONS: [&str; 7] = [
-    "fetch", "resume", "reverify", "plugin", "api", "memory", "capped",
+const SECTIONS: [&str; 8] = [
+    "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -112,6 +116,7 @@ fn main() -> anyhow::Result<()> {
                 "api" => api::deployments(&ctx).await?,
                 "memory" => api::memory(&ctx).await?,
                 "capped" => capped::throughput(&ctx).await?,
+                "store" => store::model(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
         }

@@ -41,6 +41,11 @@ const SQLITE_MIGRATIONS: Migrations = Migrations(&[
         "live deployments",
         include_str!("../../migrations/sqlite/0002_live_deployments.sql"),
     ),
+    (
+        3,
+        "created by",
+        include_str!("../../migrations/sqlite/0003_created_by.sql"),
+    ),
 ]);
 const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
     (
@@ -52,6 +57,11 @@ const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
         2,
         "live deployments",
         include_str!("../../migrations/postgres/0002_live_deployments.sql"),
+    ),
+    (
+        3,
+        "created by",
+        include_str!("../../migrations/postgres/0003_created_by.sql"),
     ),
 ]);
 
@@ -94,6 +104,7 @@ pub struct NewDeployment<'a> {
     pub options_json: &'a str,
     pub dir: &'a str,
     pub server_id: &'a str,
+    pub created_by: Option<&'a str>,
 }
 
 /// How a deployment ended, and what it left to keep.
@@ -112,9 +123,9 @@ pub fn now() -> String {
 }
 
 const MODEL_COLUMNS: &str = "id, name, job_id, base_model, model_size, dataset, num_examples, \
-     num_train_steps, final_loss, params, source, created_at";
+     num_train_steps, final_loss, params, source, created_at, created_by";
 const DEPLOYMENT_COLUMNS: &str = "id, model_id, deployer, options, status, phase, progress, dir, \
-     out_dir, ref, details, error, duration_ms, created_at, completed_at";
+     out_dir, ref, details, error, duration_ms, created_at, completed_at, created_by";
 
 impl Db {
     /// Connects (creating a SQLite file if missing) and applies migrations.
@@ -167,8 +178,8 @@ impl Db {
         let mut tx = self.pool.begin().await?;
         let insert = sqlx::query(
             "INSERT INTO models (name, job_id, base_model, model_size, dataset, num_examples, \
-             num_train_steps, final_loss, params, source, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id",
+             num_train_steps, final_loss, params, source, created_at, created_by) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id",
         )
         .bind(&model.name)
         .bind(&model.job_id)
@@ -190,6 +201,7 @@ impl Db {
             .bind(&model.params_json)
             .bind(&model.source)
             .bind(&created_at)
+            .bind(&model.created_by)
             .fetch_one(&mut *tx)
             .await;
         let id: i64 = match inserted {
@@ -277,7 +289,8 @@ impl Db {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
             "INSERT INTO deployments (model_id, deployer, options, status, dir, out_dir, details, \
-             server_id, created_at) VALUES ($1, $2, $3, 'running', $4, '', '{}', $5, $6) RETURNING id",
+             server_id, created_at, created_by) \
+             VALUES ($1, $2, $3, 'running', $4, '', '{}', $5, $6, $7) RETURNING id",
         )
         .bind(new.model_id)
         .bind(new.deployer)
@@ -285,6 +298,7 @@ impl Db {
         .bind(new.dir)
         .bind(new.server_id)
         .bind(now())
+        .bind(new.created_by)
         .fetch_one(&mut *tx)
         .await?;
         let id: i64 = row.try_get(0)?;
@@ -428,6 +442,7 @@ fn model_row(row: &AnyRow) -> Result<TrainedModel> {
         source: row.try_get("source")?,
         files: Vec::new(),
         created_at: row.try_get("created_at")?,
+        created_by: row.try_get("created_by")?,
     })
 }
 
@@ -460,6 +475,7 @@ fn deployment_row(row: &AnyRow) -> Result<Deployment> {
         duration_ms: row.try_get("duration_ms")?,
         created_at: row.try_get("created_at")?,
         completed_at: row.try_get("completed_at")?,
+        created_by: row.try_get("created_by")?,
     })
 }
 

@@ -6,11 +6,13 @@
 // exists (ARCHITECTURE.md lists them).
 #![deny(unsafe_code)]
 
+pub mod auth;
 pub mod cli;
 pub mod db;
 pub mod deployers;
 pub mod events;
 pub mod fetch;
+mod host_env;
 pub mod http;
 pub mod human;
 pub mod live;

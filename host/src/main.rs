@@ -2,8 +2,6 @@
 
 #![deny(unsafe_code)]
 
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
-    berth::cli::main(berth::cli::Args::parse())
+    berth::cli::main()
 }

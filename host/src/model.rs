@@ -32,6 +32,8 @@ pub struct TrainedModel {
     pub files: Vec<ModelFile>,
     /// RFC 3339, set by the database layer when the model is recorded.
     pub created_at: String,
+    /// The name of the API token that registered it (none without tokens).
+    pub created_by: Option<String>,
 }
 
 impl TrainedModel {
@@ -52,6 +54,7 @@ impl TrainedModel {
             source,
             files,
             created_at: String::new(),
+            created_by: None,
         }
     }
 }
@@ -106,6 +109,8 @@ pub struct Deployment {
     pub duration_ms: Option<i64>,
     pub created_at: String,
     pub completed_at: Option<String>,
+    /// The name of the API token that asked for it (none without tokens).
+    pub created_by: Option<String>,
 }
 
 /// How a deployment ended.

@@ -33,6 +33,10 @@ pub enum StartError {
     UnknownModel(i64),
     #[error("no deployers are loaded: put a deployer's .wasm file into the plugins folder ({0})")]
     NoDeployers(String),
+    #[error(
+        "deployer {0} is still loading (the server compiles its plugins after it starts); try again in a few seconds, GET /readyz says when all are loaded"
+    )]
+    StillLoading(String),
     #[error("unknown deployer {name:?}; the loaded deployers are: {}", .known.join(", "))]
     UnknownDeployer { name: String, known: Vec<String> },
     #[error("{0}")]
@@ -90,6 +94,8 @@ pub struct Request<'a> {
     pub deployer: &'a str,
     /// A JSON object, at most `MAX_OPTIONS_BYTES`.
     pub options_json: &'a str,
+    /// The name of the API token that asked (none without tokens).
+    pub created_by: Option<&'a str>,
 }
 
 /// A recorded, running deployment, ready to be carried out.
@@ -174,6 +180,7 @@ impl Pipeline {
             model_id,
             deployer,
             options_json,
+            created_by,
         } = request;
         let model = self
             .db
@@ -181,6 +188,9 @@ impl Pipeline {
             .await?
             .ok_or(StartError::UnknownModel(model_id))?;
         let plugins = self.deployers.current();
+        if !plugins.deployers.contains_key(deployer) && self.deployers.is_loading(deployer) {
+            return Err(StartError::StillLoading(deployer.to_string()));
+        }
         if plugins.deployers.is_empty() {
             return Err(StartError::NoDeployers(
                 self.deployers.dir().display().to_string(),
@@ -211,6 +221,7 @@ impl Pipeline {
                     options_json,
                     dir: &dir.display().to_string(),
                     server_id: &self.server_id,
+                    created_by,
                 },
                 &move |id| out_root.join(id.to_string()).display().to_string(),
             )

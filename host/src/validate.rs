@@ -152,6 +152,7 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
         source,
         files,
         created_at: String::new(),
+        created_by: None,
     })
 }
 
@@ -207,7 +208,7 @@ fn path_rule(path: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// `http`, `https` or `file` URL template with `{path}`.
+/// `http`, `https`, `s3` or `file` URL template with `{path}`.
 fn source_rule(source: &str) -> Result<(), String> {
     if source.is_empty() {
         return Err(
@@ -230,9 +231,16 @@ fn source_rule(source: &str) -> Result<(), String> {
     match url.scheme() {
         "http" | "https" if url.host().is_some() => Ok(()),
         "http" | "https" => Err(format!("source {source:?} has no host")),
+        "s3" if url.host_str().is_none_or(str::is_empty) => Err(format!(
+            "source {source:?} names no bucket: write s3://BUCKET/…/{{path}}"
+        )),
+        "s3" if url.query().is_some() || url.fragment().is_some() => Err(format!(
+            "source {source:?}: an s3 URL is a bucket and a key, with no query or fragment"
+        )),
+        "s3" => Ok(()),
         "file" => Ok(()),
         other => Err(format!(
-            "source {source:?}: scheme {other} is not supported (use http, https or file)"
+            "source {source:?}: scheme {other} is not supported (use http, https, s3 or file)"
         )),
     }
 }
@@ -319,6 +327,18 @@ mod tests {
             |d| d.source = Some("file:///srv/{job_id}/{path}".into()),
             "",
         );
+        let sources = [
+            ("s3://team-models/{job_id}/{path}", ""),
+            ("s3://team-models/{path}", ""),
+            ("s3://{job_id}/{path}", ""),
+            ("s3:///{job_id}/{path}", "names no bucket"),
+            ("s3:{path}", "names no bucket"),
+            ("s3://b/{path}?versionId=1", "no query or fragment"),
+            ("gs://b/{path}", "scheme gs is not supported"),
+        ];
+        for (source, expected) in sources {
+            check(|d| d.source = Some(source.into()), expected);
+        }
         check(
             |d| d.source = Some("http://files.local/{path}\0".into()),
             "source contains control characters",

@@ -116,18 +116,23 @@ impl Watcher {
             .reconcile_dir(deployers.dir(), &folder, &deployers.current(), self.max)
             .await;
         deployers.replace(set);
-        // Announced after the swap, so a listener that asks finds what it was told.
-        for change in changes {
-            events.publish(match change {
-                Change::Loaded { name, .. } => Event::PluginLoaded { name },
-                Change::Removed { name } => Event::PluginRemoved { name },
-                Change::Rejected(rejection) => Event::PluginRejected {
-                    file: rejection.file,
-                    reason: rejection.reason,
-                },
-            });
-        }
+        announce(events, changes);
         self.applied = now;
         self.seen = None;
+    }
+}
+
+/// Publishes what a change of the served set did. Called after the swap,
+/// so a listener that asks finds what it was told.
+pub(crate) fn announce(events: &Events, changes: Vec<Change>) {
+    for change in changes {
+        events.publish(match change {
+            Change::Loaded { name, .. } => Event::PluginLoaded { name },
+            Change::Removed { name } => Event::PluginRemoved { name },
+            Change::Rejected(rejection) => Event::PluginRejected {
+                file: rejection.file,
+                reason: rejection.reason,
+            },
+        });
     }
 }

@@ -287,7 +287,8 @@ async fn tables_list_models_deployments_and_deployers() {
             "BASE MODEL",
             "FILES",
             "SIZE",
-            "CREATED (UTC)"
+            "CREATED (UTC)",
+            "BY"
         ]
     );
     let row = cells(line(&run.stdout, &format!(" {first}  job-one")));
@@ -320,7 +321,8 @@ async fn tables_list_models_deployments_and_deployers() {
             "STATUS",
             "DURATION",
             "REF / ERROR",
-            "CREATED (UTC)"
+            "CREATED (UTC)",
+            "BY"
         ]
     );
     assert_eq!(rows.len(), 3, "newest first, one row each:\n{}", run.stdout);

@@ -6,7 +6,9 @@
 mod support;
 
 mod api;
+mod auth;
 mod client;
+mod config;
 mod deploy;
 mod fetch;
 mod languages;
@@ -15,5 +17,7 @@ mod network;
 mod openapi;
 mod plugin_cli;
 mod plugins;
+mod ready;
 mod runtime;
+mod sources;
 mod webhook;

@@ -637,6 +637,7 @@ impl ModelOnDisk {
             source: "http://127.0.0.1:1/{job_id}/{path}".into(),
             files: records,
             created_at: "2026-11-29T00:00:00Z".into(),
+            created_by: None,
         };
         Self { dir, model }
     }

@@ -72,6 +72,14 @@ pub struct Common {
         default_value = "http://127.0.0.1:7878"
     )]
     server: String,
+    /// The API token, for a server that requires one.
+    #[arg(
+        long,
+        env = "BERTH_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    token: Option<String>,
     /// Prints the server's JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -92,7 +100,7 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<ExitCode> {
                 options,
                 json: common.json,
             });
-            match (request, Api::new(&common.server)) {
+            match (request, Api::new(&common.server, common.token.as_deref())) {
                 (Ok(request), Ok(api)) => deploy::run(&api, request).await,
                 (Err(e), _) | (_, Err(e)) => Err(e),
             }
@@ -118,7 +126,7 @@ where
     F: FnOnce(Api) -> Fut,
     Fut: Future<Output = Result<(), Error>>,
 {
-    command(Api::new(&common.server)?)
+    command(Api::new(&common.server, common.token.as_deref())?)
         .await
         .map(|()| ExitCode::SUCCESS)
 }
@@ -225,6 +233,7 @@ async fn models(api: Api, json: bool) -> Result<(), Error> {
         "FILES",
         "SIZE",
         "CREATED (UTC)",
+        "BY",
     ])
     .right_align(&[0, 4, 5]);
     for model in models {
@@ -238,6 +247,7 @@ async fn models(api: Api, json: bool) -> Result<(), Error> {
             files.len().to_string(),
             text::bytes(size),
             text::timestamp(&cell(&model["created_at"])),
+            cell(&model["created_by"]),
         ]);
     }
     print!("{}", table.render());
@@ -274,6 +284,7 @@ async fn deployments(api: Api, given: &str, limit: Option<u32>, json: bool) -> R
         "DURATION",
         "REF / ERROR",
         "CREATED (UTC)",
+        "BY",
     ])
     .right_align(&[0, 3]);
     for deployment in deployments {
@@ -296,6 +307,7 @@ async fn deployments(api: Api, given: &str, limit: Option<u32>, json: bool) -> R
                 .unwrap_or_default(),
             text::truncate(&cell(outcome), OUTCOME_WIDTH),
             text::timestamp(&cell(&deployment["created_at"])),
+            cell(&deployment["created_by"]),
         ]);
     }
     print!("{}", table.render());

@@ -3,13 +3,16 @@
 //! module prints to stdout.
 
 mod client;
+mod config;
 mod plugin;
 mod serve;
+mod token;
 
+use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Parser)]
@@ -28,15 +31,50 @@ enum Command {
     /// Serves the HTTP API: registers models, fetches and verifies their
     /// files, runs deployers.
     Serve(serve::ServeArgs),
+    /// Prints the settings `berth serve` would run with (same flags, same
+    /// environment, same --config file) and where each comes from; secrets
+    /// are redacted.
+    Config(serve::ServeArgs),
     /// Tools for plugin authors: check and run a deployer without a server.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// API tokens for `berth serve --api-tokens-file`.
+    #[command(subcommand)]
+    Token(token::TokenCommand),
     /// `deploy`, `models`, `deployments`, `deployers`: a running server's client.
     #[command(flatten)]
     Client(client::ClientCommand),
 }
 
-pub fn main(args: Args) -> ExitCode {
+/// Parses the command line, with the config file's values (if one is
+/// named) as the defaults of `serve`'s flags, and runs the command.
+pub fn main() -> ExitCode {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let file = match config::named(&argv).map(|path| config::read(&path)) {
+        None => None,
+        Some(Ok(file)) => Some(file),
+        Some(Err(e)) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut command = Args::command();
+    if let Some(file) = &file {
+        command = config::with_defaults(command, file);
+    }
+    let matches = command.get_matches_from(argv);
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Command::Config(_) = args.command {
+        let settings = matches
+            .subcommand_matches("config")
+            .expect("the config subcommand was parsed");
+        print!("{}", config::describe(settings, file.as_ref()));
+        return ExitCode::SUCCESS;
+    }
+    run(args)
+}
+
+fn run(args: Args) -> ExitCode {
     init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -51,7 +89,9 @@ pub fn main(args: Args) -> ExitCode {
     let result = runtime.block_on(async {
         match args.command {
             Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Config(_) => unreachable!("answered before the runtime starts"),
             Command::Plugin(command) => plugin::run(command).await,
+            Command::Token(command) => token::run(command),
             Command::Client(command) => client::run(command).await,
         }
     });

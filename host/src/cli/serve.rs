@@ -9,17 +9,22 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
+use crate::auth::Tokens;
 use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
-use crate::fetch::{Fetcher, Split};
+use crate::fetch::{Access, Fetcher, Split};
 use crate::http::{ApiContext, Webhook};
 use crate::pipeline::Pipeline;
-use crate::runtime::{CodeCache, Limits, Origin, Runtime};
+use crate::runtime::{CodeCache, Limits, Origin, PluginSet, Runtime, folder_names};
 use crate::watch::Watcher;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// A TOML file of these settings (keys: the flags' names in snake
+    /// case); flags and environment variables win over it.
+    #[arg(long, env = "BERTH_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:7878")]
     listen: SocketAddr,
@@ -48,6 +53,11 @@ pub struct ServeArgs {
     /// Default wall-clock limit of one deploy call, in seconds.
     #[arg(long, env = "BERTH_TIMEOUT_S", default_value_t = 1800)]
     timeout_s: u64,
+    /// Credentials for sources, by URL prefix: a TOML file of
+    /// `[[source]]` entries with `prefix` and `headers` (HTTP) or `options`
+    /// (object stores); values may use `${VAR}` from this environment.
+    #[arg(long, env = "BERTH_SOURCES_FILE")]
+    sources_file: Option<PathBuf>,
     /// Limit on fetching all files of one deployment, in seconds.
     #[arg(long, env = "BERTH_FETCH_TIMEOUT_S", default_value_t = 1800)]
     fetch_timeout_s: u64,
@@ -72,11 +82,32 @@ pub struct ServeArgs {
     /// Sign webhook bodies with this secret (header X-Berth-Signature).
     #[arg(long, env = "BERTH_WEBHOOK_SECRET", hide_env_values = true)]
     webhook_secret: Option<String>,
+    /// The accepted API tokens: `NAME ROLE SHA256` lines (`berth token new`
+    /// prints one); read again when it changes.
+    #[arg(long, env = "BERTH_API_TOKENS_FILE", value_name = "FILE")]
+    api_tokens_file: Option<PathBuf>,
+    /// One accepted API token, with the admin role, recorded as
+    /// BERTH_API_TOKEN (for a single operator).
+    #[arg(
+        long,
+        env = "BERTH_API_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    api_token: Option<String>,
+    /// Serve without API tokens on an address other than loopback: anyone
+    /// who reaches it may register, deploy and delete.
+    #[arg(long, env = "BERTH_INSECURE_NO_AUTH")]
+    insecure_no_auth: bool,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let clock = std::time::Instant::now();
     let args = args.absolute()?;
+    // First: tokens or a sources file that cannot be used stop the start
+    // before anything is opened.
+    let tokens = open_tokens(&args)?;
+    let access = load_access(&args)?;
     let (db, server_id) = open_records(&args).await?;
     let events = Events::default();
     if let Some(url) = &args.webhook_url {
@@ -87,12 +118,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         .spawn(&events)?;
     }
-    let (deployers, watcher) = load_deployers(&args).await?;
+    let (deployers, watcher, runtime) = prepare_deployers(&args)?;
     let fetcher = Fetcher::new(args.models_dir(), Duration::from_secs(args.fetch_timeout_s))?
         .split(Split {
             connections: usize::from(args.fetch_connections),
             piece_bytes: args.fetch_piece_mib << 20,
-        });
+        })
+        .access(access);
     let pipeline = Arc::new(Pipeline::new(
         db.clone(),
         events.clone(),
@@ -101,14 +133,33 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         server_id,
         args.data_dir.join("out"),
     ));
-    if args.plugins_poll_ms > 0 {
-        tokio::spawn(watcher.run(
-            deployers.clone(),
-            events.clone(),
-            pipeline.stopping().clone(),
-            Duration::from_millis(args.plugins_poll_ms),
-        ));
-    }
+    // Listening comes first: the deployers appear one by one as they
+    // compile (seconds each for Python and JavaScript), /readyz tells when
+    // all are in, and only then does the watcher take over the folder.
+    let poll = Duration::from_millis(args.plugins_poll_ms);
+    let stopping = pipeline.stopping().clone();
+    let (loading, loading_events) = (deployers.clone(), events.clone());
+    let (plugins_dir, cache_dir, max) = (
+        args.plugins_dir.clone(),
+        args.cache_dir(),
+        args.max_deployers,
+    );
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let plugins = runtime
+            .load_dir_each(&plugins_dir, max, |name, set, changes| {
+                loading.loaded(name, set.clone());
+                crate::watch::announce(&loading_events, changes);
+            })
+            .await;
+        // Also clears names whose files went away during the load, and
+        // brings in a folder that could not be read as the set's rejection.
+        loading.finish_loading(plugins.clone());
+        log_loaded(&plugins, &plugins_dir, &cache_dir, started.elapsed());
+        if !poll.is_zero() {
+            watcher.run(loading, loading_events, stopping, poll).await;
+        }
+    });
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -118,11 +169,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         "berth is listening on http://{}",
         listener.local_addr()?
     );
+    if let Some(tokens) = &tokens {
+        tokio::spawn(reload_tokens(tokens.clone(), pipeline.stopping().clone()));
+    }
     let app = crate::http::app(ApiContext {
         db: db.clone(),
         events,
         deployers,
         pipeline: pipeline.clone(),
+        tokens,
     });
     let stopping = pipeline.clone();
     axum::serve(listener, app)
@@ -163,6 +218,53 @@ impl ServeArgs {
     }
 }
 
+/// The API tokens, if any are configured; refuses to serve an open API
+/// beyond loopback unless told to.
+fn open_tokens(args: &ServeArgs) -> anyhow::Result<Option<Arc<Tokens>>> {
+    let tokens = Tokens::load(args.api_tokens_file.as_deref(), args.api_token.as_deref())?;
+    match &tokens {
+        None if !args.listen.ip().is_loopback() && !args.insecure_no_auth => anyhow::bail!(
+            "refusing to serve {} without API tokens: anyone who reaches it could register, \
+             deploy and delete. Give --api-tokens-file or BERTH_API_TOKEN (`berth token new NAME` \
+             makes a token), listen on 127.0.0.1, or pass --insecure-no-auth",
+            args.listen
+        ),
+        None if !args.listen.ip().is_loopback() => tracing::warn!(
+            "serving {} without API tokens (--insecure-no-auth): anyone who reaches it may \
+             register, deploy and delete",
+            args.listen
+        ),
+        None => {}
+        Some(tokens) => {
+            if tokens.is_empty() {
+                tracing::warn!(
+                    file = ?tokens.file(),
+                    "the API tokens file lists no tokens: every request to /v1 is refused until one is added"
+                );
+            }
+            tracing::info!(tokens = tokens.len(), "API tokens required");
+        }
+    }
+    Ok(tokens.map(Arc::new))
+}
+
+/// Reads the tokens file again when it changes, so a token is added or
+/// revoked without a restart.
+async fn reload_tokens(tokens: Arc<Tokens>, stopping: tokio_util::sync::CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopping.cancelled() => return,
+        }
+        match tokens.reload() {
+            Ok(true) => tracing::info!(tokens = tokens.len(), "API tokens file read again"),
+            Ok(false) => {}
+            Err(e) => tracing::error!("{e}; the tokens read before stay accepted"),
+        }
+    }
+}
+
 /// Opens the database and fails this server's rows that a previous run
 /// left running.
 async fn open_records(args: &ServeArgs) -> anyhow::Result<(Db, String)> {
@@ -192,9 +294,11 @@ async fn open_records(args: &ServeArgs) -> anyhow::Result<(Db, String)> {
     Ok((db, server_id))
 }
 
-/// Loads the plugins folder, compiling what the code cache does not hold,
-/// and returns the watcher that keeps it current.
-async fn load_deployers(args: &ServeArgs) -> anyhow::Result<(Arc<Deployers>, Watcher)> {
+/// The runtime, and the served deployers as loading: nothing served yet,
+/// every name of the plugins folder to come. Returns the watcher that keeps
+/// the set current once loaded, its view of the folder taken now, so a
+/// change made during the load is picked up afterwards.
+fn prepare_deployers(args: &ServeArgs) -> anyhow::Result<(Arc<Deployers>, Watcher, Arc<Runtime>)> {
     let limits = Limits {
         memory_mib: args.memory_mib,
         timeout: Duration::from_secs(args.timeout_s),
@@ -204,9 +308,13 @@ async fn load_deployers(args: &ServeArgs) -> anyhow::Result<(Arc<Deployers>, Wat
         Some(CodeCache::new(args.cache_dir())),
     )?);
     let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
-    let plugins = runtime
-        .load_dir(&args.plugins_dir, args.max_deployers)
-        .await;
+    let names = folder_names(&args.plugins_dir);
+    let deployers = Deployers::loading(runtime.clone(), args.plugins_dir.clone(), names);
+    Ok((Arc::new(deployers), watcher, runtime))
+}
+
+/// The first load's summary line.
+fn log_loaded(plugins: &PluginSet, dir: &Path, cache: &Path, took: Duration) {
     let compiled = plugins
         .deployers
         .values()
@@ -217,12 +325,26 @@ async fn load_deployers(args: &ServeArgs) -> anyhow::Result<(Arc<Deployers>, Wat
         compiled,
         from_cache = plugins.deployers.len() - compiled,
         rejected = plugins.rejected.len(),
-        folder = %args.plugins_dir.display(),
-        cache = %args.cache_dir().display(),
-        "plugins folder loaded"
+        folder = %dir.display(),
+        cache = %cache.display(),
+        took_ms = took.as_millis() as u64,
+        "plugins folder loaded: ready"
     );
-    let deployers = Deployers::new(runtime, args.plugins_dir.clone(), plugins);
-    Ok((Arc::new(deployers), watcher))
+}
+
+/// The sources file, if there is one; its values are secrets, so only the
+/// prefixes are logged.
+fn load_access(args: &ServeArgs) -> anyhow::Result<Access> {
+    let Some(path) = &args.sources_file else {
+        return Ok(Access::default());
+    };
+    let access = Access::load(path)?;
+    tracing::info!(
+        file = %path.display(),
+        prefixes = %access.prefixes().join(" "),
+        "sources file loaded"
+    );
+    Ok(access)
 }
 
 async fn stop_signal() {
@@ -253,7 +375,7 @@ fn server_id(data_dir: &Path) -> anyhow::Result<String> {
 }
 
 /// A database URL without its password, for messages.
-fn redact(url: &str) -> String {
+pub(super) fn redact(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut parsed) if parsed.password().is_some() => {
             let _ = parsed.set_password(Some("***"));

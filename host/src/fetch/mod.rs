@@ -11,6 +11,7 @@
 //! lock. Never deletes a model file; knows nothing of deployers or the
 //! database.
 
+mod access;
 mod lock;
 mod partial;
 mod pieces;
@@ -18,6 +19,9 @@ mod ranges;
 mod sha;
 mod source;
 mod stamp;
+mod store;
+#[cfg(test)]
+mod store_tests;
 #[cfg(test)]
 mod tests;
 
@@ -32,6 +36,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{ModelFile, TrainedModel};
+pub use access::Access;
 use lock::DirLock;
 use partial::{Checkpoint, Kept, Resumable, TEMP_PREFIX, Writer, Written, partial_path};
 use pieces::PieceWriter;
@@ -117,6 +122,12 @@ impl Fetcher {
     /// Reads large files over `split.connections` connections at once.
     pub fn split(mut self, split: Split) -> Self {
         self.split = split;
+        self
+    }
+
+    /// Gives the sources the credentials of the sources file.
+    pub fn access(mut self, access: Access) -> Self {
+        self.sources = self.sources.with_access(access);
         self
     }
 

@@ -1,13 +1,21 @@
 //! Where a model's files come from: the model's `source` template filled in
-//! for one file, and a byte stream of it. Knows nothing of verification.
+//! for one file, and a byte stream of it, from an HTTP server, an object
+//! store (`store`) or a local file. HTTP redirects are followed here, hop by
+//! hop, so that each request carries only the credentials of the prefix
+//! covering its own URL (`access`): a redirect to another host never takes
+//! them along. Knows nothing of verification.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
+
+use super::access::Access;
+use super::store::Stores;
 
 /// Characters escaped in a filled-in `{path}` or `{job_id}`: everything but
 /// unreserved characters and `/`, so nested paths stay nested.
@@ -40,13 +48,20 @@ const SEGMENT: &AsciiSet = &CONTROLS
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Location {
     Http(url::Url),
+    /// `s3://bucket/key`: the URL (for messages and credentials), the
+    /// bucket and the object's key.
+    Store {
+        url: url::Url,
+        bucket: String,
+        key: object_store::path::Path,
+    },
     File(PathBuf),
 }
 
 impl std::fmt::Display for Location {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Location::Http(url) => write!(f, "{url}"),
+            Location::Http(url) | Location::Store { url, .. } => write!(f, "{url}"),
             Location::File(path) => write!(f, "{}", path.display()),
         }
     }
@@ -65,12 +80,22 @@ pub(crate) fn locate(template: &str, job_id: &str, path: &str) -> Result<Locatio
         .map_err(|e| format!("the source URL {filled} is not valid: {e}"))?;
     match url.scheme() {
         "http" | "https" => Ok(Location::Http(url)),
+        "s3" => {
+            let bucket = url
+                .host_str()
+                .filter(|bucket| !bucket.is_empty())
+                .ok_or_else(|| format!("the source URL {filled} names no bucket"))?
+                .to_string();
+            let key = object_store::path::Path::from_url_path(url.path())
+                .map_err(|e| format!("the source URL {filled} is not a valid object key: {e}"))?;
+            Ok(Location::Store { url, bucket, key })
+        }
         "file" => url
             .to_file_path()
             .map(Location::File)
             .map_err(|()| format!("the source URL {filled} is not a local file path")),
         other => Err(format!(
-            "the source scheme {other}: is not supported (http, https, file)"
+            "the source scheme {other}: is not supported (http, https, s3, file)"
         )),
     }
 }
@@ -116,10 +141,26 @@ impl Span {
     }
 }
 
-/// Where files are read from: the connections to the sources.
+/// Redirects followed for one request, as many as curl's and reqwest's
+/// defaults.
+const MAX_REDIRECTS: usize = 10;
+
+/// Where files are read from: the connections to the sources, and the
+/// credentials the server holds for them.
 #[derive(Clone)]
 pub(crate) struct Sources {
     client: reqwest::Client,
+    access: Arc<Access>,
+    pub(super) stores: Arc<Stores>,
+}
+
+/// A source's answer to an HTTP request, after the redirects.
+struct Answer {
+    response: reqwest::Response,
+    /// The request, as messages name it.
+    named: String,
+    /// The prefix whose credentials the answering request carried.
+    credentials: Option<String>,
 }
 
 impl Sources {
@@ -127,8 +168,24 @@ impl Sources {
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(30))
             .read_timeout(std::time::Duration::from_secs(120))
+            // Followed by `send`, which decides the credentials of each hop.
+            .redirect(reqwest::redirect::Policy::none())
             .build()?;
-        Ok(Self { client })
+        Ok(Self {
+            client,
+            access: Arc::default(),
+            stores: Arc::default(),
+        })
+    }
+
+    /// Gives the sources the credentials of `access`.
+    pub(crate) fn with_access(self, access: Access) -> Self {
+        Self {
+            access: Arc::new(access),
+            // Stores are built with the credentials they were first asked with.
+            stores: Arc::default(),
+            ..self
+        }
     }
 
     /// Opens the file at `location` for the bytes of `span` (an HTTP
@@ -138,28 +195,43 @@ impl Sources {
     pub(crate) async fn open(&self, location: &Location, span: Span) -> Result<Body, String> {
         match location {
             Location::Http(url) => self.open_http(url, span).await,
+            Location::Store { url, bucket, key } => {
+                let credentials = self.access.covering(url);
+                self.stores.open(url, bucket, key, span, credentials).await
+            }
             Location::File(path) => open_file(path, span).await,
         }
     }
 
     async fn open_http(&self, url: &url::Url, span: Span) -> Result<Body, String> {
-        let get = |range: Option<Span>| {
-            let mut request = self.client.get(url.clone());
-            if let Some(span) = range {
-                request = request.header(reqwest::header::RANGE, span.header());
-            }
-            async move {
-                request.send().await.map_err(|e| {
-                    format!("cannot reach the source ({url}): {}", describe_reqwest(&e))
-                })
-            }
-        };
-        let mut response = get(span.is_partial().then_some(span)).await?;
-        if span.is_partial() && response.status() == reqwest::StatusCode::RANGE_NOT_SATISFIABLE {
+        let mut answer = self.send(url, span.is_partial().then_some(span)).await?;
+        if span.is_partial()
+            && answer.response.status() == reqwest::StatusCode::RANGE_NOT_SATISFIABLE
+        {
             // What we hold is longer than the source's file: start over.
-            response = get(None).await?;
+            answer = self.send(url, None).await?;
         }
+        let Answer {
+            response,
+            named: url,
+            credentials,
+        } = answer;
         let status = response.status();
+        if matches!(
+            status,
+            reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN
+        ) {
+            return Err(match credentials {
+                Some(prefix) => format!(
+                    "the source answered {status} ({url}) to the credentials of the prefix \
+                     {prefix} in the sources file: check them"
+                ),
+                None => format!(
+                    "the source answered {status} ({url}) and no prefix in the sources file \
+                     (--sources-file) covers it, so no credentials were sent"
+                ),
+            });
+        }
         if !status.is_success() {
             return Err(format!("the source answered {status} ({url})"));
         }
@@ -179,7 +251,7 @@ impl Sources {
         };
         let stream = response
             .bytes_stream()
-            .map_err(|e| format!("the download broke off: {}", describe_reqwest(&e)))
+            .map_err(|e| format!("the download broke off: {}", innermost(&e)))
             .boxed();
         Ok(Body {
             stream,
@@ -188,6 +260,78 @@ impl Sources {
             total,
         })
     }
+
+    /// GETs `url`, following redirects: each hop carries the credentials
+    /// of the prefix covering that hop's URL, and no others.
+    async fn send(&self, url: &url::Url, range: Option<Span>) -> Result<Answer, String> {
+        let mut at = url.clone();
+        for _ in 0..=MAX_REDIRECTS {
+            let credentials = self.access.covering(&at);
+            let mut request = self.client.get(at.clone());
+            if let Some(credentials) = credentials {
+                request = request.headers(credentials.headers().clone());
+            }
+            if let Some(span) = range {
+                request = request.header(reqwest::header::RANGE, span.header());
+            }
+            let response = request.send().await.map_err(|e| {
+                format!(
+                    "cannot reach the source ({}): {}",
+                    named(url, &at),
+                    innermost(&e)
+                )
+            })?;
+            let Some(location) = redirect_target(&response) else {
+                return Ok(Answer {
+                    response,
+                    named: named(url, &at),
+                    credentials: credentials.map(|c| c.prefix().to_string()),
+                });
+            };
+            at = location
+                .to_str()
+                .ok()
+                .and_then(|location| at.join(location).ok())
+                .filter(|next| matches!(next.scheme(), "http" | "https"))
+                .ok_or_else(|| {
+                    format!(
+                        "the source ({}) redirected to an invalid location",
+                        named(url, &at)
+                    )
+                })?;
+        }
+        Err(format!(
+            "the source redirected more than {MAX_REDIRECTS} times ({url})"
+        ))
+    }
+}
+
+/// Where a redirect answer sends the request next (its `Location`), if it
+/// is one.
+fn redirect_target(response: &reqwest::Response) -> Option<&reqwest::header::HeaderValue> {
+    use reqwest::StatusCode;
+    matches!(
+        response.status(),
+        StatusCode::MOVED_PERMANENTLY
+            | StatusCode::FOUND
+            | StatusCode::SEE_OTHER
+            | StatusCode::TEMPORARY_REDIRECT
+            | StatusCode::PERMANENT_REDIRECT
+    )
+    .then(|| response.headers().get(reqwest::header::LOCATION))
+    .flatten()
+}
+
+/// A request as messages name it: the model's URL and, after a redirect,
+/// where it led, without its query, which may be a signature (messages
+/// reach rows).
+fn named(url: &url::Url, at: &url::Url) -> String {
+    if at == url {
+        return url.to_string();
+    }
+    let mut to = at.clone();
+    to.set_query(None);
+    format!("{url}, redirected to {to}")
 }
 
 async fn open_file(path: &std::path::Path, span: Span) -> Result<Body, String> {
@@ -222,10 +366,10 @@ fn content_range(headers: &reqwest::header::HeaderMap) -> Option<(u64, Option<u6
     Some((start, total.trim().parse().ok()))
 }
 
-/// reqwest's own words ("error sending request for url …") hide the
+/// Clients' own words ("error sending request for url …") hide the
 /// reason; the innermost cause ("Connection refused") is what people need.
-fn describe_reqwest(e: &reqwest::Error) -> String {
-    let mut innermost: &dyn std::error::Error = e;
+pub(super) fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut innermost = e;
     while let Some(cause) = innermost.source() {
         innermost = cause;
     }

@@ -1,4 +1,5 @@
-//! `GET /v1/deployers`: what can deploy, and which plugin files were refused.
+//! `GET /v1/deployers`: what can deploy, which plugin files were refused,
+//! and which are still loading after a start.
 
 use axum::Json;
 use axum::extract::State;
@@ -12,9 +13,10 @@ pub fn router() -> OpenApiRouter<ApiContext> {
     OpenApiRouter::new().routes(routes!(list))
 }
 
-/// The loaded deployers, and the plugin files that were refused.
+/// The loaded deployers, the plugin files that were refused, and those
+/// still loading.
 #[utoipa::path(get, path = "/v1/deployers", operation_id = "list_deployers", tag = "deployers",
-    responses((status = OK, description = "The deployers and the refused files", body = json::Deployers)))]
+    responses((status = OK, description = "The deployers, the refused files, the loading ones", body = json::Deployers)))]
 async fn list(State(ctx): State<ApiContext>) -> Json<json::Deployers> {
     let plugins = ctx.deployers.current();
     Json(json::Deployers {
@@ -23,6 +25,7 @@ async fn list(State(ctx): State<ApiContext>) -> Json<json::Deployers> {
             .values()
             .map(|p| json::Deployer::from(&**p))
             .collect(),
+        loading: ctx.deployers.still_loading(),
         rejected: plugins.rejected.iter().map(json::Rejected::from).collect(),
     })
 }

@@ -2,9 +2,9 @@
 //! show one, cancel one, read its log. The pipeline runs them; this module
 //! only translates HTTP.
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde_json::Value;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -12,6 +12,7 @@ use utoipa_axum::routes;
 use super::ApiContext;
 use super::error::Error;
 use super::json::{self, Body, DeployBody, DeployParams, ErrorBody, Id, ListParams, Params};
+use crate::auth::Caller;
 use crate::model::Status;
 use crate::pipeline::{CancelError, MAX_OPTIONS_BYTES, Request};
 
@@ -36,10 +37,12 @@ pub fn router() -> OpenApiRouter<ApiContext> {
         (status = NOT_FOUND, description = "No such model", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
         (status = BAD_GATEWAY, description = "The deployment failed: the stored row, with its `error`", body = json::Deployment),
-        (status = SERVICE_UNAVAILABLE, description = "The deployer is still loading; try again shortly", body = ErrorBody),
+        (status = SERVICE_UNAVAILABLE, description = "The deployer is still loading after a start; try again shortly", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait before trying again"))),
     ))]
 async fn deploy(
     State(ctx): State<ApiContext>,
+    caller: Option<Extension<Caller>>,
     Id(model_id): Id,
     Params(params): Params<DeployParams>,
     Body(body): Body<DeployBody>,
@@ -61,10 +64,12 @@ async fn deploy(
             MAX_OPTIONS_BYTES / 1024
         )));
     }
+    let created_by = caller.map(|Extension(c)| c.name);
     let request = Request {
         model_id,
         deployer: &deployer,
         options_json: &options,
+        created_by: created_by.as_deref(),
     };
     if params.wait == Some(false) {
         let running = ctx.pipeline.run_detached(request).await?;

@@ -3,7 +3,7 @@
 //! answered without detail.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::json::ErrorBody;
@@ -14,10 +14,16 @@ use crate::pipeline::{RunError, StartError};
 pub enum Error {
     /// 400
     BadRequest(String),
+    /// 401, with `WWW-Authenticate: Bearer`
+    Unauthorized(String),
+    /// 403
+    Forbidden(String),
     /// 404
     NotFound(String),
     /// 409
     Conflict(String),
+    /// 503, with `Retry-After`: not yet, soon.
+    Unavailable(String),
     /// 500
     Internal(String),
 }
@@ -26,8 +32,19 @@ impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let (status, message) = match self {
             Error::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
+            Error::Unauthorized(m) => {
+                let body = Json(ErrorBody { error: m });
+                let challenge = [(header::WWW_AUTHENTICATE, r#"Bearer realm="berth""#)];
+                return (StatusCode::UNAUTHORIZED, challenge, body).into_response();
+            }
+            Error::Forbidden(m) => (StatusCode::FORBIDDEN, m),
             Error::NotFound(m) => (StatusCode::NOT_FOUND, m),
             Error::Conflict(m) => (StatusCode::CONFLICT, m),
+            Error::Unavailable(m) => {
+                let body = Json(ErrorBody { error: m });
+                let retry = [(header::RETRY_AFTER, "5")];
+                return (StatusCode::SERVICE_UNAVAILABLE, retry, body).into_response();
+            }
             Error::Internal(detail) => {
                 tracing::error!("internal error: {detail}");
                 (
@@ -53,6 +70,7 @@ impl From<StartError> for Error {
     fn from(e: StartError) -> Self {
         match e {
             StartError::UnknownModel(_) => Error::NotFound(e.to_string()),
+            StartError::StillLoading(_) => Error::Unavailable(e.to_string()),
             StartError::NoDeployers(_)
             | StartError::UnknownDeployer { .. }
             | StartError::BadOptions(_) => Error::BadRequest(e.to_string()),

@@ -171,6 +171,9 @@ pub struct Model {
     pub base_model: String,
     #[schema(format = DateTime)]
     pub created_at: String,
+    /// The name of the API token that registered it; null without tokens.
+    #[schema(required = true)]
+    pub created_by: Option<String>,
     pub dataset: String,
     pub files: Vec<ModelFile>,
     #[schema(required = true)]
@@ -191,6 +194,7 @@ impl From<TrainedModel> for Model {
         Model {
             base_model: m.base_model,
             created_at: m.created_at,
+            created_by: m.created_by,
             dataset: m.dataset,
             files: m.files.into_iter().map(ModelFile::from).collect(),
             final_loss: m.final_loss,
@@ -278,6 +282,9 @@ pub struct Deployment {
     pub completed_at: Option<String>,
     #[schema(format = DateTime)]
     pub created_at: String,
+    /// The name of the API token that asked for it; null without tokens.
+    #[schema(required = true)]
+    pub created_by: Option<String>,
     pub deployer: String,
     /// What the deployer reported besides its reference (`{}` until completed).
     #[schema(value_type = Object)]
@@ -310,6 +317,7 @@ impl From<model::Deployment> for Deployment {
         Deployment {
             completed_at: d.completed_at,
             created_at: d.created_at,
+            created_by: d.created_by,
             deployer: d.deployer,
             details: object(&d.details_json),
             dir: d.dir,
@@ -442,6 +450,8 @@ impl From<&Rejection> for Rejected {
 #[derive(Serialize, ToSchema)]
 pub struct Deployers {
     pub deployers: Vec<Deployer>,
+    /// Plugin files still compiling after a start: deployers soon.
+    pub loading: Vec<String>,
     pub rejected: Vec<Rejected>,
 }
 
@@ -608,6 +618,7 @@ mod tests {
             duration_ms: None,
             created_at: "2026-12-01T10:00:01.000Z".into(),
             completed_at: None,
+            created_by: Some("ci".into()),
         }
     }
 
@@ -622,11 +633,11 @@ mod tests {
     fn answers_keep_their_bytes() {
         check(
             Model::from(model()),
-            r#"{"base_model":"","created_at":"2026-12-01T10:00:00.000Z","dataset":"","files":[{"path":"a.bin","sha256":"abababababababababababababababababababababababababababababababab","size_bytes":10},{"path":"b/c.json","sha256":null,"size_bytes":2}],"final_loss":0.5,"id":1,"job_id":"ft-1","model_size":"","name":"ft-1","num_examples":0,"num_train_steps":0,"params":{"rank":8},"source":"http://files.local/{job_id}/{path}"}"#,
+            r#"{"base_model":"","created_at":"2026-12-01T10:00:00.000Z","created_by":null,"dataset":"","files":[{"path":"a.bin","sha256":"abababababababababababababababababababababababababababababababab","size_bytes":10},{"path":"b/c.json","sha256":null,"size_bytes":2}],"final_loss":0.5,"id":1,"job_id":"ft-1","model_size":"","name":"ft-1","num_examples":0,"num_train_steps":0,"params":{"rank":8},"source":"http://files.local/{job_id}/{path}"}"#,
         );
         check(
             Deployment::from(running()),
-            r#"{"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2},"ref":null,"status":"running"}"#,
+            r#"{"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","created_by":"ci","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2},"ref":null,"status":"running"}"#,
         );
         let completed = model::Deployment {
             status: model::Status::Completed,
@@ -635,11 +646,12 @@ mod tests {
             details_json: r#"{"k":"v"}"#.into(),
             duration_ms: Some(42),
             completed_at: Some("2026-12-01T10:00:02.000Z".into()),
+            created_by: None,
             ..running()
         };
         check(
             Deployment::from(completed),
-            r#"{"completed_at":"2026-12-01T10:00:02.000Z","created_at":"2026-12-01T10:00:01.000Z","deployer":"archive","details":{"k":"v"},"dir":"/m/ft-1","duration_ms":42,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":null,"progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2},"ref":"r","status":"completed"}"#,
+            r#"{"completed_at":"2026-12-01T10:00:02.000Z","created_at":"2026-12-01T10:00:01.000Z","created_by":null,"deployer":"archive","details":{"k":"v"},"dir":"/m/ft-1","duration_ms":42,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":null,"progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2},"ref":"r","status":"completed"}"#,
         );
         check(
             ErrorBody {

@@ -1,6 +1,7 @@
 //! The HTTP API: one module per resource, each with its own `router()`.
 //! Only this module knows JSON shapes and status codes.
 
+mod auth;
 mod deployers;
 mod deployments;
 mod error;
@@ -15,14 +16,17 @@ pub use webhook::{Webhook, signature};
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::middleware;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::auth::Tokens;
 use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
 use crate::pipeline::Pipeline;
+use json::ErrorBody;
 
 /// A registration lists every file of a model; allow large ones.
 const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -36,6 +40,8 @@ pub struct ApiContext {
     pub events: Events,
     pub deployers: Arc<Deployers>,
     pub pipeline: Arc<Pipeline>,
+    /// The accepted API tokens; `None`: the API is open (loopback only).
+    pub tokens: Option<Arc<Tokens>>,
 }
 
 /// Every route with its docs, in one place: `app` serves these routes and
@@ -47,6 +53,7 @@ fn routes() -> OpenApiRouter<ApiContext> {
         .merge(deployers::router())
         .merge(events::router())
         .routes(routes!(healthz))
+        .routes(routes!(ready))
         .merge(openapi::router())
 }
 
@@ -60,6 +67,7 @@ pub fn app(ctx: ApiContext) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(ctx.clone(), auth::require))
         .with_state(ctx)
 }
 
@@ -73,4 +81,24 @@ fn document() -> utoipa::openapi::OpenApi {
     responses((status = OK, description = "`ok`", body = String, content_type = "text/plain")))]
 async fn healthz() -> &'static str {
     "ok"
+}
+
+/// Readiness: 503 with what is still loading until the server's first load
+/// of the plugins folder is done (liveness is `/healthz`).
+#[utoipa::path(get, path = "/readyz", operation_id = "readyz", tag = "server",
+    responses(
+        (status = OK, description = "`ready`", body = String, content_type = "text/plain"),
+        (status = SERVICE_UNAVAILABLE, description = "What is still loading", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait before asking again"))),
+    ))]
+async fn ready(State(ctx): State<ApiContext>) -> Result<&'static str, error::Error> {
+    let loading = ctx.deployers.still_loading();
+    if loading.is_empty() {
+        return Ok("ready");
+    }
+    Err(error::Error::Unavailable(format!(
+        "not ready: still loading {} of the plugins folder's deployers ({})",
+        loading.len(),
+        loading.join(", ")
+    )))
 }

@@ -1,14 +1,15 @@
 //! `/v1/models`: register, list, show and delete trained models.
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::ApiContext;
 use super::error::Error;
 use super::json::{self, Body, ErrorBody, Id, RegisterBody};
+use crate::auth::Caller;
 use crate::validate::{self, FileDraft, ModelDraft};
 
 pub fn router() -> OpenApiRouter<ApiContext> {
@@ -28,6 +29,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
     ))]
 async fn register(
     State(ctx): State<ApiContext>,
+    caller: Option<Extension<Caller>>,
     Body(body): Body<RegisterBody>,
 ) -> Result<(StatusCode, Json<json::Model>), Error> {
     let draft = ModelDraft {
@@ -51,8 +53,9 @@ async fn register(
             })
             .collect(),
     };
-    let model =
+    let mut model =
         validate::model(draft).map_err(|p| Error::BadRequest(format!("invalid model: {p}")))?;
+    model.created_by = caller.map(|Extension(c)| c.name);
     let stored = ctx.db.insert_model(&model).await?;
     tracing::info!(model_id = stored.id, job_id = %stored.job_id, files = stored.files.len(), "model registered");
     Ok((StatusCode::CREATED, Json(stored.into())))

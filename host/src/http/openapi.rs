@@ -1,11 +1,13 @@
 //! The API's OpenAPI 3.1 document: generated from the handlers' own
 //! `#[utoipa::path]` docs and `json.rs`'s schemas, never written beside
-//! them, and served at `GET /openapi.json`. Adds what holds for every `/v1`
-//! operation at once: the bearer token, and its 401 and 403.
+//! them, and served at `GET /openapi.json`. Adds to each operation what the
+//! auth middleware asks of it, by the middleware's own rules: the bearer
+//! token, and its 401 and 403.
 
 use std::sync::LazyLock;
 
 use axum::Json;
+use axum::http::Method;
 use utoipa::openapi::content::Content;
 use utoipa::openapi::header::Header;
 use utoipa::openapi::path::Operation;
@@ -17,7 +19,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::ApiContext;
+use super::auth;
 use super::json::{self, ErrorBody};
+use crate::auth::Role;
 
 /// The security scheme's name in the document.
 const BEARER: &str = "bearer";
@@ -60,10 +64,10 @@ async fn serve() -> Json<&'static utoipa::openapi::OpenApi> {
     Json(&DOCUMENT)
 }
 
-/// Every `/v1` operation needs a bearer token when the server has tokens:
-/// 401 without a valid one, and 403 for a `read` token on anything but a
-/// GET. The document says so on each operation (and on none outside
-/// `/v1`), whether or not this server has tokens.
+/// When the server has tokens, every operation outside `auth::OPEN` needs
+/// one: 401 without a valid one, 403 for a token whose role is below
+/// `auth::needed_role`. The document says so whether or not this server
+/// has tokens.
 pub fn guard(mut document: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     document
         .components
@@ -73,26 +77,26 @@ pub fn guard(mut document: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
     for (path, item) in &mut document.paths.paths {
-        if !path.starts_with("/v1/") {
+        if auth::OPEN.contains(&path.as_str()) {
             continue;
         }
-        for (operation, mutates) in [
-            (&mut item.get, false),
-            (&mut item.head, false),
-            (&mut item.post, true),
-            (&mut item.put, true),
-            (&mut item.patch, true),
-            (&mut item.delete, true),
+        for (operation, method) in [
+            (&mut item.get, Method::GET),
+            (&mut item.head, Method::HEAD),
+            (&mut item.post, Method::POST),
+            (&mut item.put, Method::PUT),
+            (&mut item.patch, Method::PATCH),
+            (&mut item.delete, Method::DELETE),
         ] {
             if let Some(operation) = operation {
-                require_token(operation, mutates);
+                require_token(operation, auth::needed_role(&method));
             }
         }
     }
     document
 }
 
-fn require_token(operation: &mut Operation, mutates: bool) {
+fn require_token(operation: &mut Operation, needed: Role) {
     operation.security = Some(vec![SecurityRequirement::new(BEARER, Vec::<String>::new())]);
     let responses = &mut operation.responses.responses;
     responses.insert(
@@ -102,13 +106,12 @@ fn require_token(operation: &mut Operation, mutates: bool) {
             .build()
             .into(),
     );
-    if mutates {
-        responses.insert(
-            "403".into(),
-            refusal("A read token: this needs a deploy token")
-                .build()
-                .into(),
+    if needed > Role::Read {
+        let description = format!(
+            "A token of a lower role: this needs a {} token",
+            needed.as_str()
         );
+        responses.insert("403".into(), refusal(&description).build().into());
     }
 }
 

@@ -1,7 +1,6 @@
 //! A plugin's optional manifest, `NAME.toml` beside `NAME.wasm`: the
 //! capabilities it is granted. Parsing resolves `${VAR}` against the
-//! environment given, so a missing secret is a load error, never a surprise
-//! in the middle of a deployment. Does no I/O of its own.
+//! environment given (`host_env`). Does no I/O of its own.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::http_gate::AllowedHost;
+use crate::host_env::expand;
 
 /// What a manifest grants. `Default` is the empty grant: no network, no
 /// environment, the server's limits.
@@ -100,38 +100,6 @@ fn is_env_name(name: &str) -> bool {
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-/// Replaces each `${NAME}` with the host's value; `$$` is a literal `$`.
-fn expand(template: &str, lookup: &impl Fn(&str) -> Option<String>) -> Result<String, String> {
-    let mut out = String::new();
-    let mut rest = template;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        rest = &rest[at..];
-        if let Some(after) = rest.strip_prefix("$$") {
-            out.push('$');
-            rest = after;
-        } else if let Some(after) = rest.strip_prefix("${") {
-            let end = after
-                .find('}')
-                .ok_or_else(|| format!("{template:?} has an unclosed ${{"))?;
-            let name = &after[..end];
-            let value = lookup(name).ok_or_else(|| {
-                format!(
-                    "the host environment variable {name} is not set (set it before starting berth)"
-                )
-            })?;
-            out.push_str(&value);
-            rest = &after[end + 1..];
-        } else {
-            return Err(format!(
-                "{template:?}: write ${{NAME}} for a variable, $$ for a literal $"
-            ));
-        }
-    }
-    out.push_str(rest);
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -188,6 +188,30 @@ impl<P> Reconciled<P> {
     }
 }
 
+/// The names of the files in the plugins folder.
+fn folder_files(dir: &Path) -> Result<BTreeSet<String>, Rejection> {
+    match std::fs::read_dir(dir) {
+        Ok(entries) => Ok(entries
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .collect()),
+        Err(e) => Err(Rejection {
+            file: dir.display().to_string(),
+            reason: format!("the plugins folder cannot be read: {e}"),
+        }),
+    }
+}
+
+/// The deployer names the plugins folder holds files for (`NAME.wasm`,
+/// `NAME.toml`), in name order; none if it cannot be read.
+pub fn folder_names(dir: &Path) -> BTreeSet<String> {
+    folder_files(dir)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|f| stem(f))
+        .map(str::to_string)
+        .collect()
+}
+
 /// The deployer name a plugin file belongs to; `None` for other files.
 fn stem(file: &str) -> Option<&str> {
     file.strip_suffix(".wasm")
@@ -198,27 +222,43 @@ impl Runtime {
     /// Loads every `*.wasm` of `dir`, in name order, up to `max` deployers.
     /// A folder that cannot be read yields an empty set and one rejection.
     pub async fn load_dir(&self, dir: &Path, max: usize) -> PluginSet {
-        let files: BTreeSet<String> = match std::fs::read_dir(dir) {
-            Ok(entries) => entries
-                .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-                .collect(),
-            Err(e) => {
+        self.load_dir_each(dir, max, |_, _, _| {}).await
+    }
+
+    /// `load_dir`, one deployer name at a time (the same rules, the same
+    /// result): `each` is handed every name with the set so far and what
+    /// it changed, so a server can serve each deployer as soon as it is
+    /// compiled.
+    pub(crate) async fn load_dir_each(
+        &self,
+        dir: &Path,
+        max: usize,
+        mut each: impl FnMut(&str, &PluginSet, Vec<Change>),
+    ) -> PluginSet {
+        let files = match folder_files(dir) {
+            Ok(files) => files,
+            Err(rejection) => {
                 return PluginSet {
                     deployers: BTreeMap::new(),
-                    rejected: vec![Rejection {
-                        file: dir.display().to_string(),
-                        reason: format!("the plugins folder cannot be read: {e}"),
-                    }],
+                    rejected: vec![rejection],
                 };
             }
         };
-        let folder = Folder {
-            changed: files.clone(),
-            files,
-        };
-        self.reconcile_dir(dir, &folder, &PluginSet::default(), max)
-            .await
-            .0
+        let names: BTreeSet<&str> = files.iter().filter_map(|f| stem(f)).collect();
+        let mut set = PluginSet::default();
+        for name in names {
+            let folder = Folder {
+                changed: [format!("{name}.wasm"), format!("{name}.toml")]
+                    .into_iter()
+                    .filter(|f| files.contains(f))
+                    .collect(),
+                files: files.clone(),
+            };
+            let changes;
+            (set, changes) = self.reconcile_dir(dir, &folder, &set, max).await;
+            each(name, &set, changes);
+        }
+        set
     }
 
     /// Brings `served` in line with `folder` (see `reconcile`), loading from

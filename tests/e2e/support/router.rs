@@ -14,6 +14,7 @@ use axum::http::{Method, Request, StatusCode, header};
 use serde_json::Value;
 use tower::ServiceExt;
 
+use berth::auth::Tokens;
 use berth::db::Db;
 use berth::deployers::Deployers;
 use berth::events::Events;
@@ -33,13 +34,20 @@ pub type Rule<'a> = (Method, &'a str, Option<Value>, StatusCode, &'a str);
 
 pub struct App {
     app: axum::Router,
-    _temp: tempfile::TempDir,
+    /// Sent as `Authorization: Bearer` with every request.
+    token: Option<String>,
+    _temp: Arc<tempfile::TempDir>,
 }
 
 impl App {
     /// The API with the `archive` example and the `misbehave` test plugin,
     /// the ones `Berth::start` serves.
     pub async fn start(backend: Backend) -> Self {
+        Self::start_with_tokens(backend, None).await
+    }
+
+    /// The same API, accepting only `tokens` (as `--api-tokens-file` does).
+    pub async fn start_with_tokens(backend: Backend, tokens: Option<Arc<Tokens>>) -> Self {
         let temp = tempfile::tempdir().unwrap();
         let plugins_dir = temp.path().join("plugins");
         std::fs::create_dir_all(&plugins_dir).unwrap();
@@ -72,8 +80,59 @@ impl App {
             events,
             deployers,
             pipeline,
+            tokens,
         });
-        Self { app, _temp: temp }
+        Self {
+            app,
+            token: None,
+            _temp: Arc::new(temp),
+        }
+    }
+
+    /// The API of a server whose first load of the plugins folder has not
+    /// reached `names` yet (and serves nothing).
+    pub async fn start_still_loading(names: &[&str]) -> Self {
+        let temp = tempfile::tempdir().unwrap();
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let deployers = Arc::new(Deployers::loading(
+            Arc::new(runtime),
+            temp.path().join("plugins"),
+            names.iter().map(|n| n.to_string()).collect(),
+        ));
+        let db = Db::connect(&database_url(Backend::Sqlite).await)
+            .await
+            .unwrap();
+        let events = Events::default();
+        let fetcher = Fetcher::new(temp.path().join("models"), Duration::from_secs(60)).unwrap();
+        let pipeline = Arc::new(Pipeline::new(
+            db.clone(),
+            events.clone(),
+            deployers.clone(),
+            fetcher,
+            "router-test".to_string(),
+            temp.path().join("out"),
+        ));
+        let router = berth::http::app(ApiContext {
+            db,
+            events,
+            deployers,
+            pipeline,
+            tokens: None,
+        });
+        Self {
+            app: router,
+            token: None,
+            _temp: Arc::new(temp),
+        }
+    }
+
+    /// The same API, called with `token` (or with none).
+    pub fn with_token(&self, token: Option<&str>) -> Self {
+        Self {
+            app: self.app.clone(),
+            token: token.map(str::to_string),
+            _temp: self._temp.clone(),
+        }
     }
 
     /// The router itself, for what a whole answer cannot show: the routes
@@ -85,13 +144,28 @@ impl App {
     /// Sends a request as the test built it (a body without its content
     /// type, say).
     pub async fn send(&self, request: Request<Body>) -> (StatusCode, Value) {
+        let (status, _, body) = self.send_for_headers(request).await;
+        (status, body)
+    }
+
+    /// `send`, with the answer's headers.
+    pub async fn send_for_headers(
+        &self,
+        mut request: Request<Body>,
+    ) -> (StatusCode, axum::http::HeaderMap, Value) {
+        if let Some(token) = &self.token {
+            let value = format!("Bearer {token}").parse().unwrap();
+            request.headers_mut().insert(header::AUTHORIZATION, value);
+        }
         let response = self.app.clone().oneshot(request).await.unwrap();
         let status = response.status();
+        let headers = response.headers().clone();
         let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .unwrap();
         (
             status,
+            headers,
             answer_body(String::from_utf8_lossy(&bytes).into_owned()),
         )
     }

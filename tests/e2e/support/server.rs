@@ -78,6 +78,16 @@ impl Options {
     }
 
     pub async fn start(self) -> Berth {
+        self.launch(true).await
+    }
+
+    /// Starts the server and returns as soon as it listens, while it may
+    /// still be loading its plugins folder.
+    pub async fn start_listening(self) -> Berth {
+        self.launch(false).await
+    }
+
+    async fn launch(self, wait_loaded: bool) -> Berth {
         let temp = Arc::new(tempfile::tempdir().unwrap());
         let data_dir = temp.path().join("data");
         let plugins_dir = temp.path().join("plugins");
@@ -102,6 +112,7 @@ impl Options {
             database_url,
             args,
             env: self.env,
+            wait_loaded,
         };
         let (child, url, log) = launch.spawn(None);
         Berth {
@@ -283,6 +294,8 @@ struct Launch {
     database_url: String,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    /// Whether starting waits for the plugins folder to be loaded too.
+    wait_loaded: bool,
 }
 
 impl Launch {
@@ -302,14 +315,18 @@ impl Launch {
             .stderr(Stdio::piped())
             .spawn()
             .expect("starting the berth binary");
-        let (url, log) = wait_until_listening(&mut child);
+        let (url, log) = wait_until_listening(&mut child, self.wait_loaded);
         (child, url, log)
     }
 }
 
-fn wait_until_listening(child: &mut Child) -> (String, Arc<Mutex<String>>) {
+/// Waits until the server listens and, if `wait_loaded`, has loaded its
+/// plugins folder (it listens first, then loads); returns its URL and its
+/// growing log.
+fn wait_until_listening(child: &mut Child, wait_loaded: bool) -> (String, Arc<Mutex<String>>) {
     let log = Arc::new(Mutex::new(String::new()));
     let (ready_tx, ready_rx) = mpsc::channel();
+    let (loaded_tx, loaded_rx) = mpsc::channel();
     let stderr = child.stderr.take().unwrap();
     let sink = log.clone();
     std::thread::spawn(move || {
@@ -323,17 +340,31 @@ fn wait_until_listening(child: &mut Child) -> (String, Arc<Mutex<String>>) {
                         .to_string(),
                 );
             }
+            if line.contains("plugins folder loaded: ready") {
+                let _ = loaded_tx.send(());
+            }
             let mut log = sink.lock().unwrap();
             log.push_str(&line);
             log.push('\n');
         }
     });
-    match ready_rx.recv_timeout(Duration::from_secs(120)) {
-        Ok(url) => (url, log),
-        Err(_) => {
+    let url = ready_rx.recv_timeout(Duration::from_secs(120));
+    let loaded = match (&url, wait_loaded) {
+        (Ok(_), true) => Some(loaded_rx.recv_timeout(Duration::from_secs(300))),
+        (Ok(_), false) => Some(Ok(())),
+        (Err(_), _) => None,
+    };
+    match (url, loaded) {
+        (Ok(url), Some(Ok(()))) => (url, log),
+        (url, _) => {
             let _ = child.kill();
             panic!(
-                "berth did not start listening; its log:\n{}",
+                "berth did not {}; its log:\n{}",
+                if url.is_ok() {
+                    "load its plugins folder within 5 minutes"
+                } else {
+                    "start listening"
+                },
                 log.lock().unwrap()
             );
         }

@@ -61,7 +61,9 @@ pub struct Api {
 }
 
 impl Api {
-    pub fn new(server: &str) -> Result<Self, Error> {
+    /// `token`, if given, goes with every request as `Authorization:
+    /// Bearer`.
+    pub fn new(server: &str, token: Option<&str>) -> Result<Self, Error> {
         let server = server.trim_end_matches('/').to_string();
         match url::Url::parse(&server) {
             Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
@@ -71,8 +73,20 @@ impl Api {
                 )));
             }
         }
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = token {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| {
+                    Error::Invalid(
+                        "--token (BERTH_TOKEN) holds characters a header cannot carry".into(),
+                    )
+                })?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
+            .default_headers(headers)
             .build()
             .map_err(|e| Error::Invalid(format!("cannot set up an HTTP client: {e}")))?;
         Ok(Self { server, http })

@@ -1,0 +1,408 @@
+//! Credentials for sources, held by the server and never by a model: the
+//! sources file (`berth serve --sources-file`) gives HTTP headers, or
+//! object-store options, to the source URLs under a prefix. **The
+//! credentials of a prefix go only to URLs under that prefix**: same scheme,
+//! host and port, a path under the prefix's path; the longest prefix that
+//! covers a URL wins. A model's `source` is visible to every API reader, so
+//! no secret can live there. Values are resolved from the environment at
+//! load (`${VAR}`); they are never logged (`Debug` redacts them) and never
+//! reach a row. Does no I/O but reading the file.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+
+use anyhow::Context;
+use object_store::aws::AmazonS3ConfigKey;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+
+use crate::host_env::expand;
+
+/// The parsed sources file; `Default` is no file: no source gets
+/// credentials.
+#[derive(Debug, Default)]
+pub struct Access {
+    /// Longest prefix first, so the first that covers a URL is the one.
+    entries: Vec<Credentials>,
+}
+
+/// What the sources file gives the URLs under one prefix.
+pub(crate) struct Credentials {
+    prefix: url::Url,
+    /// For `http`/`https` prefixes; values marked sensitive.
+    headers: HeaderMap,
+    /// For `s3` prefixes: object_store settings applied on top of the
+    /// environment's.
+    options: Vec<(AmazonS3ConfigKey, String)>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    source: Vec<RawSource>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSource {
+    prefix: String,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    options: BTreeMap<String, String>,
+}
+
+impl Access {
+    /// Reads the sources file at `path`, resolving `${VAR}` from berth's
+    /// environment.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the sources file {}", path.display()))?;
+        Self::parse(&text, |var| std::env::var(var).ok())
+            .map_err(|e| anyhow::anyhow!("sources file {}: {e}", path.display()))
+    }
+
+    /// Parses a sources file's text; every problem is reported at once.
+    /// `lookup` reads the host environment.
+    pub fn parse(text: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let raw: RawFile = toml::from_str(text).map_err(|e| match e.span() {
+            Some(span) => format!(
+                "line {}: {}",
+                text[..span.start].matches('\n').count() + 1,
+                e.message()
+            ),
+            None => e.message().to_string(),
+        })?;
+        let mut problems = Vec::new();
+        let mut entries: Vec<Credentials> = Vec::new();
+        for source in raw.source {
+            match Credentials::resolve(source, &lookup) {
+                Ok(entry) if entries.iter().any(|e| e.prefix == entry.prefix) => {
+                    problems.push(format!(
+                        "prefix {:?} is listed twice",
+                        entry.prefix.as_str()
+                    ));
+                }
+                Ok(entry) => entries.push(entry),
+                Err(mut each) => problems.append(&mut each),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems.join("; "));
+        }
+        entries.sort_by_key(|e| std::cmp::Reverse(e.prefix.path().len()));
+        Ok(Self { entries })
+    }
+
+    /// The credentials for `url`: those of the longest prefix covering it.
+    pub(crate) fn covering(&self, url: &url::Url) -> Option<&Credentials> {
+        self.entries.iter().find(|e| e.covers(url))
+    }
+
+    /// The prefixes that have credentials, for the log.
+    pub fn prefixes(&self) -> Vec<String> {
+        self.entries.iter().map(|e| e.prefix.to_string()).collect()
+    }
+}
+
+impl Credentials {
+    /// Checks one `[[source]]` entry and resolves its values; the problems
+    /// each name the prefix.
+    fn resolve(
+        raw: RawSource,
+        lookup: &impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, Vec<String>> {
+        let name = &raw.prefix;
+        let prefix = url::Url::parse(name)
+            .map_err(|e| vec![format!("prefix {name:?} is not a URL: {e}")])?;
+        let is_http = matches!(prefix.scheme(), "http" | "https");
+        if !is_http && prefix.scheme() != "s3" {
+            return Err(vec![format!(
+                "prefix {name:?}: scheme {} takes no credentials (use http, https or s3)",
+                prefix.scheme()
+            )]);
+        }
+        // The host is what keeps the credentials on the server they are for.
+        if prefix.host_str().is_none_or(str::is_empty) {
+            return Err(vec![format!(
+                "prefix {name:?} names no host (or bucket): credentials must say where they go"
+            )]);
+        }
+        if prefix.query().is_some()
+            || prefix.fragment().is_some()
+            || !prefix.username().is_empty()
+            || prefix.password().is_some()
+        {
+            return Err(vec![format!(
+                "prefix {name:?} must not have a query, fragment or user name (put credentials in headers or options)"
+            )]);
+        }
+
+        let mut problems = Vec::new();
+        let mut headers = HeaderMap::new();
+        let mut options = Vec::new();
+        if is_http && !raw.options.is_empty() {
+            problems.push(format!(
+                "prefix {name:?}: options are for object stores; an http source takes headers"
+            ));
+        }
+        if !is_http && !raw.headers.is_empty() {
+            problems.push(format!(
+                "prefix {name:?}: headers are for http and https sources; an object store takes options"
+            ));
+        }
+        for (header, template) in &raw.headers {
+            let Ok(header_name) = HeaderName::from_bytes(header.as_bytes()) else {
+                problems.push(format!(
+                    "prefix {name:?}: headers.{header} is not a valid header name"
+                ));
+                continue;
+            };
+            let value = expand(template, lookup).and_then(|value| {
+                // The error must not quote the value: it may be the secret.
+                HeaderValue::from_str(&value)
+                    .map_err(|_| "is not a valid header value (control characters?)".to_string())
+            });
+            match value {
+                Ok(mut value) => {
+                    value.set_sensitive(true);
+                    headers.append(header_name, value);
+                }
+                Err(e) => problems.push(format!("prefix {name:?}: headers.{header}: {e}")),
+            }
+        }
+        for (option, template) in &raw.options {
+            let key = match AmazonS3ConfigKey::from_str(option) {
+                Ok(AmazonS3ConfigKey::Bucket) => {
+                    problems.push(format!(
+                        "prefix {name:?}: options.{option}: the bucket comes from the source URL"
+                    ));
+                    continue;
+                }
+                Ok(key) => key,
+                Err(_) => {
+                    problems.push(format!(
+                        "prefix {name:?}: options.{option} is not an S3 setting \
+                         (object_store's AmazonS3ConfigKey: endpoint, region, access_key_id, \
+                         secret_access_key, token, allow_http, …)"
+                    ));
+                    continue;
+                }
+            };
+            match expand(template, lookup) {
+                Ok(value) => options.push((key, value)),
+                Err(e) => problems.push(format!("prefix {name:?}: options.{option}: {e}")),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(Self {
+            prefix,
+            headers,
+            options,
+        })
+    }
+
+    /// Whether `url` is under this prefix: same scheme, host and port, and
+    /// a path that is the prefix's or continues it (`/models` covers
+    /// `/models/a`, not `/models2`).
+    fn covers(&self, url: &url::Url) -> bool {
+        let (prefix, path) = (self.prefix.path(), url.path());
+        self.prefix.scheme() == url.scheme()
+            && self.prefix.host_str() == url.host_str()
+            && self.prefix.port_or_known_default() == url.port_or_known_default()
+            && path.starts_with(prefix)
+            && (prefix.ends_with('/')
+                || path.len() == prefix.len()
+                || path[prefix.len()..].starts_with('/'))
+    }
+
+    /// The prefix as written in messages.
+    pub(crate) fn prefix(&self) -> &url::Url {
+        &self.prefix
+    }
+
+    pub(crate) fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    pub(crate) fn options(&self) -> &[(AmazonS3ConfigKey, String)] {
+        &self.options
+    }
+}
+
+/// Names only: the values are secrets.
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<_> = self.headers.keys().map(|k| format!("{k}: ***")).collect();
+        let options: Vec<_> = self
+            .options
+            .iter()
+            .map(|(k, _)| format!("{k:?} = ***"))
+            .collect();
+        f.debug_struct("Credentials")
+            .field("prefix", &self.prefix.as_str())
+            .field("headers", &headers)
+            .field("options", &options)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        (name == "HUB_TOKEN").then(|| "s3cret".to_string())
+    }
+
+    const FILE: &str = r#"
+        [[source]]
+        prefix = "https://hub.internal/models/"
+        headers = { Authorization = "Bearer ${HUB_TOKEN}" }
+
+        [[source]]
+        prefix = "https://hub.internal/models/private"
+        headers = { "X-Key" = "k" }
+
+        [[source]]
+        prefix = "s3://team-models/"
+        options = { endpoint = "http://127.0.0.1:9000", region = "us-east-1", secret_access_key = "${HUB_TOKEN}" }
+    "#;
+
+    #[test]
+    fn the_longest_prefix_covering_a_url_wins_and_only_on_its_host() {
+        let access = Access::parse(FILE, env).unwrap();
+        let covering = |url: &str| {
+            access
+                .covering(&url::Url::parse(url).unwrap())
+                .map(|c| c.prefix().to_string())
+        };
+        let hub = Some("https://hub.internal/models/".to_string());
+        let private = Some("https://hub.internal/models/private".to_string());
+        let cases = [
+            ("https://hub.internal/models/a/b.bin", hub.clone()),
+            ("https://HUB.internal:443/models/a", hub.clone()),
+            ("https://hub.internal/models/private/x", private.clone()),
+            ("https://hub.internal/models/private", private),
+            ("https://hub.internal/models/privateer/x", hub),
+            ("https://hub.internal/other/a", None),
+            ("http://hub.internal/models/a", None),
+            ("https://hub.internal:8443/models/a", None),
+            ("https://hub.internal.evil.example/models/a", None),
+            ("https://evil.example/hub.internal/models/a", None),
+            (
+                "s3://team-models/job/a.bin",
+                Some("s3://team-models/".to_string()),
+            ),
+            ("s3://team-models-2/job/a.bin", None),
+        ];
+        for (url, expected) in cases {
+            assert_eq!(covering(url), expected, "{url}");
+        }
+    }
+
+    #[test]
+    fn values_are_resolved_from_the_environment_and_never_shown() {
+        let access = Access::parse(FILE, env).unwrap();
+        let hub = access
+            .covering(&url::Url::parse("https://hub.internal/models/a").unwrap())
+            .unwrap();
+        assert_eq!(hub.headers()["authorization"], "Bearer s3cret");
+        assert!(hub.headers()["authorization"].is_sensitive());
+        let store = access
+            .covering(&url::Url::parse("s3://team-models/a").unwrap())
+            .unwrap();
+        assert!(
+            store
+                .options()
+                .contains(&(AmazonS3ConfigKey::SecretAccessKey, "s3cret".to_string()))
+        );
+        let shown = format!("{access:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("authorization: ***"), "{shown}");
+    }
+
+    #[test]
+    fn each_bad_sources_file_says_what_is_wrong() {
+        let source = |body: &str| format!("[[source]]\n{body}");
+        let cases = [
+            (
+                source("prefix = \"https://h/\"\nheaders = { A = \"${MISSING}\" }"),
+                "prefix \"https://h/\": headers.A: the host environment variable MISSING is not set",
+            ),
+            (
+                source("prefix = \"https://h/\"\nheders = { A = \"b\" }"),
+                "line 3: unknown field `heders`",
+            ),
+            (
+                "[[sources]]\nprefix = \"https://h/\"".to_string(),
+                "unknown field `sources`",
+            ),
+            (
+                source("prefix = \"s3://b/\"\noptions = { endpoint_url_x = \"b\" }"),
+                "prefix \"s3://b/\": options.endpoint_url_x is not an S3 setting",
+            ),
+            (
+                source("prefix = \"s3://b/\"\noptions = { bucket = \"other\" }"),
+                "the bucket comes from the source URL",
+            ),
+            (source("prefix = \"hub.internal/models/\""), "is not a URL"),
+            (
+                source("prefix = \"file:///srv/\""),
+                "scheme file takes no credentials",
+            ),
+            (source("prefix = \"s3:///\""), "names no host"),
+            (
+                source("prefix = \"https://h/?a=b\""),
+                "must not have a query",
+            ),
+            (
+                source("prefix = \"https://u@h/\""),
+                "must not have a query, fragment or user",
+            ),
+            (
+                source("prefix = \"https://h/\"\noptions = { region = \"r\" }"),
+                "options are for object stores",
+            ),
+            (
+                source("prefix = \"s3://b/\"\nheaders = { A = \"b\" }"),
+                "headers are for http and https sources",
+            ),
+            (
+                source("prefix = \"https://h/\"\nheaders = { \"a b\" = \"c\" }"),
+                "headers.a b is not a valid header name",
+            ),
+            (
+                source("prefix = \"https://h/\"\nheaders = { A = \"x\\ny\" }"),
+                "headers.A: is not a valid header value",
+            ),
+            (
+                format!(
+                    "{}\n{}",
+                    source("prefix = \"https://h/a\""),
+                    source("prefix = \"https://H/a\"")
+                ),
+                "prefix \"https://h/a\" is listed twice",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = Access::parse(&text, env).unwrap_err();
+            assert!(err.contains(expected), "{text}\n=> {err}");
+        }
+        // Every problem at once.
+        let two = format!(
+            "{}\n{}",
+            source("prefix = \"https://h/\"\nheaders = { A = \"${X}\" }"),
+            source("prefix = \"https://g/\"\nheaders = { A = \"${Y}\" }")
+        );
+        let err = Access::parse(&two, env).unwrap_err();
+        assert!(
+            err.contains("variable X") && err.contains("variable Y"),
+            "{err}"
+        );
+    }
+}

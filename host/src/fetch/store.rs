@@ -1,0 +1,266 @@
+//! Object stores as sources: `s3://bucket/key` read through the
+//! object_store crate, streamed and ranged like an HTTP source. A store's
+//! settings are the environment's (`AmazonS3Builder::from_env`: the
+//! standard AWS variables and credential chain) with the sources-file
+//! options of the prefix covering the URL on top; one store is built per
+//! bucket and options, and shared by every file and connection.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::path::Path as Key;
+use object_store::{
+    ClientConfigKey, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig,
+};
+
+use super::access::Credentials;
+use super::source::{Body, Span, innermost};
+
+/// The stores built so far.
+#[derive(Default)]
+pub(crate) struct Stores {
+    built: Mutex<HashMap<StoreId, Arc<Store>>>,
+}
+
+/// What tells stores apart: the bucket, and the sources-file prefix whose
+/// options it carries.
+#[derive(PartialEq, Eq, Hash)]
+struct StoreId {
+    bucket: String,
+    prefix: Option<String>,
+}
+
+/// One bucket's client, and what messages say about it.
+struct Store {
+    s3: AmazonS3,
+    /// Where requests go, for "cannot reach" messages.
+    endpoint: String,
+    /// Where the credentials come from, for "refused" messages.
+    credentials: String,
+}
+
+impl Stores {
+    /// Opens the object `key` of `bucket` (shown as `url`) for the bytes
+    /// of `span`, with the settings `credentials` add to the environment's.
+    pub(crate) async fn open(
+        &self,
+        url: &url::Url,
+        bucket: &str,
+        key: &Key,
+        span: Span,
+        credentials: Option<&Credentials>,
+    ) -> Result<Body, String> {
+        let store = self.store(bucket, credentials)?;
+        let range = match (span.start, span.end) {
+            (0, None) => None,
+            (start, None) => Some(GetRange::Offset(start)),
+            (start, Some(end)) => Some(GetRange::Bounded(start..end)),
+        };
+        let get = |range| {
+            store.s3.get_opts(
+                key,
+                GetOptions {
+                    range,
+                    ..GetOptions::default()
+                },
+            )
+        };
+        let result = match get(range.clone()).await {
+            Ok(result) => result,
+            Err(e) if range.is_some() => match store.s3.head(key).await {
+                // What we hold is longer than the store's object: start over.
+                Ok(meta) if meta.size <= span.start => {
+                    get(None).await.map_err(|e| store.describe(e, url))?
+                }
+                _ => return Err(store.describe(e, url)),
+            },
+            Err(e) => return Err(store.describe(e, url)),
+        };
+        let total = result.meta.size;
+        let answered = result.range.clone();
+        let ranged = range.is_some()
+            && answered.start == span.start
+            && answered.end == span.end.unwrap_or(total);
+        let stream = result
+            .into_stream()
+            .map_err(|e| format!("the download broke off: {}", innermost(&e)))
+            .boxed();
+        Ok(Body {
+            stream,
+            start: answered.start,
+            ranged,
+            total: Some(total),
+        })
+    }
+
+    /// How many stores were built.
+    #[cfg(test)]
+    pub(crate) fn built(&self) -> usize {
+        self.built.lock().unwrap().len()
+    }
+
+    /// The store for `bucket` with these credentials, built on first use.
+    fn store(&self, bucket: &str, credentials: Option<&Credentials>) -> Result<Arc<Store>, String> {
+        let id = StoreId {
+            bucket: bucket.to_string(),
+            prefix: credentials.map(|c| c.prefix().to_string()),
+        };
+        let mut built = self
+            .built
+            .lock()
+            .expect("the stores lock is never poisoned");
+        if let Some(store) = built.get(&id) {
+            return Ok(store.clone());
+        }
+        let store = Arc::new(Store::build(bucket, credentials)?);
+        built.insert(id, store.clone());
+        Ok(store)
+    }
+}
+
+impl Store {
+    fn build(bucket: &str, credentials: Option<&Credentials>) -> Result<Self, String> {
+        let mut builder = AmazonS3Builder::from_env();
+        for (key, value) in credentials.map_or(&[][..], |c| c.options()) {
+            builder = builder.with_config(*key, value);
+        }
+        let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
+        // An endpoint written with http:// is the operator's choice of a
+        // plain-HTTP store (MinIO, Ceph on a private network); object_store
+        // would otherwise refuse it.
+        if endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://"))
+        {
+            builder = builder.with_config(
+                AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp),
+                "true",
+            );
+        }
+        // object_store's default ends a request after 30 s, body included,
+        // which would cut every object that takes longer to download; the
+        // fetch has its own limit (--fetch-timeout-s). Kept if set.
+        let timeout = AmazonS3ConfigKey::Client(ClientConfigKey::Timeout);
+        if builder.get_config_value(&timeout)
+            == object_store::ClientOptions::new().get_config_value(&ClientConfigKey::Timeout)
+        {
+            builder = builder.with_config(timeout, "24h");
+        }
+        let credentials = match (
+            builder.get_config_value(&AmazonS3ConfigKey::AccessKeyId),
+            credentials.filter(|c| {
+                c.options()
+                    .iter()
+                    .any(|(key, _)| *key == AmazonS3ConfigKey::AccessKeyId)
+            }),
+        ) {
+            (Some(_), Some(c)) => format!("the access key of {} in the sources file", c.prefix()),
+            (Some(_), None) => "the access key in AWS_ACCESS_KEY_ID".to_string(),
+            (None, _) => "no access key is configured (AWS_ACCESS_KEY_ID or the sources file), \
+                          so object_store's credential chain: web identity, container or instance metadata"
+                .to_string(),
+        };
+        let s3 = builder
+            .with_bucket_name(bucket)
+            // A few quick retries: an unreachable endpoint is reported in
+            // seconds, not after object_store's default ten.
+            .with_retry(RetryConfig {
+                max_retries: 4,
+                retry_timeout: Duration::from_secs(180),
+                ..RetryConfig::default()
+            })
+            .build()
+            .map_err(|e| {
+                format!(
+                    "the store for s3://{bucket}/ cannot be set up: {}",
+                    innermost(&e)
+                )
+            })?;
+        Ok(Self {
+            s3,
+            endpoint: endpoint.unwrap_or_else(|| "AWS S3".to_string()),
+            credentials,
+        })
+    }
+
+    /// What went wrong, in words a person can act on.
+    fn describe(&self, e: object_store::Error, url: &url::Url) -> String {
+        match &e {
+            object_store::Error::NotFound { .. }
+                if store_said(&innermost(&e)).starts_with("NoSuchBucket") =>
+            {
+                format!(
+                    "the store at {} has no bucket {} ({url})",
+                    self.endpoint,
+                    url.host_str().unwrap_or_default()
+                )
+            }
+            object_store::Error::NotFound { .. } => format!("the store has no object {url}"),
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => format!(
+                "the store refused the credentials for {url} ({}); they are {}",
+                store_said(&innermost(&e)),
+                self.credentials
+            ),
+            _ if unreachable(&e) => format!(
+                "cannot reach the store at {} ({url}): {}",
+                self.endpoint,
+                innermost(&e)
+            ),
+            _ => format!(
+                "the store could not serve {url}: {}",
+                store_said(&innermost(&e))
+            ),
+        }
+    }
+}
+
+/// Whether the request never got an answer.
+fn unreachable(e: &object_store::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(e) = cause {
+        if e.downcast_ref::<object_store::client::HttpError>()
+            .is_some_and(|e| e.kind() == object_store::client::HttpErrorKind::Connect)
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// An S3 error answer is an XML document; its code and message are what
+/// people need ("InvalidAccessKeyId: The AWS Access Key Id you provided
+/// does not exist in our records."), not the document.
+fn store_said(text: &str) -> String {
+    let element = |name: &str| {
+        let (open, close) = (format!("<{name}>"), format!("</{name}>"));
+        let start = text.find(&open)? + open.len();
+        let len = text[start..].find(&close)?;
+        Some(text[start..start + len].trim().to_string())
+    };
+    match (element("Code"), element("Message")) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (Some(code), None) => code,
+        _ => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_s3_error_document_is_told_by_its_code_and_message() {
+        let said = super::store_said(
+            "Server returned non-2xx status code: 403 Forbidden: <?xml version=\"1.0\"?>\n\
+             <Error><Code>InvalidAccessKeyId</Code><Message>The key does not exist.</Message></Error>",
+        );
+        assert_eq!(said, "InvalidAccessKeyId: The key does not exist.");
+        assert_eq!(
+            super::store_said("Connection refused"),
+            "Connection refused"
+        );
+    }
+}

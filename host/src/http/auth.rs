@@ -1,0 +1,76 @@
+//! Who may call: each request's bearer token, checked against the
+//! configured tokens. No known token: 401 with `WWW-Authenticate`; a read
+//! token asking to change something: 403. `/healthz`, `/readyz` and
+//! `/openapi.json` stay open, so probes and tooling need no secret. With no
+//! tokens configured everyone is let in (`serve` allows that on loopback
+//! only). The caller is handed to the handlers, which record its name.
+
+use axum::extract::{Request, State};
+use axum::http::{Method, header};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use super::ApiContext;
+use super::error::Error;
+use crate::auth::Role;
+
+/// Paths anyone may call, tokens or not.
+pub const OPEN: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
+
+pub async fn require(
+    State(ctx): State<ApiContext>,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, Error> {
+    let Some(tokens) = &ctx.tokens else {
+        return Ok(next.run(request).await);
+    };
+    if OPEN.contains(&request.uri().path()) {
+        return Ok(next.run(request).await);
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|value| value.to_str().unwrap_or_default());
+    let Some(presented) = presented else {
+        return Err(Error::Unauthorized(
+            "this server needs an API token: send the header Authorization: Bearer TOKEN (the CLI: --token or BERTH_TOKEN)".into(),
+        ));
+    };
+    let Some(token) = presented
+        .strip_prefix("Bearer ")
+        .or_else(|| presented.strip_prefix("bearer "))
+        .map(str::trim)
+    else {
+        return Err(Error::Unauthorized(
+            "the Authorization header must be `Bearer TOKEN`".into(),
+        ));
+    };
+    let Some(caller) = tokens.caller(token) else {
+        return Err(Error::Unauthorized(
+            "the API token is not accepted: it is unknown or was revoked".into(),
+        ));
+    };
+    let needs = needed_role(request.method());
+    if caller.role < needs {
+        return Err(Error::Forbidden(format!(
+            "token {} has the {} role, which may only read; {} {} needs a {} token",
+            caller.name,
+            caller.role.as_str(),
+            request.method(),
+            request.uri().path(),
+            needs.as_str()
+        )));
+    }
+    request.extensions_mut().insert(caller);
+    Ok(next.run(request).await)
+}
+
+/// Reading is for every role; changing anything needs `deploy`.
+pub fn needed_role(method: &Method) -> Role {
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        Role::Read
+    } else {
+        Role::Deploy
+    }
+}
