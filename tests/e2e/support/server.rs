@@ -331,6 +331,13 @@ fn wait_until_listening(child: &mut Child, wait_loaded: bool) -> (String, Arc<Mu
     let sink = log.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            // Kept before it is acted on: whoever waits on the line below
+            // then finds it in the log.
+            {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
             if let Some(at) = line.find("berth is listening on ") {
                 let rest = &line[at + "berth is listening on ".len()..];
                 let _ = ready_tx.send(
@@ -343,9 +350,6 @@ fn wait_until_listening(child: &mut Child, wait_loaded: bool) -> (String, Arc<Mu
             if line.contains("plugins folder loaded: ready") {
                 let _ = loaded_tx.send(());
             }
-            let mut log = sink.lock().unwrap();
-            log.push_str(&line);
-            log.push('\n');
         }
     });
     let url = ready_rx.recv_timeout(Duration::from_secs(120));
