@@ -12,10 +12,12 @@ use axum::http::{Method, Request, StatusCode};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
+use berth::auth::{Role, new_token};
+
 use crate::support::files::FileServer;
 use crate::support::router::App;
 use crate::support::server::{Backend, Berth};
-use crate::support::{adapter_files, eventually, model, on_both_backends, plugins};
+use crate::support::{adapter_files, model, on_both_backends, plugins};
 
 on_both_backends!(schemathesis_finds_no_server_error_and_no_answer_the_document_lacks);
 
@@ -198,9 +200,10 @@ fn check_refs(document: &Value, value: &Value) {
 const SCHEMATHESIS_LIMIT: Duration = Duration::from_secs(110);
 
 /// schemathesis (`scripts/setup` installs it into `.venv`), configured by
-/// `tests/e2e/schemathesis.toml`, against a live server with the example
-/// deployers and two models, one that deploys and one whose deployment
-/// fails.
+/// `tests/e2e/schemathesis.toml`, against a live server with an API token,
+/// the example deployers and two models, one that deploys and one whose
+/// deployment fails. It calls with the token, and without one where the
+/// document says one is needed.
 async fn schemathesis_finds_no_server_error_and_no_answer_the_document_lacks(backend: Backend) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let schemathesis = root.join(".venv/bin/schemathesis");
@@ -211,12 +214,13 @@ async fn schemathesis_finds_no_server_error_and_no_answer_the_document_lacks(bac
     );
     let files = FileServer::start().await;
     let proxy = refusing_proxy();
-    let examples = ["archive", "http-publish", "model-card", "safetensors-check"];
-    let berth = examples
-        .iter()
+    let (token, _) = new_token("schemathesis", Role::Deploy).unwrap();
+    let berth = ["archive", "http-publish", "model-card", "safetensors-check"]
+        .into_iter()
         .fold(Berth::bare(backend), |o, name| {
             o.plugin(name, plugins::example(name))
         })
+        .env("BERTH_API_TOKEN", &token)
         // Generated models name any host as their source: their fetches
         // go to a proxy that refuses them, so that the test talks to
         // loopback only.
@@ -225,22 +229,28 @@ async fn schemathesis_finds_no_server_error_and_no_answer_the_document_lacks(bac
         .env("NO_PROXY", "127.0.0.1")
         .start()
         .await;
-    eventually(
-        || "every example deployer loaded".into(),
-        async || {
-            let (_, listing) = berth.get("/v1/deployers").await;
-            (listing["deployers"].as_array()?.len() == examples.len()).then_some(())
-        },
-    )
-    .await;
-    let good = berth
-        .register(&model(&files, "job-good", &adapter_files()))
-        .await;
+    let post = async |path: &str, body: &Value| {
+        let response = berth
+            .client()
+            .post(format!("{}{path}", berth.url))
+            .bearer_auth(&token)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        (status, response.json::<Value>().await.unwrap())
+    };
     let mut bad = model(&files, "job-bad", &adapter_files());
     bad["files"][0]["size_bytes"] = json!(1);
-    let bad = berth.register(&bad).await;
-    for (id, expected) in [(good, StatusCode::OK), (bad, StatusCode::BAD_GATEWAY)] {
-        let (status, deployment) = berth.deploy(id, "archive", json!({})).await;
+    for (registration, expected) in [
+        (model(&files, "job-good", &adapter_files()), StatusCode::OK),
+        (bad, StatusCode::BAD_GATEWAY),
+    ] {
+        let (status, stored) = post("/v1/models", &registration).await;
+        assert_eq!(status, StatusCode::CREATED, "{stored}");
+        let deploy = format!("/v1/models/{}/deployments", stored["id"]);
+        let (status, deployment) = post(&deploy, &json!({ "deployer": "archive" })).await;
         assert_eq!(status, expected, "{deployment}");
     }
 
@@ -254,6 +264,7 @@ async fn schemathesis_finds_no_server_error_and_no_answer_the_document_lacks(bac
         .arg(root.join("tests/e2e/schemathesis.toml"))
         .args(["--no-color", "run", &format!("{}/openapi.json", berth.url)])
         .current_dir(work.path())
+        .env("BERTH_SCHEMATHESIS_TOKEN", &token)
         .stdout(std::fs::File::create(&output).unwrap())
         .stderr(std::process::Stdio::from(
             std::fs::File::options().append(true).open(&output).unwrap(),
@@ -277,6 +288,13 @@ async fn schemathesis_finds_no_server_error_and_no_answer_the_document_lacks(bac
     eprintln!(
         "schemathesis ({backend:?}) took {:.1?}:\n{report}",
         started.elapsed()
+    );
+    // Every answer a 401 would conform too: its requests must have been
+    // let in, and registered models of their own (which it may have
+    // deleted since: the log counts them).
+    assert!(
+        berth.log().matches("model registered").count() > 2,
+        "schemathesis registered no model: was its token refused?\n{report}"
     );
 }
 
