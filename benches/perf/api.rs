@@ -1,7 +1,9 @@
 //! Benchmarks 4b and 5 against the real server (`berth serve`, the bench
 //! build of the binary, SQLite): no-op deployments through the HTTP API at
-//! 100 in flight, against `GET /healthz` at the same concurrency; and the
-//! server's resident memory while it fetches a large model.
+//! 100 in flight, against `GET /healthz` at the same concurrency, each on a
+//! server with metrics and one with `--metrics off`, and deployments on a
+//! third that also checks an API token on each; and the server's resident
+//! memory while it fetches a large model.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -24,6 +26,9 @@ struct Server {
     child: Child,
     url: String,
     client: reqwest::Client,
+    /// Sent as `Authorization: Bearer` on API calls, when the server
+    /// requires a token.
+    token: Option<String>,
 }
 
 impl Drop for Server {
@@ -34,8 +39,19 @@ impl Drop for Server {
 }
 
 impl Server {
-    fn start(ctx: &Ctx) -> anyhow::Result<Self> {
-        let home = ctx.out_dir.join("server");
+    /// A server of its own in `out_dir/NAME`, with `args` added.
+    fn start(ctx: &Ctx, name: &str, args: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with_token(ctx, name, args, None)
+    }
+
+    /// The same, requiring `token` (`BERTH_API_TOKEN`) if given.
+    fn start_with_token(
+        ctx: &Ctx,
+        name: &str,
+        args: &[&str],
+        token: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let home = ctx.out_dir.join(name);
         let _ = std::fs::remove_dir_all(&home);
         let plugins = home.join("plugins");
         std::fs::create_dir_all(&plugins)?;
@@ -46,6 +62,8 @@ impl Server {
             .arg(&plugins)
             .arg("--data-dir")
             .arg(home.join("data"))
+            .args(args)
+            .envs(token.map(|t| ("BERTH_API_TOKEN", t)))
             .env("BERTH_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -72,7 +90,12 @@ impl Server {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(CONCURRENCY)
             .build()?;
-        Ok(Self { child, url, client })
+        Ok(Self {
+            child,
+            url,
+            client,
+            token: token.map(str::to_string),
+        })
     }
 
     async fn register(&self, ctx: &Ctx, job_id: &str, files: &[DataFile]) -> anyhow::Result<i64> {
@@ -90,6 +113,7 @@ impl Server {
             .client
             .post(format!("{}/v1/models", self.url))
             .json(&body)
+            .bearer_auth(self.token.as_deref().unwrap_or_default())
             .send()
             .await?;
         ensure!(
@@ -104,12 +128,14 @@ impl Server {
     }
 
     async fn deploy(&self, model_id: i64) -> anyhow::Result<()> {
-        let response = self
+        let mut request = self
             .client
             .post(format!("{}/v1/models/{model_id}/deployments", self.url))
-            .json(&json!({ "deployer": "misbehave", "options": { "mode": "ok" } }))
-            .send()
-            .await?;
+            .json(&json!({ "deployer": "misbehave", "options": { "mode": "ok" } }));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await?;
         if !response.status().is_success() {
             bail!("deployment failed: {}", response.text().await?);
         }
@@ -173,48 +199,164 @@ where
     Ok((total as f64 / elapsed, latencies))
 }
 
-/// Benchmark 4b.
+/// The rounds of one kind of request against one server.
+#[derive(Default)]
+struct Rounds {
+    rates: Vec<f64>,
+    latencies: Vec<f64>,
+}
+
+impl Rounds {
+    fn add(&mut self, (rate, latencies): (f64, Vec<f64>)) {
+        self.rates.push(rate);
+        self.latencies.extend(latencies);
+    }
+
+    fn rate(&self) -> f64 {
+        median(&self.rates)
+    }
+
+    fn figure(&self) -> String {
+        let slowest = self.rates.iter().copied().fold(f64::INFINITY, f64::min);
+        let fastest = self.rates.iter().copied().fold(0.0, f64::max);
+        format!(
+            "{:.0} req/s ({slowest:.0}–{fastest:.0}) · p50 {} · p99 {}",
+            self.rate(),
+            secs(median(&self.latencies)),
+            secs(percentile(&self.latencies, 99.0))
+        )
+    }
+
+    /// What `self` costs per request over `base`, in server time at this
+    /// concurrency: the difference of the inverse rates.
+    fn over(&self, base: &Rounds) -> String {
+        format!(
+            "{:.1}% of metrics off's rate, {:+.1} µs a request",
+            100.0 * self.rate() / base.rate(),
+            1e6 * (1.0 / self.rate() - 1.0 / base.rate())
+        )
+    }
+}
+
+/// Benchmark 4b: the same requests on a server with metrics (the default)
+/// and one with `--metrics off`, alternating in every round. Request ids
+/// and their spans are on in both.
 pub async fn deployments(ctx: &Ctx) -> anyhow::Result<()> {
     let tiny = files(ctx, "tiny", &[("config.json".into(), 4096)], 7)?;
-    let server = Server::start(ctx)?;
-    let id = server.register(ctx, "tiny", &tiny).await?;
-    server.deploy(id).await?;
+    let on = Server::start(ctx, "metrics-on", &[])?;
+    let off = Server::start(ctx, "metrics-off", &["--metrics", "off"])?;
+    let token = "berth_bench_0123456789abcdef";
+    let auth = Server::start_with_token(ctx, "auth-on", &[], Some(token))?;
+    let id = on.register(ctx, "tiny", &tiny).await?;
+    for other in [&off, &auth] {
+        ensure!(
+            other.register(ctx, "tiny", &tiny).await? == id,
+            "the servers gave the model different ids"
+        );
+    }
+    for server in [&on, &off, &auth] {
+        server.deploy(id).await?;
+    }
 
     let total = (ctx.calls / 2).max(CONCURRENCY * 5);
-    let (health_rps, health) = load(total, || server.healthz()).await?;
-    let (deploy_rps, deploys) = load(total, || server.deploy(id)).await?;
+    let [
+        mut health_on,
+        mut health_off,
+        mut deploy_on,
+        mut deploy_off,
+        mut deploy_auth,
+    ] = std::array::from_fn(|_| Rounds::default());
+    for round in 0..ctx.rounds {
+        // Alternate which goes first, so a drift of the machine's load
+        // does not favour one.
+        let order = if round % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for metrics in order {
+            let (server, health, deploy) = if metrics {
+                (&on, &mut health_on, &mut deploy_on)
+            } else {
+                (&off, &mut health_off, &mut deploy_off)
+            };
+            health.add(load(total, || server.healthz()).await?);
+            deploy.add(load(total, || server.deploy(id)).await?);
+        }
+        deploy_auth.add(load(total, || auth.deploy(id)).await?);
+    }
     let mut table = Table::new(&format!(
-        "4b. HTTP API, {total} requests, {CONCURRENCY} in flight (SQLite)"
+        "4b. HTTP API, {total} requests, {CONCURRENCY} in flight (SQLite), median of {} rounds",
+        ctx.rounds
     ));
-    let figure = |rps: f64, l: &[f64]| {
-        format!(
-            "{rps:.0} req/s · p50 {} · p99 {}",
-            secs(median(l)),
-            secs(percentile(l, 99.0))
-        )
-    };
     table.row(
-        "GET /healthz",
-        figure(health_rps, &health),
+        "GET /healthz, --metrics off",
+        health_off.figure(),
         "baseline: the HTTP floor".into(),
     );
     table.row(
-        "POST deployments (no-op plugin, synchronous)",
-        figure(deploy_rps, &deploys),
+        "GET /healthz, metrics on",
+        health_on.figure(),
+        health_on.over(&health_off),
+    );
+    table.row(
+        "POST deployments (no-op plugin, synchronous), --metrics off",
+        deploy_off.figure(),
         format!(
             "{:.1}% of the floor's rate; each is recorded twice and runs a fresh sandbox",
-            100.0 * deploy_rps / health_rps
+            100.0 * deploy_off.rate() / health_off.rate()
         ),
+    );
+    table.row(
+        "POST deployments (no-op plugin, synchronous), metrics on",
+        deploy_on.figure(),
+        deploy_on.over(&deploy_off),
+    );
+    table.row(
+        "POST deployments, metrics on and an API token checked",
+        deploy_auth.figure(),
+        deploy_auth.over(&deploy_off),
+    );
+    table.row(
+        "the metrics a synchronous deployment records, in-process",
+        format!("{:.2} µs", recording_cost() * 1e6),
+        "one thread, uncontended: the floor of the cost above".into(),
     );
     table.print();
     Ok(())
+}
+
+/// Seconds per deployment spent recording what one synchronous deployment
+/// records (its request, two plugin calls, its fetch, its end), timed
+/// without the server around it, where the machine's noise is smaller
+/// than the cost.
+fn recording_cost() -> f64 {
+    use berth::metrics;
+    const DEPLOYMENTS: u32 = 200_000;
+    metrics::install();
+    let completed = berth::model::Outcome::Completed {
+        reference: "/out/tiny-1".into(),
+        details_json: "{}".into(),
+    };
+    let took = Duration::from_micros(400);
+    let started = Instant::now();
+    for _ in 0..DEPLOYMENTS {
+        metrics::plugin_call("misbehave", "check_options", took);
+        metrics::deployment_started();
+        metrics::stamp_verified_bytes(4096);
+        metrics::fetch_ended(true, took);
+        metrics::plugin_call("misbehave", "deploy", took);
+        metrics::deployment_ended("misbehave", &completed, took);
+        metrics::http_request("POST", "/v1/models/{id}/deployments", 200);
+    }
+    started.elapsed().as_secs_f64() / f64::from(DEPLOYMENTS)
 }
 
 /// Benchmark 5: peak resident memory of the server while it fetches.
 pub async fn memory(ctx: &Ctx) -> anyhow::Result<()> {
     let one = files(ctx, "big", &[("big.bin".into(), GIB)], 1)?;
     let many = big_model(ctx)?;
-    let server = Server::start(ctx)?;
+    let server = Server::start(ctx, "server", &[])?;
     let tiny = files(ctx, "tiny", &[("config.json".into(), 4096)], 7)?;
     let id = server.register(ctx, "tiny", &tiny).await?;
     server.deploy(id).await?;

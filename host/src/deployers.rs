@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use crate::metrics;
 use crate::runtime::{PluginSet, Runtime};
 
 pub struct Deployers {
@@ -20,6 +21,7 @@ pub struct Deployers {
 
 impl Deployers {
     pub fn new(runtime: Arc<Runtime>, dir: PathBuf, loaded: PluginSet) -> Self {
+        metrics::plugins(loaded.deployers.len(), loaded.rejected.len());
         Self {
             runtime,
             dir,
@@ -69,7 +71,10 @@ impl Deployers {
 
     /// Swaps in a new set of deployers at once.
     pub fn replace(&self, set: PluginSet) {
-        *self.current.write().expect("plugin set lock") = Arc::new(set);
+        let mut current = self.current.write().expect("plugin set lock");
+        // Under the lock, so the gauges follow the swaps in their order.
+        metrics::plugins(set.deployers.len(), set.rejected.len());
+        *current = Arc::new(set);
     }
 
     pub fn runtime(&self) -> &Arc<Runtime> {

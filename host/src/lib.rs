@@ -16,6 +16,7 @@ mod host_env;
 pub mod http;
 pub mod human;
 pub mod live;
+pub mod metrics;
 pub mod model;
 pub mod pipeline;
 pub mod runtime;

@@ -10,12 +10,14 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::db::{self, Db, Ending, NewDeployment};
 use crate::deployers::Deployers;
 use crate::events::{Event, Events};
 use crate::fetch::{self, Fetcher};
 use crate::live::{Live, Running};
+use crate::metrics;
 use crate::model::{Deployment, Outcome, Phase, Status, TrainedModel};
 use crate::runtime::{CallError, DeployCall, Plugin};
 
@@ -150,8 +152,10 @@ impl Pipeline {
         let started = self.start(request).await?;
         let _cancel_on_drop = CancelOnDrop(started.running.clone());
         let pipeline = self.clone();
+        // The task carries the request's span, so the deployment's log
+        // lines carry its request id.
         self.tasks
-            .spawn(async move { pipeline.run(started).await })
+            .spawn(async move { pipeline.run(started).await }.in_current_span())
             .await
             .map_err(|e| RunError::Crashed(e.to_string()))?
             .map_err(RunError::Record)
@@ -166,11 +170,15 @@ impl Pipeline {
         let started = self.start(request).await?;
         let deployment = started.deployment.clone();
         let pipeline = self.clone();
-        self.tasks.spawn(async move {
-            if let Err(e) = pipeline.run(started).await {
-                tracing::error!("recording the end of a background deployment: {e}");
+        // Outlives the response, and still carries the request's span.
+        self.tasks.spawn(
+            async move {
+                if let Err(e) = pipeline.run(started).await {
+                    tracing::error!("recording the end of a background deployment: {e}");
+                }
             }
-        });
+            .in_current_span(),
+        );
         Ok(deployment)
     }
 
@@ -232,6 +240,7 @@ impl Pipeline {
             self.shutdown.child_token(),
         ));
         self.live.insert(running.clone());
+        metrics::deployment_started();
         self.events.publish(Event::DeploymentStarted {
             deploy_id: deployment.id,
             model_id,
@@ -312,18 +321,22 @@ impl Pipeline {
             running,
         } = started;
         let clock = Instant::now();
-        let reporter = self.tasks.spawn(report_progress(
-            self.db.clone(),
-            self.events.clone(),
-            running.clone(),
-            model.id,
-        ));
+        let reporter = self.tasks.spawn(
+            report_progress(
+                self.db.clone(),
+                self.events.clone(),
+                running.clone(),
+                model.id,
+            )
+            .in_current_span(),
+        );
         let outcome = match self.carry_out(&deployment, &model, &plugin, &running).await {
             Ok(outcome) => outcome,
             Err(error) => Outcome::Failed { error },
         };
         reporter.abort();
-        let duration_ms = i64::try_from(clock.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let took = clock.elapsed();
+        let duration_ms = i64::try_from(took.as_millis()).unwrap_or(i64::MAX);
         let ending = Ending {
             outcome: &outcome,
             duration_ms,
@@ -332,6 +345,7 @@ impl Pipeline {
         };
         let stored = self.db.finish_deployment(deployment.id, &ending).await;
         self.live.remove(deployment.id);
+        metrics::deployment_ended(&deployment.deployer, &outcome, took);
         running.finish();
         let stored = stored?;
         let (deploy_id, model_id, deployer) = (stored.id, stored.model_id, stored.deployer.clone());
@@ -362,14 +376,13 @@ impl Pipeline {
         running: &Arc<Running>,
     ) -> Result<Outcome, String> {
         let cancel = running.token();
-        let model_dir = self
-            .fetcher
-            .fetch(model, running.clone(), cancel)
-            .await
-            .map_err(|e| match e {
-                fetch::Error::Cancelled => self.cancelled(running),
-                e => format!("fetching model {}: {e}", model.id),
-            })?;
+        let clock = Instant::now();
+        let fetched = self.fetcher.fetch(model, running.clone(), cancel).await;
+        metrics::fetch_ended(fetched.is_ok(), clock.elapsed());
+        let model_dir = fetched.map_err(|e| match e {
+            fetch::Error::Cancelled => self.cancelled(running),
+            e => format!("fetching model {}: {e}", model.id),
+        })?;
         running.set_phase(Phase::Deploying);
         let out_dir = PathBuf::from(&deployment.out_dir);
         std::fs::create_dir_all(&out_dir).map_err(|e| {

@@ -13,6 +13,8 @@ mod deploy;
 mod fetch;
 mod languages;
 mod live;
+mod logs;
+mod metrics;
 mod network;
 mod openapi;
 mod plugin_cli;

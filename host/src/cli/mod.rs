@@ -46,6 +46,16 @@ enum Command {
     Client(client::ClientCommand),
 }
 
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// For people: one line of text per event, with its spans.
+    Text,
+    /// For log collectors: one JSON object per line, with the current span
+    /// and the list of spans.
+    Json,
+}
+
 /// Parses the command line, with the config file's values (if one is
 /// named) as the defaults of `serve`'s flags, and runs the command.
 pub fn main() -> ExitCode {
@@ -75,7 +85,10 @@ pub fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> ExitCode {
-    init_logging();
+    init_logging(match &args.command {
+        Command::Serve(serve) => serve.log_format,
+        _ => LogFormat::Text,
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -105,15 +118,17 @@ fn run(args: Args) -> ExitCode {
 }
 
 /// Logs go to stderr; `RUST_LOG` (or `BERTH_LOG`) chooses what, default info.
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     let filter = std::env::var("BERTH_LOG")
         .ok()
         .and_then(|f| EnvFilter::try_new(f).ok())
         .or_else(|| EnvFilter::try_from_default_env().ok())
         .unwrap_or_else(|| EnvFilter::new("info,wasmtime=warn,cranelift=warn"));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().init(),
+    }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use tokio_util::sync::CancellationToken;
 
 use crate::auth::Tokens;
 use crate::db::Db;
@@ -18,6 +19,8 @@ use crate::http::{ApiContext, Webhook};
 use crate::pipeline::Pipeline;
 use crate::runtime::{CodeCache, Limits, Origin, PluginSet, Runtime, folder_names};
 use crate::watch::Watcher;
+
+use super::LogFormat;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -99,6 +102,17 @@ pub struct ServeArgs {
     /// who reaches it may register, deploy and delete.
     #[arg(long, env = "BERTH_INSECURE_NO_AUTH")]
     insecure_no_auth: bool,
+    /// Record Prometheus metrics and serve them at /metrics (on or off).
+    #[arg(long, env = "BERTH_METRICS", default_value = "on",
+          value_parser = clap::builder::BoolishValueParser::new(),
+          action = clap::ArgAction::Set)]
+    metrics: bool,
+    /// Also serve /metrics, and nothing else, on this address.
+    #[arg(long, env = "BERTH_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+    /// How log lines are written to stderr: text, or json (one object a line).
+    #[arg(long, env = "BERTH_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub(super) log_format: LogFormat,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -108,6 +122,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // before anything is opened.
     let tokens = open_tokens(&args)?;
     let access = load_access(&args)?;
+    if args.metrics {
+        crate::metrics::install();
+    } else if let Some(addr) = args.metrics_listen {
+        anyhow::bail!("--metrics-listen {addr} serves metrics, but --metrics is off");
+    }
     let (db, server_id) = open_records(&args).await?;
     let events = Events::default();
     if let Some(url) = &args.webhook_url {
@@ -164,6 +183,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
+    if let Some(addr) = args.metrics_listen {
+        serve_metrics(addr, pipeline.stopping().clone()).await?;
+    }
     tracing::info!(
         ready_ms = clock.elapsed().as_millis() as u64,
         "berth is listening on http://{}",
@@ -345,6 +367,26 @@ fn load_access(args: &ServeArgs) -> anyhow::Result<Access> {
         "sources file loaded"
     );
     Ok(access)
+}
+
+/// `--metrics-listen`: `/metrics` alone on its own address, until the
+/// server stops.
+async fn serve_metrics(addr: SocketAddr, stop: CancellationToken) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (--metrics-listen)"))?;
+    tracing::info!(
+        "metrics are served on http://{}/metrics",
+        listener.local_addr()?
+    );
+    let server = axum::serve(listener, crate::http::metrics_app())
+        .with_graceful_shutdown(async move { stop.cancelled().await });
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!("the metrics address stopped serving: {e}");
+        }
+    });
+    Ok(())
 }
 
 async fn stop_signal() {

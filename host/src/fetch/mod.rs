@@ -171,6 +171,7 @@ impl Fetcher {
         // files, so this needs neither the lock nor a read of any byte.
         if Stamps::load(&books.stamps).vouch_for_all(&dir, &model.files) {
             for file in &model.files {
+                crate::metrics::stamp_verified_bytes(file.size_bytes);
                 tally.file_done(file.size_bytes);
             }
             return Ok(dir);
@@ -485,6 +486,7 @@ impl Fetcher {
                     }
                 };
                 let len = chunk.len() as u64;
+                crate::metrics::fetched_bytes(len);
                 received += len;
                 if received > size {
                     let _ = writer.abandon().await;
@@ -626,7 +628,11 @@ async fn verified_in_place(path: PathBuf, file: ModelFile, stamp: Option<Stamp>)
         return None;
     }
     let expected = file.sha256.clone();
-    if stamp.is_some_and(|s| s.vouches_for(&meta, expected.as_deref())) || expected.is_none() {
+    let vouched = stamp.is_some_and(|s| s.vouches_for(&meta, expected.as_deref()));
+    if vouched {
+        crate::metrics::stamp_verified_bytes(file.size_bytes);
+    }
+    if vouched || expected.is_none() {
         return Some(Stamp::of(&meta, expected.as_deref()));
     }
     let expected = expected?;

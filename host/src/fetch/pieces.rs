@@ -174,6 +174,7 @@ impl Claims<'_> {
         while let Some(chunk) = body.stream.next().await {
             let chunk = chunk.map_err(|e| Stop::Source(format!("{e} at byte {at}")))?;
             let len = chunk.len() as u64;
+            crate::metrics::fetched_bytes(len);
             if at + len > piece.end {
                 return Err(Stop::Source(format!(
                     "the source sent more than the bytes {}-{} asked for ({})",

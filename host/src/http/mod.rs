@@ -7,7 +7,9 @@ mod deployments;
 mod error;
 mod events;
 mod json;
+mod metrics;
 mod models;
+mod observe;
 mod openapi;
 mod webhook;
 
@@ -54,6 +56,7 @@ fn routes() -> OpenApiRouter<ApiContext> {
         .merge(events::router())
         .routes(routes!(healthz))
         .routes(routes!(ready))
+        .merge(metrics::router())
         .merge(openapi::router())
 }
 
@@ -68,6 +71,8 @@ pub fn app(ctx: ApiContext) -> Router {
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(ctx.clone(), auth::require))
+        // Outermost, so every answer (refusals too) has an id and a count.
+        .layer(middleware::from_fn(observe::observe))
         .with_state(ctx)
 }
 
@@ -101,4 +106,12 @@ async fn ready(State(ctx): State<ApiContext>) -> Result<&'static str, error::Err
         loading.len(),
         loading.join(", ")
     )))
+}
+
+/// `--metrics-listen`: `/metrics` alone, for an address the API is not on.
+pub fn metrics_app() -> Router {
+    let (router, _) = metrics::router().split_for_parts();
+    router.fallback(|| async {
+        error::Error::NotFound("this address serves only GET /metrics".into())
+    })
 }

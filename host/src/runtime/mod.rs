@@ -224,7 +224,27 @@ impl Runtime {
         })
     }
 
+    /// One call into the plugin, timed whatever its outcome: the call
+    /// boundary every `describe`, `check-options` and `deploy` crosses.
     async fn ask(
+        &self,
+        plugin: &Plugin,
+        reporter: Arc<dyn Reporter>,
+        cancel: &CancellationToken,
+        question: Question<'_>,
+    ) -> Result<Answer, CallError> {
+        let call = match question {
+            Question::Describe => "describe",
+            Question::CheckOptions(_) => "check_options",
+            Question::Deploy(_) => "deploy",
+        };
+        let clock = Instant::now();
+        let answer = self.call(plugin, reporter, cancel, question).await;
+        crate::metrics::plugin_call(&plugin.name, call, clock.elapsed());
+        answer
+    }
+
+    async fn call(
         &self,
         plugin: &Plugin,
         reporter: Arc<dyn Reporter>,

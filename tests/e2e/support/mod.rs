@@ -4,6 +4,7 @@
 pub mod events;
 pub mod files;
 pub mod plugins;
+pub mod prometheus;
 pub mod router;
 pub mod server;
 

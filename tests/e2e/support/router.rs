@@ -157,7 +157,7 @@ impl App {
             let value = format!("Bearer {token}").parse().unwrap();
             request.headers_mut().insert(header::AUTHORIZATION, value);
         }
-        let response = self.app.clone().oneshot(request).await.unwrap();
+        let response = self.response(request).await;
         let status = response.status();
         let headers = response.headers().clone();
         let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
@@ -168,6 +168,11 @@ impl App {
             headers,
             answer_body(String::from_utf8_lossy(&bytes).into_owned()),
         )
+    }
+
+    /// The whole response, headers included.
+    pub async fn response(&self, request: Request<Body>) -> axum::response::Response {
+        self.app.clone().oneshot(request).await.unwrap()
     }
 
     /// A request with a JSON body, or none.

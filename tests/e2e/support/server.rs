@@ -331,8 +331,7 @@ fn wait_until_listening(child: &mut Child, wait_loaded: bool) -> (String, Arc<Mu
     let sink = log.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            // Kept before it is acted on: whoever waits on the line below
-            // then finds it in the log.
+            // Kept before it is signalled, so whoever wakes finds it.
             {
                 let mut log = sink.lock().unwrap();
                 log.push_str(&line);
@@ -340,8 +339,10 @@ fn wait_until_listening(child: &mut Child, wait_loaded: bool) -> (String, Arc<Mu
             }
             if let Some(at) = line.find("berth is listening on ") {
                 let rest = &line[at + "berth is listening on ".len()..];
+                // The address ends at a space (text logs) or at the end of
+                // the JSON string holding the message.
                 let _ = ready_tx.send(
-                    rest.split_whitespace()
+                    rest.split(|c: char| c.is_whitespace() || c == '"')
                         .next()
                         .unwrap_or_default()
                         .to_string(),

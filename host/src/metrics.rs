@@ -1,0 +1,302 @@
+//! The server's Prometheus metrics: their names, help, labels and buckets,
+//! the calls that record them, and their text rendering. The pipeline, the
+//! runtime's call boundary, the fetcher, the deployers and the HTTP layer
+//! call in with numbers; this module reads no request, row or file. Until
+//! `install` (a server with `--metrics off`, `berth plugin`, in-process
+//! tests) every call is one atomic load and does nothing.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::model::Outcome;
+
+/// Prometheus's text exposition format, version 0.0.4.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// Upper bounds, in seconds, of every duration histogram: from a plugin's
+/// `check-options` (milliseconds) to a large model's fetch (the default
+/// limit is 30 minutes).
+const DURATION_BUCKETS: [f64; 18] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    900.0, 1800.0,
+];
+
+static METRICS: OnceLock<Metrics> = OnceLock::new();
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeploymentLabels {
+    deployer: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FetchLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    plugin: String,
+    call: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    method: String,
+    route: String,
+    status: u16,
+}
+
+type Durations<L> = Family<L, Histogram>;
+
+fn durations() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+struct Metrics {
+    registry: Registry,
+    deployments: Family<DeploymentLabels, Counter>,
+    deployment_duration: Durations<DeploymentLabels>,
+    running: Gauge,
+    fetch_duration: Durations<FetchLabels>,
+    fetched_bytes: Counter,
+    stamp_verified_bytes: Counter,
+    plugin_calls: Durations<CallLabels>,
+    plugins_loaded: Gauge,
+    plugins_rejected: Gauge,
+    http_requests: Family<RequestLabels, Counter>,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::default();
+        let deployments: Family<DeploymentLabels, Counter> = Family::default();
+        registry.register(
+            "berth_deployments",
+            "Deployments that ended, by deployer and outcome (completed, failed)",
+            deployments.clone(),
+        );
+        let deployment_duration = Durations::new_with_constructor(durations as fn() -> _);
+        registry.register_with_unit(
+            "berth_deployment_duration",
+            "How long deployments took from fetch to recorded outcome, by deployer and outcome",
+            Unit::Seconds,
+            deployment_duration.clone(),
+        );
+        let running = Gauge::default();
+        registry.register(
+            "berth_deployments_running",
+            "Deployments running in this process",
+            running.clone(),
+        );
+        // Nothing waits for a turn yet: every accepted deployment runs at
+        // once. Exposed so dashboards and alerts need not change when
+        // queueing arrives.
+        registry.register(
+            "berth_deployments_queued",
+            "Deployments accepted and waiting for their turn",
+            Gauge::<i64>::default(),
+        );
+        let fetch_duration = Durations::new_with_constructor(durations as fn() -> _);
+        registry.register_with_unit(
+            "berth_fetch_duration",
+            "How long fetching and verifying a deployment's model files took, by outcome (verified, failed)",
+            Unit::Seconds,
+            fetch_duration.clone(),
+        );
+        let fetched_bytes = Counter::default();
+        registry.register_with_unit(
+            "berth_fetched",
+            "Bytes received from model sources",
+            Unit::Bytes,
+            fetched_bytes.clone(),
+        );
+        let stamp_verified_bytes = Counter::default();
+        registry.register_with_unit(
+            "berth_stamp_verified",
+            "Bytes of model files trusted without re-hashing because their verification record still matched",
+            Unit::Bytes,
+            stamp_verified_bytes.clone(),
+        );
+        let plugin_calls = Durations::new_with_constructor(durations as fn() -> _);
+        registry.register_with_unit(
+            "berth_plugin_call_duration",
+            "How long calls into plugins took, by plugin and call (describe, check_options, deploy)",
+            Unit::Seconds,
+            plugin_calls.clone(),
+        );
+        let plugins_loaded = Gauge::default();
+        registry.register(
+            "berth_plugins_loaded",
+            "Deployers loaded from the plugins folder",
+            plugins_loaded.clone(),
+        );
+        let plugins_rejected = Gauge::default();
+        registry.register(
+            "berth_plugins_rejected",
+            "Files in the plugins folder that were refused (listed under rejected in GET /v1/deployers)",
+            plugins_rejected.clone(),
+        );
+        let http_requests: Family<RequestLabels, Counter> = Family::default();
+        registry.register(
+            "berth_http_requests",
+            "HTTP requests answered, by method, route template and status",
+            http_requests.clone(),
+        );
+        Self {
+            registry,
+            deployments,
+            deployment_duration,
+            running,
+            fetch_duration,
+            fetched_bytes,
+            stamp_verified_bytes,
+            plugin_calls,
+            plugins_loaded,
+            plugins_rejected,
+            http_requests,
+        }
+    }
+}
+
+/// Starts recording, for the rest of the process.
+pub fn install() {
+    METRICS.get_or_init(Metrics::new);
+}
+
+/// Every metric in the text exposition format, or `None` if metrics are
+/// off.
+pub fn render() -> Option<String> {
+    let metrics = METRICS.get()?;
+    let mut text = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut text, &metrics.registry)
+        .expect("writing to a String cannot fail");
+    Some(text)
+}
+
+pub fn deployment_started() {
+    if let Some(m) = METRICS.get() {
+        m.running.inc();
+    }
+}
+
+pub fn deployment_ended(deployer: &str, outcome: &Outcome, took: Duration) {
+    let Some(m) = METRICS.get() else { return };
+    m.running.dec();
+    let labels = DeploymentLabels {
+        deployer: deployer.to_string(),
+        outcome: match outcome {
+            Outcome::Completed { .. } => "completed",
+            Outcome::Failed { .. } => "failed",
+        },
+    };
+    m.deployments.get_or_create(&labels).inc();
+    m.deployment_duration
+        .get_or_create(&labels)
+        .observe(took.as_secs_f64());
+}
+
+pub fn fetch_ended(verified: bool, took: Duration) {
+    let Some(m) = METRICS.get() else { return };
+    let outcome = if verified { "verified" } else { "failed" };
+    m.fetch_duration
+        .get_or_create(&FetchLabels { outcome })
+        .observe(took.as_secs_f64());
+}
+
+/// Bytes as they arrive from a source (a retried download counts again:
+/// they crossed the network again).
+pub fn fetched_bytes(n: u64) {
+    if let Some(m) = METRICS.get() {
+        m.fetched_bytes.inc_by(n);
+    }
+}
+
+/// A file's bytes that its verification record vouched for, so they were
+/// not read.
+pub fn stamp_verified_bytes(n: u64) {
+    if let Some(m) = METRICS.get() {
+        m.stamp_verified_bytes.inc_by(n);
+    }
+}
+
+/// One call into a plugin; `call` is `describe`, `check_options` or
+/// `deploy`.
+pub fn plugin_call(plugin: &str, call: &'static str, took: Duration) {
+    let Some(m) = METRICS.get() else { return };
+    m.plugin_calls
+        .get_or_create(&CallLabels {
+            plugin: plugin.to_string(),
+            call,
+        })
+        .observe(took.as_secs_f64());
+}
+
+/// The plugin set now served: called whenever it is swapped.
+pub fn plugins(loaded: usize, rejected: usize) {
+    let Some(m) = METRICS.get() else { return };
+    m.plugins_loaded.set(loaded.try_into().unwrap_or(i64::MAX));
+    m.plugins_rejected
+        .set(rejected.try_into().unwrap_or(i64::MAX));
+}
+
+/// One answered request; `route` is the matched route's template (never
+/// the raw path, whose ids would make a series each).
+pub fn http_request(method: &str, route: &str, status: u16) {
+    let Some(m) = METRICS.get() else { return };
+    m.http_requests
+        .get_or_create(&RequestLabels {
+            method: method.to_string(),
+            route: route.to_string(),
+            status,
+        })
+        .inc();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names are what dashboards and alerts are written against.
+    #[test]
+    fn names_types_and_units_are_pinned() {
+        install();
+        // A labelled family is rendered once it has a series.
+        let failed = Outcome::Failed {
+            error: "cancelled".into(),
+        };
+        deployment_started();
+        deployment_ended("archive", &failed, Duration::from_millis(5));
+        fetch_ended(true, Duration::from_millis(2));
+        plugin_call("archive", "deploy", Duration::from_millis(1));
+        http_request("GET", "/v1/models", 200);
+        #[rustfmt::skip]
+        let expected = [
+            ("berth_deployments_total", "counter"),
+            ("berth_deployment_duration_seconds", "histogram"),
+            ("berth_deployments_running", "gauge"),
+            ("berth_deployments_queued", "gauge"),
+            ("berth_fetch_duration_seconds", "histogram"),
+            ("berth_fetched_bytes_total", "counter"),
+            ("berth_stamp_verified_bytes_total", "counter"),
+            ("berth_plugin_call_duration_seconds", "histogram"),
+            ("berth_plugins_loaded", "gauge"),
+            ("berth_plugins_rejected", "gauge"),
+            ("berth_http_requests_total", "counter"),
+        ];
+        let text = render().unwrap();
+        let declared: Vec<(&str, &str)> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("# TYPE "))
+            .filter_map(|rest| rest.split_once(' '))
+            .collect();
+        assert_eq!(declared, expected, "{text}");
+    }
+}
