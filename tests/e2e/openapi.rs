@@ -133,7 +133,8 @@ async fn status_of(app: &App, method: Method, uri: &str) -> StatusCode {
 /// What anyone may call when the server has tokens (README).
 const OPEN: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
 
-/// An operation lists a success and its refusals, each described; unless
+/// An operation lists a success and its refusals, each described and
+/// carrying the request's id; unless
 /// it is open it needs the bearer token: 401 everywhere, 403 on what
 /// changes something.
 #[track_caller]
@@ -149,6 +150,10 @@ fn check_operation(document: &Value, path: &str, method: &Method, operation: &Va
                 .as_str()
                 .is_some_and(|d| !d.is_empty()),
             "{method} {path} {status} has no description"
+        );
+        assert!(
+            response["headers"]["x-request-id"].is_object(),
+            "{method} {path} {status} does not say it carries the request's id"
         );
     }
     if OPEN.contains(&path) {

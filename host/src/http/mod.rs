@@ -78,7 +78,7 @@ pub fn app(ctx: ApiContext) -> Router {
 
 /// The OpenAPI document of `app`, as `GET /openapi.json` serves it.
 fn document() -> utoipa::openapi::OpenApi {
-    openapi::guard(routes().into_openapi())
+    openapi::with_layers(routes().into_openapi())
 }
 
 /// Liveness: answers while the process serves requests.

@@ -1,19 +1,20 @@
 //! The API's OpenAPI 3.1 document: generated from the handlers' own
 //! `#[utoipa::path]` docs and `json.rs`'s schemas, never written beside
 //! them, and served at `GET /openapi.json`. Adds to each operation what the
-//! auth middleware asks of it, by the middleware's own rules: the bearer
-//! token, and its 401 and 403.
+//! layers around the handlers do, by their own rules: the auth
+//! middleware's bearer token with its 401 and 403, and `observe`'s request
+//! id.
 
 use std::sync::LazyLock;
 
 use axum::Json;
 use axum::http::Method;
 use utoipa::openapi::content::Content;
-use utoipa::openapi::header::Header;
-use utoipa::openapi::path::Operation;
+use utoipa::openapi::header::{Header, HeaderBuilder};
+use utoipa::openapi::path::{Operation, ParameterBuilder, ParameterIn, PathItem};
 use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
-use utoipa::openapi::{Components, Ref};
+use utoipa::openapi::{Components, Object, Ref, RefOr, Required, Type};
 use utoipa::{OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -21,6 +22,7 @@ use utoipa_axum::routes;
 use super::ApiContext;
 use super::auth;
 use super::json::{self, ErrorBody};
+use super::observe::REQUEST_ID;
 use crate::auth::Role;
 
 /// The security scheme's name in the document.
@@ -64,11 +66,12 @@ async fn serve() -> Json<&'static utoipa::openapi::OpenApi> {
     Json(&DOCUMENT)
 }
 
-/// When the server has tokens, every operation outside `auth::OPEN` needs
-/// one: 401 without a valid one, 403 for a token whose role is below
-/// `auth::needed_role`. The document says so whether or not this server
-/// has tokens.
-pub fn guard(mut document: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+/// What the layers add to every operation. When the server has tokens,
+/// every operation outside `auth::OPEN` needs one: 401 without a valid one,
+/// 403 for a token whose role is below `auth::needed_role` (the document
+/// says so whether or not this server has tokens). Every answer carries
+/// the request's id.
+pub fn with_layers(mut document: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     document
         .components
         .get_or_insert_with(Components::new)
@@ -77,23 +80,55 @@ pub fn guard(mut document: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
     for (path, item) in &mut document.paths.paths {
-        if auth::OPEN.contains(&path.as_str()) {
-            continue;
-        }
-        for (operation, method) in [
-            (&mut item.get, Method::GET),
-            (&mut item.head, Method::HEAD),
-            (&mut item.post, Method::POST),
-            (&mut item.put, Method::PUT),
-            (&mut item.patch, Method::PATCH),
-            (&mut item.delete, Method::DELETE),
-        ] {
-            if let Some(operation) = operation {
+        let open = auth::OPEN.contains(&path.as_str());
+        for (operation, method) in operations(item) {
+            if !open {
                 require_token(operation, auth::needed_role(&method));
             }
+            carry_request_id(operation);
         }
     }
     document
+}
+
+fn operations(item: &mut PathItem) -> impl Iterator<Item = (&mut Operation, Method)> {
+    [
+        (&mut item.get, Method::GET),
+        (&mut item.head, Method::HEAD),
+        (&mut item.post, Method::POST),
+        (&mut item.put, Method::PUT),
+        (&mut item.patch, Method::PATCH),
+        (&mut item.delete, Method::DELETE),
+    ]
+    .into_iter()
+    .filter_map(|(operation, method)| Some((operation.as_mut()?, method)))
+}
+
+fn carry_request_id(operation: &mut Operation) {
+    let string = || Object::with_type(Type::String);
+    operation.parameters.get_or_insert_with(Vec::new).push(
+        ParameterBuilder::new()
+            .name(REQUEST_ID.as_str())
+            .parameter_in(ParameterIn::Header)
+            .required(Required::False)
+            .description(Some(
+                "The request's id in the logs: 1 to 128 visible ASCII characters \
+                 (another is replaced)",
+            ))
+            .schema(Some(string()))
+            .build(),
+    );
+    for response in operation.responses.responses.values_mut() {
+        if let RefOr::T(response) = response {
+            response.headers.insert(
+                REQUEST_ID.as_str().into(),
+                HeaderBuilder::new()
+                    .schema(string())
+                    .description(Some("The request's id: the one it gave, or a fresh one"))
+                    .build(),
+            );
+        }
+    }
 }
 
 fn require_token(operation: &mut Operation, needed: Role) {
