@@ -269,21 +269,21 @@ pub async fn deployments(ctx: &Ctx) -> anyhow::Result<()> {
     for round in 0..ctx.rounds {
         // Alternate which goes first, so a drift of the machine's load
         // does not favour one.
-        let order = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for metrics in order {
-            let (server, health, deploy) = if metrics {
-                (&on, &mut health_on, &mut deploy_on)
-            } else {
-                (&off, &mut health_off, &mut deploy_off)
-            };
-            health.add(load(total, || server.healthz()).await?);
-            deploy.add(load(total, || server.deploy(id)).await?);
+        // Rotate which goes first, so a drift of the machine's load does
+        // not favour one.
+        for k in 0..3 {
+            match (k + round) % 3 {
+                0 => {
+                    health_on.add(load(total, || on.healthz()).await?);
+                    deploy_on.add(load(total, || on.deploy(id)).await?);
+                }
+                1 => {
+                    health_off.add(load(total, || off.healthz()).await?);
+                    deploy_off.add(load(total, || off.deploy(id)).await?);
+                }
+                _ => deploy_auth.add(load(total, || auth.deploy(id)).await?),
+            }
         }
-        deploy_auth.add(load(total, || auth.deploy(id)).await?);
     }
     let mut table = Table::new(&format!(
         "4b. HTTP API, {total} requests, {CONCURRENCY} in flight (SQLite), median of {} rounds",
@@ -322,8 +322,38 @@ pub async fn deployments(ctx: &Ctx) -> anyhow::Result<()> {
         format!("{:.2} µs", recording_cost() * 1e6),
         "one thread, uncontended: the floor of the cost above".into(),
     );
+    table.row(
+        "checking an API token among 20, in-process",
+        format!("{:.2} µs", token_check_cost(ctx)? * 1e6),
+        "one SHA-256 and 20 constant-time comparisons: the floor of the token's cost".into(),
+    );
     table.print();
     Ok(())
+}
+
+/// Seconds per `Tokens::caller` with a tokens file of 20 entries, the
+/// presented token being the last.
+fn token_check_cost(ctx: &Ctx) -> anyhow::Result<f64> {
+    use berth::auth::{Role, Tokens, new_token};
+    const CHECKS: u32 = 100_000;
+    let mut lines = String::new();
+    let mut last = String::new();
+    for i in 0..20 {
+        let (token, line) =
+            new_token(&format!("t{i}"), Role::Deploy).map_err(anyhow::Error::msg)?;
+        lines.push_str(&line);
+        lines.push('\n');
+        last = token;
+    }
+    std::fs::create_dir_all(&ctx.out_dir)?;
+    let file = ctx.out_dir.join("tokens");
+    std::fs::write(&file, lines)?;
+    let tokens = Tokens::load(Some(&file), None)?.context("tokens were loaded")?;
+    let started = Instant::now();
+    for _ in 0..CHECKS {
+        std::hint::black_box(tokens.caller(std::hint::black_box(&last)));
+    }
+    Ok(started.elapsed().as_secs_f64() / f64::from(CHECKS))
 }
 
 /// Seconds per deployment spent recording what one synchronous deployment

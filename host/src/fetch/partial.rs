@@ -45,6 +45,18 @@ pub(crate) fn partial_path(target: &Path) -> PathBuf {
     target.with_file_name(format!("{TEMP_PREFIX}{name}"))
 }
 
+/// Opens (or creates) a partial file for reading and writing, keeping what
+/// it holds.
+pub(crate) fn open_partial(path: &Path) -> Result<File, String> {
+    File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
 /// The layout checkpoints are written in. A checkpoint in any other one
 /// is used up unread and the kept bytes are hashed again: those without a
 /// `format` were written before berth saved sha2's own hash state, format 2
@@ -189,13 +201,7 @@ impl Writer {
         let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
         // Opened here, synchronously: a download dropped before the threads
         // run must still find the file where it expects it.
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(failed)?;
+        let file = open_partial(path)?;
         file.set_len(start).map_err(failed)?;
         let kept = file.try_clone().map_err(failed)?;
         let (to_disk, disk_rx) = mpsc::channel(QUEUE);

@@ -21,7 +21,8 @@ use tokio::sync::mpsc;
 
 use super::Tally;
 use super::partial::{
-    Checkpoint, QUEUE, READ_BUF, Resumable, WRITEBACK_WINDOW, Written, start_writeback,
+    Checkpoint, QUEUE, READ_BUF, Resumable, WRITEBACK_WINDOW, Written, open_partial,
+    start_writeback,
 };
 use super::ranges::Ranges;
 use super::sha::Sha256;
@@ -268,13 +269,7 @@ impl PieceWriter {
         hold: Arc<H>,
     ) -> Result<Self, String> {
         let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(failed)?;
+        let file = open_partial(path)?;
         // Sparse until written: the pieces land at their own offsets.
         file.set_len(size).map_err(failed)?;
         let kept = file.try_clone().map_err(failed)?;

@@ -65,6 +65,17 @@ impl App {
         // 20: `serve`'s default --max-deployers.
         let loaded = runtime.load_dir(&plugins_dir, 20).await;
         let deployers = Arc::new(Deployers::new(Arc::new(runtime), plugins_dir, loaded));
+        Self::assemble(db, deployers, tokens, temp)
+    }
+
+    /// The API over these parts, as `serve` puts it together; models and
+    /// out-dirs go under `temp`.
+    fn assemble(
+        db: Db,
+        deployers: Arc<Deployers>,
+        tokens: Option<Arc<Tokens>>,
+        temp: tempfile::TempDir,
+    ) -> Self {
         let fetcher = Fetcher::new(temp.path().join("models"), Duration::from_secs(1800)).unwrap();
         let events = Events::default();
         let pipeline = Arc::new(Pipeline::new(
@@ -102,28 +113,7 @@ impl App {
         let db = Db::connect(&database_url(Backend::Sqlite).await)
             .await
             .unwrap();
-        let events = Events::default();
-        let fetcher = Fetcher::new(temp.path().join("models"), Duration::from_secs(60)).unwrap();
-        let pipeline = Arc::new(Pipeline::new(
-            db.clone(),
-            events.clone(),
-            deployers.clone(),
-            fetcher,
-            "router-test".to_string(),
-            temp.path().join("out"),
-        ));
-        let router = berth::http::app(ApiContext {
-            db,
-            events,
-            deployers,
-            pipeline,
-            tokens: None,
-        });
-        Self {
-            app: router,
-            token: None,
-            _temp: Arc::new(temp),
-        }
+        Self::assemble(db, deployers, None, temp)
     }
 
     /// The same API, called with `token` (or with none).
