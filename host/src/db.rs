@@ -176,7 +176,7 @@ impl Db {
     pub async fn insert_model(&self, model: &TrainedModel) -> Result<TrainedModel> {
         let created_at = now();
         let mut tx = self.pool.begin().await?;
-        let inserted = sqlx::query(
+        let insert = sqlx::query(
             "INSERT INTO models (name, job_id, base_model, model_size, dataset, num_examples, \
              num_train_steps, final_loss, params, source, created_at, created_by) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id",
@@ -187,14 +187,23 @@ impl Db {
         .bind(&model.model_size)
         .bind(&model.dataset)
         .bind(to_i64(model.num_examples))
-        .bind(to_i64(model.num_train_steps))
-        .bind(model.final_loss)
-        .bind(&model.params_json)
-        .bind(&model.source)
-        .bind(&created_at)
-        .bind(&model.created_by)
-        .fetch_one(&mut *tx)
-        .await;
+        .bind(to_i64(model.num_train_steps));
+        // sqlx 0.8's Any driver sends a NULL f64 to PostgreSQL as a `real`
+        // and a NULL f32 as a `double precision` (the two are swapped). The
+        // connection caches the statement with the first parameter types it
+        // saw, so a `real` NULL made every later loss on that connection
+        // fail; a NULL f32 keeps the statement `double precision`.
+        let insert = match model.final_loss {
+            Some(loss) => insert.bind(loss),
+            None => insert.bind(None::<f32>),
+        };
+        let inserted = insert
+            .bind(&model.params_json)
+            .bind(&model.source)
+            .bind(&created_at)
+            .bind(&model.created_by)
+            .fetch_one(&mut *tx)
+            .await;
         let id: i64 = match inserted {
             Ok(row) => row.try_get(0)?,
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {

@@ -215,6 +215,11 @@ fn source_rule(source: &str) -> Result<(), String> {
             "source is required: a URL template such as http://files.local/{job_id}/{path}".into(),
         );
     }
+    // PostgreSQL cannot store a NUL, and the URL parser would quietly drop
+    // tabs and newlines from what was registered.
+    if source.chars().any(char::is_control) {
+        return Err("source contains control characters".into());
+    }
     if !source.contains("{path}") {
         return Err(format!(
             "source {source:?} must contain {{path}}, where each file's path goes"
@@ -334,6 +339,10 @@ mod tests {
         for (source, expected) in sources {
             check(|d| d.source = Some(source.into()), expected);
         }
+        check(
+            |d| d.source = Some("http://files.local/{path}\0".into()),
+            "source contains control characters",
+        );
         check(
             |d| d.final_loss = Some(f64::NAN),
             "final_loss must be a finite number",

@@ -189,6 +189,18 @@ async fn bad_sources_fail_with_the_file_named_and_leave_no_unverified_bytes(back
     let berth = Berth::start(backend).await;
     let good = bytes(7, 300_000);
     let bad = "weights.bin";
+    // A local source whose weights.bin is a FIFO: opening it once waited
+    // for a writer, holding the deployment and its model directory's lock.
+    let local = tempfile::tempdir().unwrap();
+    let fifo_dir = local.path().join("job-fifo");
+    std::fs::create_dir_all(&fifo_dir).unwrap();
+    std::fs::write(fifo_dir.join("config.json"), b"{}").unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(fifo_dir.join(bad))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let local_source = format!("file://{}/{{job_id}}/{{path}}", local.path().display());
 
     // Each case: how the registration or the source lies, what the error says.
     type Case = (
@@ -239,6 +251,12 @@ async fn bad_sources_fail_with_the_file_named_and_leave_no_unverified_bytes(back
             Box::new(|m| m["source"] = json!("http://127.0.0.1:9/{job_id}/{path}")),
             None,
             "cannot reach the source (http://127.0.0.1:9/job-down/",
+        ),
+        (
+            "fifo",
+            Box::new(move |m| m["source"] = json!(local_source)),
+            None,
+            "/job-fifo/weights.bin is not a regular file",
         ),
     ];
     for (job, change, fault, expected) in cases {

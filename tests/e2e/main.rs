@@ -17,6 +17,7 @@ mod live;
 mod logs;
 mod metrics;
 mod network;
+mod openapi;
 mod page;
 mod plugin_cli;
 mod plugins;

@@ -434,7 +434,10 @@ impl Fetcher {
             return self.stream(target, body, from, kept.hash).await;
         }
         let pieces = pieces::cut(&missing, self.split.piece_bytes);
-        let first = pieces.front().expect("a missing range makes a piece");
+        let first = pieces
+            .clone()
+            .next()
+            .expect("a missing range makes a piece");
         let body = self.open(target, first.span()).await?;
         if !(body.ranged && body.start == first.start) {
             // The source sends whole files only: one stream from the start.

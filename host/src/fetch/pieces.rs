@@ -45,24 +45,43 @@ impl Piece {
     }
 }
 
-/// Cuts the missing ranges into pieces of at most `piece_bytes`, in file
-/// order, so that the run of written bytes from the start, which the hash
-/// follows, grows first.
-pub(crate) fn cut(missing: &[(u64, u64)], piece_bytes: u64) -> VecDeque<Piece> {
-    let piece_bytes = piece_bytes.max(1);
-    let mut pieces = VecDeque::new();
-    for &(start, end) in missing {
-        let mut at = start;
-        while at < end {
-            let next = end.min(at.saturating_add(piece_bytes));
-            pieces.push_back(Piece {
-                start: at,
-                end: next,
-            });
-            at = next;
-        }
+/// The missing ranges, cut into pieces of at most `piece_bytes` as the
+/// connections claim them, in file order, so that the run of written bytes
+/// from the start, which the hash follows, grows first. Cut one at a time:
+/// a file costs one entry per missing range whatever its size (a recorded
+/// size of 2^61 bytes once asked for 2^37 pieces up front, found by
+/// schemathesis).
+#[derive(Debug, Clone)]
+pub(crate) struct Pieces {
+    missing: VecDeque<(u64, u64)>,
+    piece_bytes: u64,
+}
+
+pub(crate) fn cut(missing: &[(u64, u64)], piece_bytes: u64) -> Pieces {
+    Pieces {
+        missing: missing
+            .iter()
+            .copied()
+            .filter(|(start, end)| start < end)
+            .collect(),
+        piece_bytes: piece_bytes.max(1),
     }
-    pieces
+}
+
+impl Iterator for Pieces {
+    type Item = Piece;
+
+    fn next(&mut self) -> Option<Piece> {
+        let (start, end) = self.missing.pop_front()?;
+        let piece = Piece {
+            start,
+            end: end.min(start.saturating_add(self.piece_bytes)),
+        };
+        if piece.end < end {
+            self.missing.push_front((piece.end, end));
+        }
+        Some(piece)
+    }
 }
 
 /// Reads `pieces` into `writer` over at most `connections` connections;
@@ -72,16 +91,17 @@ pub(crate) fn cut(missing: &[(u64, u64)], piece_bytes: u64) -> VecDeque<Piece> {
 pub(crate) async fn download(
     sources: &Sources,
     location: &Location,
-    mut pieces: VecDeque<Piece>,
+    mut pieces: Pieces,
     first: Body,
     connections: usize,
     writer: PieceWriter,
     tally: &Tally,
 ) -> Result<Written, String> {
-    let Some(first_piece) = pieces.pop_front() else {
+    let Some(first_piece) = pieces.next() else {
         return writer.finish().await;
     };
-    let connections = connections.clamp(1, pieces.len() + 1);
+    // No more connections than pieces.
+    let connections = connections.clamp(1, pieces.clone().take(connections).count() + 1);
     let claims = Claims {
         sources,
         location,
@@ -116,7 +136,7 @@ enum Stop {
 struct Claims<'a> {
     sources: &'a Sources,
     location: &'a Location,
-    queue: Mutex<VecDeque<Piece>>,
+    queue: Mutex<Pieces>,
     writer: &'a PieceWriter,
     tally: &'a Tally,
 }
@@ -129,7 +149,7 @@ impl Claims<'_> {
             let (piece, body) = match opened.take() {
                 Some(opened) => opened,
                 None => {
-                    let Some(piece) = self.queue.lock().expect("queue lock").pop_front() else {
+                    let Some(piece) = self.queue.lock().expect("queue lock").next() else {
                         return Ok(());
                     };
                     let body = self
@@ -431,7 +451,7 @@ mod tests {
     fn missing_ranges_are_cut_into_pieces_in_file_order() {
         let piece = |start, end| Piece { start, end };
         assert_eq!(
-            cut(&[(0, 10), (15, 16), (20, 45)], 10),
+            cut(&[(0, 10), (15, 16), (20, 45)], 10).collect::<Vec<_>>(),
             [
                 piece(0, 10),
                 piece(15, 16),
@@ -440,6 +460,10 @@ mod tests {
                 piece(40, 45)
             ]
         );
-        assert!(cut(&[], 10).is_empty());
+        assert_eq!(cut(&[], 10).next(), None);
+        // The largest file costs no more than the smallest.
+        let mut huge = cut(&[(0, u64::MAX)], 16 << 20);
+        assert_eq!(huge.next(), Some(piece(0, 16 << 20)));
+        assert_eq!(huge.next(), Some(piece(16 << 20, 32 << 20)));
     }
 }

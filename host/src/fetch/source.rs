@@ -335,10 +335,27 @@ fn named(url: &url::Url, at: &url::Url) -> String {
 }
 
 async fn open_file(path: &std::path::Path, span: Span) -> Result<Body, String> {
-    let mut file = tokio::fs::File::open(path)
+    // Only a regular file can be a model's file: a FIFO would hold the
+    // deployment (and the model directory's lock) until a writer came, a
+    // device would never end. O_NONBLOCK lets a FIFO be opened, and so
+    // refused, at once; a regular file reads the same with it.
+    let mut file = tokio::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
         .await
         .map_err(|e| format!("cannot open the source file {}: {e}", path.display()))?;
-    let len = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let metadata = file
+        .metadata()
+        .await
+        .map_err(|e| format!("cannot read the source file {}: {e}", path.display()))?;
+    if !metadata.is_file() {
+        return Err(format!(
+            "the source file {} is not a regular file",
+            path.display()
+        ));
+    }
+    let len = metadata.len();
     let start = if span.start <= len { span.start } else { 0 };
     file.seek(std::io::SeekFrom::Start(start))
         .await

@@ -772,11 +772,7 @@ async fn pieces_cut_off_are_kept_with_a_checkpoint_and_only_the_rest_is_asked_fo
     let asked: Vec<(u64, u64)> = spans(&requests[asked_first..]);
     let mut expected = Vec::new();
     for (start, end) in kept.have.missing(BIG as u64) {
-        expected.extend(
-            pieces::cut(&[(start, end)], PIECE)
-                .iter()
-                .map(|p| (p.start, p.end)),
-        );
+        expected.extend(pieces::cut(&[(start, end)], PIECE).map(|p| (p.start, p.end)));
     }
     let mut asked_sorted = asked.clone();
     asked_sorted.sort();

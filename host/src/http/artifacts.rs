@@ -7,25 +7,33 @@ use std::io::SeekFrom;
 use std::path::PathBuf;
 
 use axum::Json;
-use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
-use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::ApiContext;
 use super::error::Error;
-use super::json::{self, Id, IdAndPath};
+use super::json::{self, ErrorBody, Id, IdAndPath};
 use crate::artifacts;
 
-pub fn router() -> Router<ApiContext> {
-    Router::new()
-        .route("/v1/deployments/{id}/files", get(list))
+/// `download`'s route takes the rest of the URL as its path (`{*path}`),
+/// which OpenAPI cannot spell: it is routed by hand and documented as
+/// `{path}` (the router test knows the two are one).
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(download))]
+struct DownloadDoc;
+
+pub fn router() -> OpenApiRouter<ApiContext> {
+    OpenApiRouter::with_openapi(DownloadDoc::openapi())
+        .routes(routes!(list))
         .route("/v1/deployments/{id}/files/{*path}", get(download))
 }
 
@@ -36,15 +44,39 @@ async fn out_dir(ctx: &ApiContext, id: i64) -> Result<PathBuf, Error> {
     }
 }
 
-async fn list(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<Value>, Error> {
+/// Lists the files the deployer wrote to its output directory.
+#[utoipa::path(get, path = "/v1/deployments/{id}/files", operation_id = "list_artifacts", tag = "deployments",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The deployment's id")),
+    responses(
+        (status = OK, description = "The regular files of the output directory", body = json::Artifacts),
+        (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such deployment, or its output directory is gone", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The records or the directory could not be read", body = ErrorBody),
+    ))]
+async fn list(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<json::Artifacts>, Error> {
     let dir = out_dir(&ctx, id).await?;
     let listing = tokio::task::spawn_blocking(move || artifacts::list(&dir))
         .await
         .map_err(|e| Error::Internal(format!("listing artifacts: {e}")))?
         .map_err(|e| artifact_error(id, e))?;
-    Ok(Json(json::artifacts(&listing)))
+    Ok(Json(json::Artifacts::from(&listing)))
 }
 
+/// Streams one file of the output directory; honours one `Range`.
+#[utoipa::path(get, path = "/v1/deployments/{id}/files/{path}", operation_id = "download_artifact", tag = "deployments",
+    params(
+        ("id" = i64, Path, minimum = 1, example = 1, description = "The deployment's id"),
+        ("path" = String, Path, description = "The file, relative to the output directory (`/`-separated)"),
+        ("Range" = Option<String>, Header, description = "One range, `bytes=FIRST-LAST`"),
+    ),
+    responses(
+        (status = OK, description = "The file", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = PARTIAL_CONTENT, description = "The range asked for", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = BAD_REQUEST, description = "A bad id, or a path with `..`, `.`, a backslash or a leading `/`", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such deployment or file, or one that is not a regular file with one link (symlinks are never followed)", body = ErrorBody),
+        (status = RANGE_NOT_SATISFIABLE, description = "The range is outside the file", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The records or the file could not be read", body = ErrorBody),
+    ))]
 async fn download(
     State(ctx): State<ApiContext>,
     IdAndPath(id, path): IdAndPath,

@@ -17,7 +17,7 @@ use super::page;
 use crate::auth::Role;
 
 /// Paths anyone may call, tokens or not.
-const OPEN: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
+pub const OPEN: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
 
 pub async fn require(
     State(ctx): State<ApiContext>,
@@ -70,7 +70,7 @@ pub async fn require(
 }
 
 /// Reading is for every role; changing anything needs `deploy`.
-fn needed_role(method: &Method) -> Role {
+pub fn needed_role(method: &Method) -> Role {
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
         Role::Read
     } else {

@@ -2,35 +2,51 @@
 //! show one, cancel one, read its log. The pipeline runs them; this module
 //! only translates HTTP.
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
 use axum::{Extension, Json};
-use serde_json::{Value, json};
+use serde_json::Value;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::ApiContext;
 use super::error::Error;
-use super::json::{self, Body, DeployBody, DeployParams, Id, ListParams, Params};
+use super::json::{self, Body, DeployBody, DeployParams, ErrorBody, Id, ListParams, Params};
 use crate::auth::Caller;
 use crate::model::Status;
 use crate::pipeline::{CancelError, MAX_OPTIONS_BYTES, Request};
 
-pub fn router() -> Router<ApiContext> {
-    Router::new()
-        .route("/v1/models/{id}/deployments", post(deploy).get(list))
-        .route("/v1/deployments/{id}", get(show))
-        .route("/v1/deployments/{id}/cancel", post(cancel))
-        .route("/v1/deployments/{id}/logs", get(logs))
+pub fn router() -> OpenApiRouter<ApiContext> {
+    OpenApiRouter::new()
+        .routes(routes!(deploy, list))
+        .routes(routes!(show))
+        .routes(routes!(cancel))
+        .routes(routes!(logs))
 }
 
+/// Deploys a model: fetches and verifies its files, runs the deployer.
+///
+/// Answers when the deployment has ended, or at once with `wait=false`.
+#[utoipa::path(post, path = "/v1/models/{id}/deployments", operation_id = "deploy", tag = "deployments",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The model's id"), DeployParams),
+    request_body = DeployBody,
+    responses(
+        (status = OK, description = "The deployment completed", body = json::Deployment),
+        (status = ACCEPTED, description = "With `wait=false`: the deployment is running", body = json::Deployment),
+        (status = BAD_REQUEST, description = "A bad id, body or parameter, an unknown deployer, or options its schema refuses", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such model", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
+        (status = BAD_GATEWAY, description = "The deployment failed: the stored row, with its `error`", body = json::Deployment),
+        (status = SERVICE_UNAVAILABLE, description = "The deployer is still loading after a start; try again shortly", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait before trying again"))),
+    ))]
 async fn deploy(
     State(ctx): State<ApiContext>,
     caller: Option<Extension<Caller>>,
     Id(model_id): Id,
     Params(params): Params<DeployParams>,
     Body(body): Body<DeployBody>,
-) -> Result<(StatusCode, Json<Value>), Error> {
+) -> Result<(StatusCode, Json<json::Deployment>), Error> {
     let Some(deployer) = body.deployer.filter(|d| !d.is_empty()) else {
         return Err(Error::BadRequest(
             "deployer is required: the name of a loaded deployer (see GET /v1/deployers)".into(),
@@ -57,24 +73,33 @@ async fn deploy(
     };
     if params.wait == Some(false) {
         let running = ctx.pipeline.run_detached(request).await?;
-        return Ok((StatusCode::ACCEPTED, Json(json::deployment(&running))));
+        return Ok((StatusCode::ACCEPTED, Json(running.into())));
     }
     let stored = ctx.pipeline.run_attached(request).await?;
     let status = match stored.status {
         Status::Completed => StatusCode::OK,
         _ => StatusCode::BAD_GATEWAY,
     };
-    Ok((status, Json(json::deployment(&stored))))
+    Ok((status, Json(stored.into())))
 }
 
 const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 500;
 
+/// A model's deployments, newest first.
+#[utoipa::path(get, path = "/v1/models/{id}/deployments", operation_id = "list_deployments", tag = "deployments",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The model's id"), ListParams),
+    responses(
+        (status = OK, description = "The deployments", body = json::Deployments),
+        (status = BAD_REQUEST, description = "A bad id or limit", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such model", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The records could not be read", body = ErrorBody),
+    ))]
 async fn list(
     State(ctx): State<ApiContext>,
     Id(model_id): Id,
     Params(params): Params<ListParams>,
-) -> Result<Json<Value>, Error> {
+) -> Result<Json<json::Deployments>, Error> {
     let limit = params.limit.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(Error::BadRequest(format!(
@@ -84,23 +109,41 @@ async fn list(
     if ctx.db.model(model_id).await?.is_none() {
         return Err(Error::NotFound(format!("model {model_id} does not exist")));
     }
-    let deployments = ctx.db.deployments_of(model_id, limit).await?;
-    Ok(Json(
-        json!({ "deployments": deployments.iter().map(json::deployment).collect::<Vec<_>>() }),
-    ))
+    Ok(Json(ctx.db.deployments_of(model_id, limit).await?.into()))
 }
 
-async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<Value>, Error> {
+/// One deployment; while it runs, its `phase` and `progress`.
+#[utoipa::path(get, path = "/v1/deployments/{id}", operation_id = "show_deployment", tag = "deployments",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The deployment's id")),
+    responses(
+        (status = OK, description = "The deployment", body = json::Deployment),
+        (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such deployment", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The records could not be read", body = ErrorBody),
+    ))]
+async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<json::Deployment>, Error> {
     match ctx.db.deployment(id).await? {
-        Some(d) => Ok(Json(json::deployment(&d))),
+        Some(d) => Ok(Json(d.into())),
         None => Err(Error::NotFound(format!("deployment {id} does not exist"))),
     }
 }
 
 /// Stops a running deployment; answers with the row once it has ended.
-async fn cancel(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<Value>, Error> {
+#[utoipa::path(post, path = "/v1/deployments/{id}/cancel", operation_id = "cancel_deployment", tag = "deployments",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The deployment's id")),
+    responses(
+        (status = OK, description = "The deployment, failed: cancelled", body = json::Deployment),
+        (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such deployment", body = ErrorBody),
+        (status = CONFLICT, description = "It has ended already, or runs on another server", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The records could not be read or written", body = ErrorBody),
+    ))]
+async fn cancel(
+    State(ctx): State<ApiContext>,
+    Id(id): Id,
+) -> Result<Json<json::Deployment>, Error> {
     match ctx.pipeline.cancel(id).await {
-        Ok(deployment) => Ok(Json(json::deployment(&deployment))),
+        Ok(deployment) => Ok(Json(deployment.into())),
         Err(e @ CancelError::Unknown(_)) => Err(Error::NotFound(e.to_string())),
         Err(e @ (CancelError::Ended { .. } | CancelError::Elsewhere(_))) => {
             Err(Error::Conflict(e.to_string()))
@@ -109,7 +152,17 @@ async fn cancel(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<Value>
     }
 }
 
-/// The deployer's log lines (its `log` calls and its stdout/stderr).
+/// The deployer's log lines: its `log` calls and its stdout/stderr.
+///
+/// Bounded: the oldest lines are dropped first.
+#[utoipa::path(get, path = "/v1/deployments/{id}/logs", operation_id = "deployment_logs", tag = "deployments",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The deployment's id")),
+    responses(
+        (status = OK, description = "The log, one line per entry", body = String, content_type = "text/plain"),
+        (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such deployment", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The records could not be read", body = ErrorBody),
+    ))]
 async fn logs(State(ctx): State<ApiContext>, Id(id): Id) -> Result<String, Error> {
     ctx.pipeline
         .logs(id)

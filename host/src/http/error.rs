@@ -5,8 +5,8 @@
 use axum::Json;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
+use super::json::ErrorBody;
 use crate::db;
 use crate::pipeline::{RunError, StartError};
 
@@ -33,7 +33,7 @@ impl IntoResponse for Error {
         let (status, message) = match self {
             Error::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
             Error::Unauthorized(m) => {
-                let body = Json(json!({ "error": m }));
+                let body = Json(ErrorBody { error: m });
                 let challenge = [(header::WWW_AUTHENTICATE, r#"Bearer realm="berth""#)];
                 return (StatusCode::UNAUTHORIZED, challenge, body).into_response();
             }
@@ -41,7 +41,7 @@ impl IntoResponse for Error {
             Error::NotFound(m) => (StatusCode::NOT_FOUND, m),
             Error::Conflict(m) => (StatusCode::CONFLICT, m),
             Error::Unavailable(m) => {
-                let body = Json(json!({ "error": m }));
+                let body = Json(ErrorBody { error: m });
                 let retry = [(header::RETRY_AFTER, "5")];
                 return (StatusCode::SERVICE_UNAVAILABLE, retry, body).into_response();
             }
@@ -53,7 +53,7 @@ impl IntoResponse for Error {
                 )
             }
         };
-        (status, Json(json!({ "error": message }))).into_response()
+        (status, Json(ErrorBody { error: message })).into_response()
     }
 }
 

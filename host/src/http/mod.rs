@@ -11,6 +11,7 @@ mod json;
 mod metrics;
 mod models;
 mod observe;
+mod openapi;
 mod page;
 mod webhook;
 
@@ -19,15 +20,17 @@ pub use webhook::{Webhook, signature};
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::middleware;
-use axum::routing::get;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::auth::Tokens;
 use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
 use crate::pipeline::Pipeline;
+use json::ErrorBody;
 
 /// A registration lists every file of a model; allow large ones.
 const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -45,34 +48,27 @@ pub struct ApiContext {
     pub tokens: Option<Arc<Tokens>>,
 }
 
-/// Readiness: 503 with what is still loading until the server's first load
-/// of the plugins folder is done (liveness is `/healthz`).
-async fn ready(
-    axum::extract::State(ctx): axum::extract::State<ApiContext>,
-) -> Result<&'static str, error::Error> {
-    let loading = ctx.deployers.still_loading();
-    if loading.is_empty() {
-        return Ok("ready");
-    }
-    Err(error::Error::Unavailable(format!(
-        "not ready: still loading {} of the plugins folder's deployers ({})",
-        loading.len(),
-        loading.join(", ")
-    )))
-}
-
-/// The whole API; `serve` runs it, tests call it with `oneshot`.
-pub fn app(ctx: ApiContext) -> Router {
-    Router::new()
+/// Every route with its docs, in one place: `app` serves these routes and
+/// `document` describes them, so neither has one the other lacks.
+fn routes() -> OpenApiRouter<ApiContext> {
+    OpenApiRouter::with_openapi(openapi::base())
         .merge(models::router())
         .merge(deployments::router())
         .merge(artifacts::router())
         .merge(deployers::router())
         .merge(events::router())
+        .routes(routes!(healthz))
+        .routes(routes!(ready))
         .merge(metrics::router())
+        .merge(openapi::router())
+}
+
+/// The whole API; `serve` runs it, tests call it with `oneshot`.
+pub fn app(ctx: ApiContext) -> Router {
+    let (router, _) = routes().split_for_parts();
+    // The page is not API: it is served, not documented.
+    router
         .merge(page::router())
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(ready))
         .fallback(|| async {
             error::Error::NotFound(
                 "no such endpoint; the API lives under /v1 (see README.md)".into(),
@@ -85,9 +81,42 @@ pub fn app(ctx: ApiContext) -> Router {
         .with_state(ctx)
 }
 
+/// The OpenAPI document of `app`, as `GET /openapi.json` serves it.
+fn document() -> utoipa::openapi::OpenApi {
+    openapi::with_layers(routes().into_openapi())
+}
+
+/// Liveness: answers while the process serves requests.
+#[utoipa::path(get, path = "/healthz", operation_id = "healthz", tag = "server",
+    responses((status = OK, description = "`ok`", body = String, content_type = "text/plain")))]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Readiness: 503 with what is still loading until the server's first load
+/// of the plugins folder is done (liveness is `/healthz`).
+#[utoipa::path(get, path = "/readyz", operation_id = "readyz", tag = "server",
+    responses(
+        (status = OK, description = "`ready`", body = String, content_type = "text/plain"),
+        (status = SERVICE_UNAVAILABLE, description = "What is still loading", body = ErrorBody,
+            headers(("Retry-After" = String, description = "Seconds to wait before asking again"))),
+    ))]
+async fn ready(State(ctx): State<ApiContext>) -> Result<&'static str, error::Error> {
+    let loading = ctx.deployers.still_loading();
+    if loading.is_empty() {
+        return Ok("ready");
+    }
+    Err(error::Error::Unavailable(format!(
+        "not ready: still loading {} of the plugins folder's deployers ({})",
+        loading.len(),
+        loading.join(", ")
+    )))
+}
+
 /// `--metrics-listen`: `/metrics` alone, for an address the API is not on.
 pub fn metrics_app() -> Router {
-    metrics::router().fallback(|| async {
+    let (router, _) = metrics::router().split_for_parts();
+    router.fallback(|| async {
         error::Error::NotFound("this address serves only GET /metrics".into())
     })
 }

@@ -1,29 +1,37 @@
 //! `/v1/models`: register, list, show and delete trained models.
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::get;
 use axum::{Extension, Json};
-use serde_json::{Value, json};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::ApiContext;
 use super::error::Error;
-use super::json::{self, Body, Id, RegisterBody};
+use super::json::{self, Body, ErrorBody, Id, RegisterBody};
 use crate::auth::Caller;
 use crate::validate::{self, FileDraft, ModelDraft};
 
-pub fn router() -> Router<ApiContext> {
-    Router::new()
-        .route("/v1/models", get(list).post(register))
-        .route("/v1/models/{id}", get(show).delete(remove))
+pub fn router() -> OpenApiRouter<ApiContext> {
+    OpenApiRouter::new()
+        .routes(routes!(list, register))
+        .routes(routes!(show, remove))
 }
 
+/// Registers a model: its files and where they come from.
+#[utoipa::path(post, path = "/v1/models", operation_id = "register_model", tag = "models",
+    request_body = RegisterBody,
+    responses(
+        (status = CREATED, description = "The stored model", body = json::Model),
+        (status = BAD_REQUEST, description = "The body is not JSON, or every problem of the registration", body = ErrorBody),
+        (status = CONFLICT, description = "The job id is registered already", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
+    ))]
 async fn register(
     State(ctx): State<ApiContext>,
     caller: Option<Extension<Caller>>,
     Body(body): Body<RegisterBody>,
-) -> Result<(StatusCode, Json<Value>), Error> {
+) -> Result<(StatusCode, Json<json::Model>), Error> {
     let draft = ModelDraft {
         name: body.name,
         job_id: body.job_id,
@@ -50,24 +58,46 @@ async fn register(
     model.created_by = caller.map(|Extension(c)| c.name);
     let stored = ctx.db.insert_model(&model).await?;
     tracing::info!(model_id = stored.id, job_id = %stored.job_id, files = stored.files.len(), "model registered");
-    Ok((StatusCode::CREATED, Json(json::model(&stored))))
+    Ok((StatusCode::CREATED, Json(stored.into())))
 }
 
-async fn list(State(ctx): State<ApiContext>) -> Result<Json<Value>, Error> {
-    let models = ctx.db.models().await?;
-    Ok(Json(
-        json!({ "models": models.iter().map(json::model).collect::<Vec<_>>() }),
-    ))
+/// Every registered model.
+#[utoipa::path(get, path = "/v1/models", operation_id = "list_models", tag = "models",
+    responses(
+        (status = OK, description = "The models, oldest first", body = json::Models),
+        (status = INTERNAL_SERVER_ERROR, description = "The records could not be read", body = ErrorBody),
+    ))]
+async fn list(State(ctx): State<ApiContext>) -> Result<Json<json::Models>, Error> {
+    Ok(Json(ctx.db.models().await?.into()))
 }
 
-async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<Value>, Error> {
+/// One model with its files.
+#[utoipa::path(get, path = "/v1/models/{id}", operation_id = "show_model", tag = "models",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The model's id")),
+    responses(
+        (status = OK, description = "The model", body = json::Model),
+        (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such model", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The records could not be read", body = ErrorBody),
+    ))]
+async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<json::Model>, Error> {
     match ctx.db.model(id).await? {
-        Some(model) => Ok(Json(json::model(&model))),
+        Some(model) => Ok(Json(model.into())),
         None => Err(Error::NotFound(format!("model {id} does not exist"))),
     }
 }
 
-/// Deletes the records only: the files on disk are never deleted by berth.
+/// Deletes a model's record and its deployments'.
+///
+/// Only the records: the files on disk are never deleted by berth.
+#[utoipa::path(delete, path = "/v1/models/{id}", operation_id = "delete_model", tag = "models",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The model's id")),
+    responses(
+        (status = NO_CONTENT, description = "The model and its deployments' records are deleted"),
+        (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such model", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
+    ))]
 async fn remove(State(ctx): State<ApiContext>, Id(id): Id) -> Result<StatusCode, Error> {
     if ctx.db.delete_model(id).await? {
         tracing::info!(model_id = id, "model deleted (its files stay on disk)");

@@ -14,7 +14,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
-const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(super) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longer ids are replaced: they end up in every log line of the request.
 const MAX_ID_BYTES: usize = 128;

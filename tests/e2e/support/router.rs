@@ -125,6 +125,12 @@ impl App {
         }
     }
 
+    /// The router itself, for what a whole answer cannot show: the routes
+    /// it holds, the status of an answer whose body never ends.
+    pub fn router(&self) -> axum::Router {
+        self.app.clone()
+    }
+
     /// Sends a request as the test built it (a body without its content
     /// type, say).
     pub async fn send(&self, request: Request<Body>) -> (StatusCode, Value) {
