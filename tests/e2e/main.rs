@@ -16,6 +16,7 @@ mod live;
 mod logs;
 mod metrics;
 mod network;
+mod outputs;
 mod plugin_cli;
 mod plugins;
 mod ready;
