@@ -335,6 +335,9 @@ impl Pipeline {
             Err(error) => Outcome::Failed { error },
         };
         reporter.abort();
+        if let Outcome::Failed { .. } = outcome {
+            remove_failed_output(PathBuf::from(&deployment.out_dir)).await;
+        }
         let took = clock.elapsed();
         let duration_ms = i64::try_from(took.as_millis()).unwrap_or(i64::MAX);
         let ending = Ending {
@@ -423,6 +426,25 @@ impl Pipeline {
             }
             None => "cancelled".to_string(),
         }
+    }
+}
+
+/// A failed deployment's output is half made and nobody's product: it is
+/// removed, so failures cannot fill the disk. A completed one is kept.
+async fn remove_failed_output(out_dir: PathBuf) {
+    // A deployer may have written many files; the removal blocks.
+    let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&out_dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!(
+            "could not remove the output directory {} of a failed deployment: {e}",
+            out_dir.display()
+        )),
+        _ => Ok(()),
+    })
+    .await;
+    match removed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("{e}"),
+        Err(e) => tracing::warn!("removing a failed deployment's output directory: {e}"),
     }
 }
 

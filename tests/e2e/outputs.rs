@@ -10,7 +10,36 @@ use crate::support::files::FileServer;
 use crate::support::server::{Backend, Berth};
 use crate::support::{adapter_files, eventually, model, on_both_backends};
 
-on_both_backends!(each_fault_is_stored_as_a_failed_row_with_a_sentence_naming_it);
+on_both_backends!(
+    each_fault_is_stored_as_a_failed_row_with_a_sentence_naming_it,
+    a_failed_deployments_output_directory_is_removed_and_a_completed_ones_kept,
+);
+
+async fn a_failed_deployments_output_directory_is_removed_and_a_completed_ones_kept(
+    backend: Backend,
+) {
+    let files = FileServer::start().await;
+    let berth = Berth::start(backend).await;
+    let id = berth
+        .register(&model(&files, "job-out", &adapter_files()))
+        .await;
+    let out_dir = |deployment: &Value| {
+        std::path::PathBuf::from(deployment["out_dir"].as_str().expect("an out_dir"))
+    };
+
+    let (status, failed) = berth
+        .deploy(id, "misbehave", json!({"mode": "error"}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{failed}");
+    assert!(!out_dir(&failed).exists(), "{}", out_dir(&failed).display());
+
+    let (status, completed) = berth.deploy(id, "misbehave", json!({"mode": "ok"})).await;
+    assert_eq!(status, StatusCode::OK, "{completed}");
+    assert_eq!(
+        std::fs::read_to_string(out_dir(&completed).join("ok.txt")).unwrap(),
+        "ok"
+    );
+}
 
 async fn each_fault_is_stored_as_a_failed_row_with_a_sentence_naming_it(backend: Backend) {
     let files = FileServer::start().await;
