@@ -83,7 +83,8 @@ impl LogReporter {
             Verdict::Count => false,
             Verdict::Exhausted => {
                 self.warn(&format!(
-                    "{} reached its budget of the server log ({SERVER_LOG_LINES} lines or {}):                      what it writes from now on is counted here every {}{}",
+                    "{} reached its budget of the server log ({SERVER_LOG_LINES} lines or {}): \
+                     what it writes from now on is counted here every {}{}",
                     self.subject(),
                     crate::human::size(SERVER_LOG_BYTES),
                     crate::human::duration(SERVER_LOG_SUMMARY_EVERY),
