@@ -186,10 +186,7 @@ pub async fn calls(ctx: &Ctx) -> anyhow::Result<()> {
         .await
         .map_err(anyhow::Error::msg)?;
     let model = crate::fetch::model(ctx, "none", &[]);
-    let reporter = Arc::new(LogReporter {
-        plugin: "misbehave".into(),
-        deploy_id: Some(1),
-    });
+    let reporter = Arc::new(LogReporter::new("misbehave", Some(1)));
     let cancel = CancellationToken::new();
     let check = time(calls, || async {
         runtime

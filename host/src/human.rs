@@ -21,24 +21,49 @@ pub fn duration(d: Duration) -> String {
     }
 }
 
-/// `412 B`, `16.0 MiB`.
-pub fn bytes(n: u64) -> String {
+/// `900 bytes`, `4 KiB`, `1.5 MiB`, `16 MiB`, `2 GiB`, `1 PiB`: binary
+/// units, whole when exact, else one decimal (rounded down, so a size over
+/// a cap never reads as the cap itself).
+pub fn size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
+    if bytes < 1024 {
+        return format!("{bytes} bytes");
     }
-    let mut value = n as f64 / 1024.0;
     let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
+    while unit + 1 < UNITS.len() && bytes >= 1 << (10 * (unit + 2)) {
         unit += 1;
     }
-    format!("{value:.1} {}", UNITS[unit])
+    let scale = 1u64 << (10 * (unit + 1));
+    let (whole, tenths) = (bytes / scale, bytes % scale * 10 / scale);
+    if bytes.is_multiple_of(scale) {
+        format!("{whole} {}", UNITS[unit])
+    } else {
+        format!("{whole}.{tenths} {}", UNITS[unit])
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_read_like_people_write_them() {
+        let cases: &[(u64, &str)] = &[
+            (0, "0 bytes"),
+            (1023, "1023 bytes"),
+            (1024, "1 KiB"),
+            (4097, "4.0 KiB"),
+            (1536, "1.5 KiB"),
+            (1 << 20, "1 MiB"),
+            ((1 << 20) + 1, "1.0 MiB"),
+            (10 << 20, "10 MiB"),
+            (3 << 30, "3 GiB"),
+            (5 << 40, "5120 GiB"),
+        ];
+        for &(bytes, expected) in cases {
+            assert_eq!(size(bytes), expected, "{bytes} bytes");
+        }
+    }
 
     #[test]
     fn durations_read_like_people_write_them() {

@@ -76,10 +76,7 @@ impl Running {
                 bytes: 0,
                 dropped: 0,
             }),
-            log: LogReporter {
-                plugin: plugin.to_string(),
-                deploy_id: Some(deploy_id),
-            },
+            log: LogReporter::new(plugin, Some(deploy_id)),
         }
     }
 
@@ -170,7 +167,7 @@ impl Reporter for Running {
         let mut state = self.state.lock().expect("running lock");
         let p = &mut state.progress;
         (p.deployer_done, p.deployer_total) = (done, total);
-        p.deployer_note = note.chars().take(200).collect();
+        p.deployer_note = note.to_string();
         state.dirty = true;
     }
 }

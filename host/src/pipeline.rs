@@ -41,7 +41,7 @@ pub enum StartError {
     StillLoading(String),
     #[error(
         "the server's volume ({dir}) has {} free, less than the {} berth keeps to record the end of every deployment (--min-free-mib); free some space: reads keep working",
-        crate::human::bytes(*.free), crate::human::bytes(*.reserve)
+        crate::human::size(*.free), crate::human::size(*.reserve)
     )]
     LowOnSpace {
         dir: String,
@@ -371,6 +371,9 @@ impl Pipeline {
             Err(error) => Outcome::Failed { error },
         };
         reporter.abort();
+        if let Outcome::Failed { .. } = outcome {
+            remove_failed_output(PathBuf::from(&deployment.out_dir)).await;
+        }
         let took = clock.elapsed();
         let duration_ms = i64::try_from(took.as_millis()).unwrap_or(i64::MAX);
         let ending = Ending {
@@ -459,6 +462,25 @@ impl Pipeline {
             }
             None => "cancelled".to_string(),
         }
+    }
+}
+
+/// A failed deployment's output is half made and nobody's product: it is
+/// removed, so failures cannot fill the disk. A completed one is kept.
+async fn remove_failed_output(out_dir: PathBuf) {
+    // A deployer may have written many files; the removal blocks.
+    let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&out_dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!(
+            "could not remove the output directory {} of a failed deployment: {e}",
+            out_dir.display()
+        )),
+        _ => Ok(()),
+    })
+    .await;
+    match removed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("{e}"),
+        Err(e) => tracing::warn!("removing a failed deployment's output directory: {e}"),
     }
 }
 

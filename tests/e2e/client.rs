@@ -304,7 +304,7 @@ async fn tables_list_models_deployments_and_deployers() {
         ]
     );
     let row = cells(line(&run.stdout, &format!(" {second}  job-two")));
-    assert_eq!(row[4..6], ["1", "1000 B"]);
+    assert_eq!(row[4..6], ["1", "1000 bytes"]);
 
     let (_, completed) = berth_server.deploy(first, "archive", json!({})).await;
     let (_, failed) = berth_server

@@ -18,6 +18,7 @@ mod logs;
 mod metrics;
 mod network;
 mod openapi;
+mod outputs;
 mod page;
 mod plugin_cli;
 mod plugins;

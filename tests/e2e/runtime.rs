@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use berth::model::{ModelFile, TrainedModel};
 use berth::runtime::{
     CallError, CodeCache, DeployCall, Deployed, GuestLevel, Limits, LogReporter, Manifest, Origin,
-    Plugin, Reporter, Runtime,
+    Plugin, Reporter, Runtime, caps,
 };
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -231,6 +231,97 @@ async fn the_deployers_own_error_is_passed_on_verbatim() {
         expect_failure(result),
         CallError::Refused("the deployer said no".into())
     );
+    assert_still_deploys(&runtime, &plugin, &model).await;
+}
+
+/// What a deployer hands back is held to `caps`: cut with a note where a
+/// deployment can still mean something, refused naming the output and its
+/// cap where not, and wasmtime's own copy budget (16 MiB) named too.
+#[tokio::test]
+async fn outputs_past_their_caps_are_cut_or_refused_naming_the_cap() {
+    let (runtime, plugin, model) = misbehave().await;
+    let over_budget = caps::COPY_BYTES + (1 << 20);
+    #[rustfmt::skip]
+    let refused = [
+        ("huge-ref", 10 << 20, "returned a ref of 10 MiB; a ref may be at most 4 KiB (put the rest into details)"),
+        ("huge-details", 2 << 20, "returned details-json of 2.0 MiB; details may be at most 1 MiB"),
+        ("deep-details", 10_000, "returned details-json nested more than 64 levels deep; details may nest arrays and objects at most 64 levels"),
+        ("huge-ref", over_budget, "returned a result larger than 16 MiB, the most berth copies out of a deployer in one piece (a ref may be at most 4 KiB, details 1 MiB, an error 32 KiB)"),
+        ("huge-error", over_budget, "returned a result larger than 16 MiB"),
+        ("long-log-line", over_budget, "passed more than 16 MiB to one host call (a log line, a progress note or a single write), the most berth copies out of a deployer in one piece"),
+    ];
+    for (mode, bytes, expected) in refused {
+        let options = json!({"mode": mode, "bytes": bytes, "depth": bytes});
+        let (result, _out) = deploy(&runtime, &plugin, &model, 7, options).await;
+        let error = expect_failure(result).to_string();
+        assert!(error.starts_with(expected), "{mode} ({bytes}): {error}");
+    }
+
+    let (result, _out) = deploy(&runtime, &plugin, &model, 7, json!({"mode": "huge-error"})).await;
+    let CallError::Refused(error) = expect_failure(result) else {
+        panic!("huge-error is the deployer's own error")
+    };
+    assert!(
+        error.starts_with(&"e".repeat(caps::ERROR_BYTES)),
+        "{}",
+        &error[..40]
+    );
+    assert!(
+        error.ends_with("e… [truncated: the error was 10 MiB, berth keeps 32 KiB]"),
+        "{}",
+        &error[caps::ERROR_BYTES - 10..]
+    );
+    assert_still_deploys(&runtime, &plugin, &model).await;
+}
+
+#[tokio::test]
+async fn a_long_log_line_or_note_is_cut_and_the_deployment_goes_on() {
+    let (runtime, plugin, model) = misbehave().await;
+    let transcript = Arc::new(Transcript::default());
+    for mode in ["long-log-line", "long-note"] {
+        let out = TempDir::new().unwrap();
+        let options = json!({"mode": mode}).to_string();
+        let call = deploy_call(&model, out.path(), 7, &options);
+        let result = tokio::time::timeout(
+            HANG_GUARD,
+            runtime.deploy(&plugin, call, transcript.clone(), &CancellationToken::new()),
+        )
+        .await
+        .expect("deployment hangs");
+        result.unwrap_or_else(|e| panic!("{mode} fails: {e}"));
+    }
+    let lines = transcript.lines.lock().unwrap().clone();
+    let note = "… [truncated: the line was 10 MiB, berth keeps 16 KiB]";
+    assert_eq!(lines.len(), 2, "the log call and the stdout line");
+    for ((_, line), letter) in lines.iter().zip(["l", "o"]) {
+        assert_eq!(
+            *line,
+            format!("{}{note}", letter.repeat(caps::LOG_LINE_BYTES))
+        );
+    }
+    let progress = transcript.progress.lock().unwrap().clone();
+    assert_eq!(progress, [(1, 2, "n".repeat(caps::NOTE_BYTES))]);
+}
+
+#[tokio::test]
+async fn stack_exhaustion_exit_and_a_lone_surrogate_say_what_happened() {
+    let (runtime, plugin, model) = misbehave().await;
+    #[rustfmt::skip]
+    let cases = [
+        // The shadow stack in linear memory, as Rust and C guests keep it.
+        (json!({"mode": "stack-overflow"}), "ran out of stack (an endless or too deep recursion?)"),
+        // wasmtime's own call stack.
+        (json!({"mode": "call-stack-overflow"}), "ran out of stack (an endless or too deep recursion?)"),
+        // Rust's libc turns exit(3) into WASI 0.2's bare failure.
+        (json!({"mode": "exit", "status": 3}), "exited with an error status (a process exit with a non-zero code; WASI 0.2 passes on only that it failed, not the number)"),
+        (json!({"mode": "exit", "status": 0}), "exited (status 0) without returning a result"),
+        (json!({"mode": "lone-surrogate"}), r"returned details-json that is not valid JSON: \ud83d at byte 15 is a lone UTF-16 surrogate, which encodes no character (a string cut inside a surrogate pair?)"),
+    ];
+    for (options, expected) in cases {
+        let (result, _out) = deploy(&runtime, &plugin, &model, 7, options.clone()).await;
+        let error = expect_failure(result).to_string();
+        assert!(error.starts_with(expected), "{options}: {error}");
+    }
     assert_still_deploys(&runtime, &plugin, &model).await;
 }
 
@@ -689,10 +780,7 @@ fn deploy_call<'a>(
 }
 
 fn log_reporter(deploy_id: i64) -> Arc<dyn Reporter> {
-    Arc::new(LogReporter {
-        plugin: "test".into(),
-        deploy_id: Some(deploy_id),
-    })
+    Arc::new(LogReporter::new("test", Some(deploy_id)))
 }
 
 /// Runs one deployment into a fresh out-dir, which it returns for inspection.

@@ -245,7 +245,7 @@ async fn models(api: Api, json: bool) -> Result<(), Error> {
             cell(&model["name"]),
             cell(&model["base_model"]),
             files.len().to_string(),
-            crate::human::bytes(size),
+            crate::human::size(size),
             text::timestamp(&cell(&model["created_at"])),
             cell(&model["created_by"]),
         ]);

@@ -193,10 +193,7 @@ async fn run_once(
         out_dir: &out_dir,
         options_json: options,
     };
-    let reporter = Arc::new(LogReporter {
-        plugin: name.to_string(),
-        deploy_id: Some(1),
-    });
+    let reporter = Arc::new(LogReporter::new(name, None));
     // Ctrl-C interrupts the guest instead of killing the process mid-write.
     let cancel = CancellationToken::new();
     let on_ctrl_c = cancel.clone();

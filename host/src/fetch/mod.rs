@@ -58,7 +58,7 @@ pub enum Error {
     Disk { dir: String, reason: String },
     #[error(
         "model directory {dir}: the missing files need {}, but the volume has {} free and berth keeps {} of it for its records (--min-free-mib); free some space, or move --models-dir to a larger volume",
-        crate::human::bytes(*.needed), crate::human::bytes(*.free), crate::human::bytes(*.reserve)
+        crate::human::size(*.needed), crate::human::size(*.free), crate::human::size(*.reserve)
     )]
     NoRoom {
         dir: String,

@@ -73,10 +73,7 @@ impl Runtime {
             origin,
             pre,
         };
-        let reporter = Arc::new(LogReporter {
-            plugin: name.to_string(),
-            deploy_id: None,
-        });
+        let reporter = Arc::new(LogReporter::new(name, None));
         let info = match self
             .ask(
                 &plugin,

@@ -7,6 +7,7 @@
 //! directory and an out-dir.
 
 mod cache;
+pub mod caps;
 mod error;
 mod http_gate;
 mod load;
@@ -167,10 +168,7 @@ impl Runtime {
     /// Instantiates the plugin afresh and asks it to describe itself: the
     /// cost of the smallest call, which `berth plugin check --repeat` times.
     pub async fn describe(&self, plugin: &Plugin) -> Result<String, CallError> {
-        let reporter = Arc::new(LogReporter {
-            plugin: plugin.name.clone(),
-            deploy_id: None,
-        });
+        let reporter = Arc::new(LogReporter::new(&plugin.name, None));
         let token = CancellationToken::new();
         match self
             .ask(plugin, reporter, &token, Question::Describe)
@@ -187,16 +185,13 @@ impl Runtime {
         plugin: &Plugin,
         options_json: &str,
     ) -> Result<(), CallError> {
-        let reporter = Arc::new(LogReporter {
-            plugin: plugin.name.clone(),
-            deploy_id: None,
-        });
+        let reporter = Arc::new(LogReporter::new(&plugin.name, None));
         let question = Question::CheckOptions(options_json);
         match self
             .ask(plugin, reporter, &CancellationToken::new(), question)
             .await?
         {
-            Answer::Checked(verdict) => verdict.map_err(CallError::Refused),
+            Answer::Checked(verdict) => verdict.map_err(|e| CallError::Refused(caps::error(e))),
             _ => unreachable!("check-options answers with a verdict"),
         }
     }
@@ -214,10 +209,11 @@ impl Runtime {
             .ask(plugin, reporter, cancel, Question::Deploy(&call))
             .await?
         {
-            Answer::Deployed(reply) => reply.map_err(CallError::Refused)?,
+            Answer::Deployed(reply) => reply.map_err(|e| CallError::Refused(caps::error(e)))?,
             _ => unreachable!("deploy answers with a result"),
         };
-        let details = parse_details(&reply.details_json)?;
+        caps::check_reference(&reply.reference)?;
+        let details = caps::parse_details(&reply.details_json)?;
         Ok(Deployed {
             reference: reply.reference,
             details,
@@ -318,62 +314,52 @@ fn classify(
             limit_mib: plugin.limits.memory_mib,
         };
     }
-    let trap = match e.downcast_ref::<Trap>() {
-        Some(trap) => trap.to_string(),
-        None => root_message(&e),
-    };
+    if caps::is_copy_refusal(&e) {
+        return caps::copy_refused(&e);
+    }
+    if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        return CallError::Exited { status: exit.0 };
+    }
+    let trap = e.downcast_ref::<Trap>();
+    if trap == Some(&Trap::StackOverflow) || shadow_stack_overflow(&e) {
+        return CallError::OutOfStack {
+            output: stderr.tail(),
+        };
+    }
     CallError::Crashed {
-        trap,
+        trap: match trap {
+            Some(trap) => trap.to_string(),
+            None => root_message(&e),
+        },
         output: stderr.tail(),
     }
 }
 
+/// Whether an out-of-bounds access is a guest's shadow stack (the stack
+/// Rust and C keep in linear memory) running out. Rust lays it out first
+/// in memory, growing down, so it runs past address 0 and faults; wasmtime
+/// reports such a fault without its address, so the sign is where it
+/// happened: deep in a recursion, a backtrace as long as wasmtime records
+/// (20 frames) in which one function recurs.
+fn shadow_stack_overflow(e: &wasmtime::Error) -> bool {
+    const RECURRING: usize = 4;
+    if e.downcast_ref::<Trap>() != Some(&Trap::MemoryOutOfBounds) {
+        return false;
+    }
+    let Some(trace) = e.downcast_ref::<wasmtime::WasmBacktrace>() else {
+        return false;
+    };
+    let frames = trace.frames();
+    frames.len() >= 20
+        && frames.iter().any(|frame| {
+            let same = |other: &&wasmtime::FrameInfo| {
+                other.func_index() == frame.func_index()
+                    && other.module().name() == frame.module().name()
+            };
+            frames.iter().filter(same).count() >= RECURRING
+        })
+}
+
 fn root_message(e: &wasmtime::Error) -> String {
     e.root_cause().to_string()
-}
-
-fn parse_details(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, CallError> {
-    if text.trim().is_empty() {
-        return Ok(serde_json::Map::new());
-    }
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(serde_json::Value::Object(map)) => Ok(map),
-        Ok(other) => Err(CallError::BadResult(format!(
-            "returned details-json that is not a JSON object: {}",
-            preview(&other.to_string())
-        ))),
-        Err(e) => Err(CallError::BadResult(format!(
-            "returned details-json that is not valid JSON ({e}): {}",
-            preview(text)
-        ))),
-    }
-}
-
-fn preview(text: &str) -> String {
-    const MAX: usize = 200;
-    match text.char_indices().nth(MAX) {
-        Some((at, _)) => format!("{}…", &text[..at]),
-        None => text.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn details_must_be_a_json_object_or_empty() {
-        assert!(parse_details("").unwrap().is_empty());
-        assert_eq!(parse_details(r#"{"a": 1}"#).unwrap()["a"], 1);
-        let err = parse_details("[1, 2, 3]").unwrap_err().to_string();
-        assert_eq!(
-            err,
-            "returned details-json that is not a JSON object: [1,2,3]"
-        );
-        let err = parse_details("{not json").unwrap_err().to_string();
-        assert!(
-            err.starts_with("returned details-json that is not valid JSON"),
-            "{err}"
-        );
-    }
 }

@@ -108,8 +108,8 @@ fn describe(phase: &str, progress: &Value) -> String {
         "fetching" if !sized(progress) => "fetching".to_string(),
         "fetching" => format!(
             "fetching {} / {}{}, {}/{} files",
-            crate::human::bytes(number(&progress["bytes_done"])),
-            crate::human::bytes(number(&progress["bytes_total"])),
+            crate::human::size(number(&progress["bytes_done"])),
+            crate::human::size(number(&progress["bytes_total"])),
             percent(fraction(phase, progress)),
             number(&progress["files_done"]),
             number(&progress["files_total"]),

@@ -19,6 +19,7 @@ use wasmtime_wasi::WasiCtxBuilder;
 pub(crate) use filesystem::Mounts;
 pub use filesystem::{MODEL_DIR, OUT_DIR};
 
+use super::caps;
 use super::memory::MemoryBudget;
 use super::report::{GuestOutput, Reporter};
 use super::state::State;
@@ -57,5 +58,8 @@ pub(crate) fn store(
     };
     let mut store = Store::new(engine, state);
     store.limiter(|state| &mut state.memory);
+    // Bounds what the host allocates for one string or list the guest hands
+    // out, before it is copied; `caps` checks what passes.
+    store.set_hostcall_fuel(caps::COPY_BYTES);
     Ok(store)
 }

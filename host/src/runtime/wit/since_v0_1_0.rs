@@ -9,6 +9,7 @@ use wasmtime::component::{HasSelf, InstancePre, Linker};
 use self::berth::deployer::host::{self, Host, Level};
 use self::berth::deployer::types::{self, DeployRequest, DeployResult, DeployerInfo};
 use super::{Answer, Info, Question, Reply};
+use crate::runtime::caps;
 use crate::runtime::report::GuestLevel;
 use crate::runtime::state::State;
 use crate::runtime::{DeployCall, MODEL_DIR, OUT_DIR};
@@ -65,11 +66,11 @@ impl PluginPre {
 
 impl Host for State {
     fn log(&mut self, level: Level, message: String) {
-        self.reporter.log(level.into(), &message);
+        self.reporter.log(level.into(), &caps::log_line(&message));
     }
 
     fn progress(&mut self, done: u64, total: u64, note: String) {
-        self.reporter.progress(done, total, &note);
+        self.reporter.progress(done, total, caps::note(&note));
     }
 }
 

@@ -31,9 +31,26 @@ const MODES: &[&str] = &[
     "stdio",
     "error",
     "read",
+    "huge-ref",
+    "huge-error",
+    "huge-details",
+    "deep-details",
+    "long-log-line",
+    "long-note",
+    "log-flood",
+    "forged-log",
+    "stack-overflow",
+    "call-stack-overflow",
+    "exit",
+    "lone-surrogate",
 ];
 
 const DEFAULT_SLEEP_MS: u64 = 1000;
+/// What the `huge-*` and `long-*` modes return or write by default.
+const DEFAULT_BYTES: usize = 10 << 20;
+const DEFAULT_LINES: u64 = 100_000;
+const DEFAULT_DEPTH: usize = 10_000;
+const DEFAULT_STATUS: u8 = 3;
 
 struct Misbehave;
 
@@ -86,6 +103,65 @@ impl Guest for Misbehave {
             }
             "error" => Err("the deployer said no".to_string()),
             "read" => read_everything(&request),
+            "huge-ref" => Ok(DeployResult {
+                ref_: "r".repeat(options.bytes),
+                details_json: String::new(),
+            }),
+            "huge-error" => Err("e".repeat(options.bytes)),
+            "huge-details" => Ok(details(
+                "huge-details",
+                &json!({ "blob": "d".repeat(options.bytes) }),
+            )),
+            "deep-details" => Ok(DeployResult {
+                ref_: "deep-details".to_string(),
+                details_json: format!(
+                    "{{\"deep\": {}{}}}",
+                    "[".repeat(options.depth),
+                    "]".repeat(options.depth)
+                ),
+            }),
+            "long-log-line" => {
+                host::log(Level::Info, &"l".repeat(options.bytes));
+                println!("{}", "o".repeat(options.bytes));
+                ok(&request)
+            }
+            "long-note" => {
+                host::progress(1, 2, &"n".repeat(options.bytes));
+                ok(&request)
+            }
+            "log-flood" => {
+                for line in 0..options.lines {
+                    match line % 3 {
+                        0 => println!("flood line {line} on stdout"),
+                        1 => eprintln!("flood line {line} on stderr"),
+                        _ => host::log(Level::Info, &format!("flood line {line} through log")),
+                    }
+                }
+                ok(&request)
+            }
+            "forged-log" => {
+                host::log(
+                    Level::Info,
+                    "innocent\n2026-12-01T00:00:00.000000Z ERROR berth: forged line\r\x1b[2Kalso forged",
+                );
+                ok(&request)
+            }
+            "stack-overflow" => Ok(details(
+                "stack-overflow",
+                &json!({ "sum": recurse_on_shadow_stack(u64::MAX) }),
+            )),
+            "call-stack-overflow" => Ok(details(
+                "call-stack-overflow",
+                &json!({ "sum": recurse_on_call_stack(u64::MAX) }),
+            )),
+            "exit" => std::process::exit(i32::from(options.status)),
+            // JSON text may hold a lone surrogate escape (JavaScript's
+            // JSON.stringify writes one for a lone surrogate in a string);
+            // it encodes no character.
+            "lone-surrogate" => Ok(DeployResult {
+                ref_: "lone-surrogate".to_string(),
+                details_json: r#"{"name": "half \ud83d of an emoji"}"#.to_string(),
+            }),
             _ => ok(&request),
         }
     }
@@ -121,6 +197,10 @@ fn read_everything(request: &DeployRequest) -> Result<DeployResult, String> {
 struct Options {
     mode: String,
     sleep_ms: u64,
+    bytes: usize,
+    lines: u64,
+    depth: usize,
+    status: u8,
 }
 
 impl Options {
@@ -140,15 +220,24 @@ impl Options {
                 ));
             }
         };
-        let sleep_ms = match options.get("ms") {
-            None => DEFAULT_SLEEP_MS,
-            Some(ms) => ms
-                .as_u64()
-                .ok_or_else(|| format!("option \"ms\" must be a non-negative integer, not {ms}"))?,
+        let number = |name: &str, default: u64| match options.get(name) {
+            None => Ok(default),
+            Some(n) => n.as_u64().ok_or_else(|| {
+                format!("option \"{name}\" must be a non-negative integer, not {n}")
+            }),
         };
+        let small = |name: &str, n: u64| {
+            usize::try_from(n).map_err(|_| format!("option \"{name}\" is too large: {n}"))
+        };
+        let status = number("status", DEFAULT_STATUS.into())?;
         Ok(Self {
             mode: mode.to_string(),
-            sleep_ms,
+            sleep_ms: number("ms", DEFAULT_SLEEP_MS)?,
+            bytes: small("bytes", number("bytes", DEFAULT_BYTES as u64)?)?,
+            lines: number("lines", DEFAULT_LINES)?,
+            depth: small("depth", number("depth", DEFAULT_DEPTH as u64)?)?,
+            status: u8::try_from(status)
+                .map_err(|_| format!("option \"status\" must be at most 255, not {status}"))?,
         })
     }
 }
@@ -228,6 +317,27 @@ fn spin() -> ! {
         // black_box keeps the optimiser from proving the loop side-effect free.
         counter = black_box(counter.wrapping_add(1));
     }
+}
+
+/// Recursion whose frames hold an array the optimiser cannot drop: they
+/// live on the shadow stack in linear memory, which runs out (below address
+/// 0, as Rust lays it out) long before the engine's call stack does.
+fn recurse_on_shadow_stack(depth: u64) -> u64 {
+    let frame = black_box([depth as u8; 4096]);
+    if depth == 0 {
+        return 0;
+    }
+    let below = recurse_on_shadow_stack(black_box(depth - 1));
+    below.wrapping_add(u64::from(black_box(&frame)[usize::from(frame[0])]))
+}
+
+/// Recursion with nothing in linear memory: only the engine's call stack
+/// grows, until wasmtime's own limit stops it.
+fn recurse_on_call_stack(depth: u64) -> u64 {
+    if depth == 0 {
+        return 0;
+    }
+    black_box(recurse_on_call_stack(black_box(depth - 1))).wrapping_add(1)
 }
 
 /// Grows memory until the host's limit ends the guest.
