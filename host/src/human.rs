@@ -58,7 +58,8 @@ mod tests {
             ((1 << 20) + 1, "1.0 MiB"),
             (10 << 20, "10 MiB"),
             (3 << 30, "3 GiB"),
-            (5 << 40, "5120 GiB"),
+            (5 << 40, "5 TiB"),
+            (1 << 60, "1024 PiB"),
         ];
         for &(bytes, expected) in cases {
             assert_eq!(size(bytes), expected, "{bytes} bytes");

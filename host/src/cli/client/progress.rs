@@ -96,7 +96,7 @@ fn sized(progress: &Value) -> bool {
     progress["files_total"].as_u64() > Some(0)
 }
 
-/// `fetching 12.0 MiB / 24.0 MiB (50%), 1/3 files`,
+/// `fetching 12 MiB / 24.5 MiB (49%), 1/3 files`,
 /// `deploying 3/10 (30%), copying shards`.
 fn describe(phase: &str, progress: &Value) -> String {
     let number = |v: &Value| v.as_u64().unwrap_or(0);
@@ -182,7 +182,7 @@ mod tests {
         check(
             "fetching",
             progress(1024 * 1024, 1, 0, 0, ""),
-            "fetching 1.0 MiB / 4.0 MiB (25%), 1/3 files",
+            "fetching 1 MiB / 4 MiB (25%), 1/3 files",
         );
         check(
             "fetching",
