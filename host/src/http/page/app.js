@@ -96,13 +96,18 @@ function bytes(n) {
 }
 
 /** As berth writes durations for people: 850ms, 12.3s, 1m 30s, 2h 1m. */
+// As the server writes durations (human::duration): 850ms, 12.3s, 45s,
+// 1m 30s, 30m, 2h, 2h 1m.
 function duration(ms) {
   if (ms === null || ms === undefined) return "";
   if (ms < 1000) return `${ms}ms`;
-  if (ms < 60_000) return `${(ms / 1000).toFixed(1)}s`;
   const s = Math.floor(ms / 1000);
-  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
-  return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+  const [h, m, sec] = [Math.floor(s / 3600), Math.floor((s % 3600) / 60), s % 60];
+  if (h === 0 && m === 0) {
+    return ms % 1000 === 0 ? `${sec}s` : `${sec}.${Math.floor((ms % 1000) / 100)}s`;
+  }
+  if (h === 0) return sec === 0 ? `${m}m` : `${m}m ${sec}s`;
+  return m === 0 ? `${h}h` : `${h}h ${m}m`;
 }
 
 function when(text) {
