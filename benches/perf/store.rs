@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use berth::fetch::{Access, Fetcher, Quiet};
-use berth::model::{ModelFile, TrainedModel};
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
@@ -151,18 +150,8 @@ async fn berth(ctx: &Ctx, sources_file: &str, files: &[DataFile]) -> anyhow::Res
     let dir = fresh_dir(ctx, "berth-s3")?;
     let access = Access::parse(sources_file, |_| None).map_err(anyhow::Error::msg)?;
     let fetcher = Fetcher::new(dir, Duration::from_secs(600))?.access(access);
-    let model = TrainedModel::from_files(
-        "model",
-        format!("s3://{BUCKET}/{{job_id}}/{{path}}"),
-        files
-            .iter()
-            .map(|f| ModelFile {
-                path: f.path.clone(),
-                size_bytes: f.size,
-                sha256: Some(f.sha256.clone()),
-            })
-            .collect(),
-    );
+    let mut model = crate::fetch::model(ctx, "model", files);
+    model.source = format!("s3://{BUCKET}/{{job_id}}/{{path}}");
     let started = Instant::now();
     fetcher
         .fetch(&model, Arc::new(Quiet), &CancellationToken::new())
