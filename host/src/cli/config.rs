@@ -150,7 +150,7 @@ fn unknown(key: &str, serve: &Command) -> String {
         .collect();
     let nearest = known
         .iter()
-        .map(|k| (strsim_distance(key, k), *k))
+        .map(|k| (strsim::levenshtein(key, k), *k))
         .min()
         .filter(|(d, _)| *d <= 3)
         .map(|(_, k)| format!(" (did you mean {k}?)"))
@@ -159,22 +159,6 @@ fn unknown(key: &str, serve: &Command) -> String {
         "unknown setting {key:?}{nearest}; settings are `berth serve`'s flags in snake case: {}",
         known.join(", ")
     )
-}
-
-/// Edit distance, for suggesting the key someone meant.
-fn strsim_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut previous = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let substituted = previous + usize::from(ca != *cb);
-            previous = row[j + 1];
-            row[j + 1] = substituted.min(row[j] + 1).min(previous + 1);
-        }
-    }
-    row[b.len()]
 }
 
 fn serve_command() -> Command {

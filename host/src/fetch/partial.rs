@@ -46,15 +46,20 @@ pub(crate) fn partial_path(target: &Path) -> PathBuf {
 }
 
 /// Opens (or creates) a partial file for reading and writing, keeping what
-/// it holds.
-pub(crate) fn open_partial(path: &Path) -> Result<File, String> {
-    File::options()
+/// it holds, at length `len`: the writer's handle, and one for the hash
+/// thread to read it back through.
+pub(crate) fn open_partial(path: &Path, len: u64) -> Result<(File, File), String> {
+    let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
+    let file = File::options()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(path)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        .map_err(failed)?;
+    file.set_len(len).map_err(failed)?;
+    let kept = file.try_clone().map_err(failed)?;
+    Ok((file, kept))
 }
 
 /// The layout checkpoints are written in. A checkpoint in any other one
@@ -198,12 +203,9 @@ impl Writer {
         resumable: Option<Resumable>,
         hold: Arc<H>,
     ) -> Result<Self, String> {
-        let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
         // Opened here, synchronously: a download dropped before the threads
         // run must still find the file where it expects it.
-        let file = open_partial(path)?;
-        file.set_len(start).map_err(failed)?;
-        let kept = file.try_clone().map_err(failed)?;
+        let (file, kept) = open_partial(path, start)?;
         let (to_disk, disk_rx) = mpsc::channel(QUEUE);
         let (to_hash, hash_rx) = mpsc::channel(QUEUE);
         let stop = StopOnDrop {

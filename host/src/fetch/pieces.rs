@@ -268,11 +268,8 @@ impl PieceWriter {
         resumable: Option<Resumable>,
         hold: Arc<H>,
     ) -> Result<Self, String> {
-        let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
-        let file = open_partial(path)?;
         // Sparse until written: the pieces land at their own offsets.
-        file.set_len(size).map_err(failed)?;
-        let kept = file.try_clone().map_err(failed)?;
+        let (file, kept) = open_partial(path, size)?;
         let hasher = hashed
             .filter(|h| h.len() <= have.contiguous())
             .unwrap_or_default();
