@@ -17,7 +17,11 @@ pub enum Error {
     #[error("deployment {0} is not running")]
     NotRunning(i64),
     #[error("database: {0}")]
-    Sql(#[from] sqlx::Error),
+    Sql(sqlx::Error),
+    /// The database's disk is full: nothing can be written until space is
+    /// freed, while reads keep working.
+    #[error("the database has no room to write (its disk is full): {0}")]
+    NoRoom(sqlx::Error),
     #[error("database migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database holds a value berth cannot read: {0}")]
@@ -25,6 +29,25 @@ pub enum Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        if no_room(&e) {
+            Error::NoRoom(e)
+        } else {
+            Error::Sql(e)
+        }
+    }
+}
+
+/// Whether a statement failed because the database's disk is full:
+/// SQLite's SQLITE_FULL (13), PostgreSQL's disk_full (53100).
+fn no_room(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(e) = e else {
+        return false;
+    };
+    matches!(e.code().as_deref(), Some("13" | "53100"))
+}
 
 /// The schema's migrations, compiled in: (version, description, SQL) per
 /// backend, one entry per file of `migrations/<backend>/`. Listed by hand

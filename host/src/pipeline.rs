@@ -25,6 +25,15 @@ use crate::runtime::{CallError, DeployCall, Plugin};
 /// event stream, at most.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
+/// How soon, and at most how long after, a refused end record is offered
+/// to the database again.
+const RECORD_RETRY_FIRST: Duration = Duration::from_millis(250);
+const RECORD_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// Free space below which a failed deployer's volume counts as full
+/// (without a reserve).
+const FULL_BELOW: u64 = 1 << 20;
+
 /// Options larger than this are refused before anything else happens.
 pub const MAX_OPTIONS_BYTES: usize = 64 * 1024;
 
@@ -382,7 +391,7 @@ impl Pipeline {
             progress: &running.snapshot(),
             logs: &running.logs(),
         };
-        let stored = self.db.finish_deployment(deployment.id, &ending).await;
+        let stored = self.record_end(deployment.id, &ending).await;
         self.live.remove(deployment.id);
         metrics::deployment_ended(&deployment.deployer, &outcome, took);
         running.finish();
@@ -405,6 +414,39 @@ impl Pipeline {
             },
         });
         Ok(stored)
+    }
+
+    /// Stores how a deployment ended. A database that refuses (a full
+    /// disk, a lost connection) does not lose the outcome: it is kept here
+    /// and offered again, less often each time, until it is stored; only
+    /// a row that is no longer running is given up on.
+    async fn record_end(
+        &self,
+        deploy_id: i64,
+        ending: &Ending<'_>,
+    ) -> Result<Deployment, db::Error> {
+        let mut wait = RECORD_RETRY_FIRST;
+        loop {
+            match self.db.finish_deployment(deploy_id, ending).await {
+                Err(e @ (db::Error::NotRunning(_) | db::Error::Corrupt(_))) => return Err(e),
+                Err(e) => tracing::warn!(
+                    deploy_id,
+                    "could not record the end of deployment {deploy_id} ({e}); keeping its outcome and trying again in {}",
+                    crate::human::duration(wait)
+                ),
+                Ok(stored) => {
+                    if wait > RECORD_RETRY_FIRST {
+                        tracing::info!(
+                            deploy_id,
+                            "recorded the end of deployment {deploy_id} after retrying"
+                        );
+                    }
+                    return Ok(stored);
+                }
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(RECORD_RETRY_MAX);
+        }
     }
 
     async fn carry_out(
@@ -448,7 +490,25 @@ impl Pipeline {
                 details_json: serde_json::Value::Object(deployed.details).to_string(),
             }),
             Err(CallError::Cancelled) => Err(self.cancelled(running)),
-            Err(e) => Err(format!("deployer {}: {e}", plugin.name)),
+            Err(e) => Err(format!(
+                "deployer {}: {e}{}",
+                plugin.name,
+                self.full_volume(&out_dir)
+            )),
+        }
+    }
+
+    /// What a deployer cannot say: WASI hands a guest a bare I/O error
+    /// for a full disk, so a failure on a volume left (nearly) full is
+    /// told so, before the removal of its output frees the space again.
+    fn full_volume(&self, out_dir: &std::path::Path) -> String {
+        let nearly_full = self.reserve.max(FULL_BELOW);
+        match crate::space::free_bytes(out_dir) {
+            Ok(free) if free < nearly_full => format!(
+                " (the output volume had {} free when it ended: the disk filled up)",
+                crate::human::size(free)
+            ),
+            _ => String::new(),
         }
     }
 }

@@ -53,6 +53,12 @@ pub struct ServeArgs {
     /// Default memory limit of a deployer, in MiB (a manifest may change it).
     #[arg(long, env = "BERTH_MEMORY_MIB", default_value_t = 512)]
     memory_mib: u64,
+    /// Default quota of a deployment's output directory, in MiB (a
+    /// manifest's out_mib may change it): a deployer that writes more is
+    /// stopped and its deployment fails.
+    #[arg(long, env = "BERTH_OUT_MIB", default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..=crate::runtime::MAX_OUT_MIB))]
+    out_mib: u64,
     /// Default wall-clock limit of one deploy call, in seconds.
     #[arg(long, env = "BERTH_TIMEOUT_S", default_value_t = 1800)]
     timeout_s: u64,
@@ -311,9 +317,35 @@ async fn open_records(args: &ServeArgs) -> anyhow::Result<(Db, String)> {
         .await
         .with_context(|| format!("cannot open the database {}", redact(&database_url)))?;
     let server_id = server_id(data_dir)?;
+    if let Err(e) = fail_leftovers(&db, &server_id).await {
+        // A full disk must not keep the server from serving reads: the
+        // leftovers are failed as soon as the database takes the write.
+        tracing::error!(
+            "could not mark the deployments left running by the previous run as failed ({e}); trying again in the background"
+        );
+        let (db, server_id) = (db.clone(), server_id.clone());
+        tokio::spawn(async move {
+            let mut wait = Duration::from_secs(1);
+            loop {
+                tokio::time::sleep(wait).await;
+                match fail_leftovers(&db, &server_id).await {
+                    Ok(()) => break,
+                    Err(e) => tracing::warn!(
+                        "still cannot mark the deployments left running by the previous run as failed ({e}); trying again in {}",
+                        crate::human::duration(wait)
+                    ),
+                }
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+        });
+    }
+    Ok((db, server_id))
+}
+
+async fn fail_leftovers(db: &Db, server_id: &str) -> Result<(), crate::db::Error> {
     let failed = db
         .fail_leftovers(
-            &server_id,
+            server_id,
             "interrupted: the server stopped before it finished",
         )
         .await?;
@@ -323,7 +355,7 @@ async fn open_records(args: &ServeArgs) -> anyhow::Result<(Db, String)> {
             "marked deployments left running by the previous run as failed"
         );
     }
-    Ok((db, server_id))
+    Ok(())
 }
 
 /// The runtime, and the served deployers as loading: nothing served yet,
@@ -334,6 +366,7 @@ fn prepare_deployers(args: &ServeArgs) -> anyhow::Result<(Arc<Deployers>, Watche
     let limits = Limits {
         memory_mib: args.memory_mib,
         timeout: Duration::from_secs(args.timeout_s),
+        out_mib: args.out_mib,
     };
     let runtime = Arc::new(Runtime::new(
         limits,

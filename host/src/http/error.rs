@@ -61,6 +61,7 @@ impl From<db::Error> for Error {
     fn from(e: db::Error) -> Self {
         match e {
             db::Error::DuplicateJob(_) => Error::Conflict(e.to_string()),
+            db::Error::NoRoom(_) => Error::Unavailable(no_room(&e)),
             e => Error::Internal(e.to_string()),
         }
     }
@@ -76,6 +77,7 @@ impl From<StartError> for Error {
             StartError::NoDeployers(_)
             | StartError::UnknownDeployer { .. }
             | StartError::BadOptions(_) => Error::BadRequest(e.to_string()),
+            StartError::Record(e @ db::Error::NoRoom(_)) => Error::Unavailable(no_room(&e)),
             StartError::Record(e) => Error::Internal(format!("recording a deployment: {e}")),
         }
     }
@@ -88,4 +90,11 @@ impl From<RunError> for Error {
             e @ (RunError::Record(_) | RunError::Crashed(_)) => Error::Internal(e.to_string()),
         }
     }
+}
+
+/// A write the database refused for want of space: the client can act on
+/// that (try later, tell the operator), so it is said, not hidden as a 500.
+fn no_room(e: &db::Error) -> String {
+    tracing::error!("{e}");
+    "the server's database has no room to write (its disk is full), so nothing can be recorded until space is freed; reads keep working".to_string()
 }

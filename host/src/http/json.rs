@@ -415,6 +415,8 @@ pub struct Deployer {
     /// deployer gave), or null.
     #[schema(value_type = Value, required = true)]
     pub options_schema: Option<Value>,
+    /// What a deployment's output directory may hold, in MiB.
+    pub out_mib: u64,
     /// Of the `.wasm` file.
     pub sha256: String,
     pub timeout_s: u64,
@@ -444,6 +446,7 @@ impl From<&Plugin> for Deployer {
                 .options_schema
                 .as_deref()
                 .and_then(|s| serde_json::from_str(s).ok()),
+            out_mib: p.limits.out_mib,
             sha256: p.sha256.clone(),
             timeout_s: p.limits.timeout.as_secs(),
             wit_version: p.wit_version.clone(),

@@ -19,6 +19,11 @@ pub enum CallError {
     TimedOut { limit: Duration },
     #[error("{}", out_of_stack(.output))]
     OutOfStack { output: String },
+    #[error(
+        "wrote more than its output quota of {} to /out ({} when it was stopped); out_mib in its manifest raises it",
+        crate::human::size(*.limit_mib << 20), crate::human::size(*.held)
+    )]
+    OverQuota { limit_mib: u64, held: u64 },
     #[error("{}", exited(*.status))]
     Exited { status: i32 },
     #[error("cancelled")]

@@ -61,6 +61,7 @@ impl Runtime {
         let limits = Limits {
             memory_mib: manifest.memory_mib.unwrap_or(self.defaults.memory_mib),
             timeout: manifest.timeout.unwrap_or(self.defaults.timeout),
+            out_mib: manifest.out_mib.unwrap_or(self.defaults.out_mib),
         };
         let mut plugin = Plugin {
             name: name.to_string(),

@@ -20,6 +20,7 @@ pub struct Manifest {
     pub env: Vec<(String, String)>,
     pub memory_mib: Option<u64>,
     pub timeout: Option<Duration>,
+    pub out_mib: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -32,10 +33,13 @@ struct RawManifest {
     env: BTreeMap<String, String>,
     memory_mib: Option<u64>,
     timeout_s: Option<u64>,
+    out_mib: Option<u64>,
 }
 
 /// At most this much memory may be granted: 16 GiB, far beyond a deployer's needs.
 const MAX_MEMORY_MIB: u64 = 16 * 1024;
+/// An out-dir quota of a TiB is as good as none; more is a typo.
+pub const MAX_OUT_MIB: u64 = 1 << 20;
 
 impl Manifest {
     /// Parses a manifest's text. `lookup` reads the host environment.
@@ -70,6 +74,13 @@ impl Manifest {
                 "memory_mib = {mib}: must be between 1 and {MAX_MEMORY_MIB}"
             ));
         }
+        if let Some(mib) = raw.out_mib
+            && !(1..=MAX_OUT_MIB).contains(&mib)
+        {
+            problems.push(format!(
+                "out_mib = {mib}: must be between 1 and {MAX_OUT_MIB}"
+            ));
+        }
         if raw.timeout_s == Some(0) {
             problems.push("timeout_s = 0: must be at least 1 second".to_string());
         }
@@ -90,6 +101,7 @@ impl Manifest {
             env,
             memory_mib: raw.memory_mib,
             timeout: raw.timeout_s.map(Duration::from_secs),
+            out_mib: raw.out_mib,
         })
     }
 }
@@ -119,6 +131,7 @@ mod tests {
             env = { MIRROR_TOKEN = "Bearer ${TOKEN}", PLAIN = "x$$y" }
             memory_mib = 256
             timeout_s = 600
+            out_mib = 64
             "#,
             env,
         )
@@ -134,6 +147,7 @@ mod tests {
         );
         assert_eq!(m.memory_mib, Some(256));
         assert_eq!(m.timeout, Some(Duration::from_secs(600)));
+        assert_eq!(m.out_mib, Some(64));
         assert_eq!(Manifest::parse("", env).unwrap(), Manifest::default());
     }
 
@@ -144,6 +158,8 @@ mod tests {
             ("memory_mib = \"big\"", "invalid type"),
             ("memory_mib = 0", "memory_mib = 0: must be between"),
             ("timeout_s = 0", "timeout_s = 0"),
+            ("out_mib = 0", "out_mib = 0: must be between 1 and 1048576"),
+            ("out_mib = 1048577", "out_mib = 1048577: must be between"),
             (
                 "env = { T = \"${MISSING}\" }",
                 "env.T: the host environment variable MISSING is not set",

@@ -14,6 +14,7 @@ mod load;
 mod manifest;
 mod memory;
 mod plugins;
+mod quota;
 mod report;
 mod sandbox;
 mod state;
@@ -37,7 +38,7 @@ use wit::{Answer, PluginPre, Question};
 pub use cache::{CodeCache, Origin};
 pub use error::CallError;
 pub use http_gate::AllowedHost;
-pub use manifest::Manifest;
+pub use manifest::{MAX_OUT_MIB, Manifest};
 pub(crate) use plugins::{Change, Folder};
 pub use plugins::{PluginSet, Rejection, check_name, folder_names};
 pub use report::{GuestLevel, LogReporter, Reporter};
@@ -55,6 +56,8 @@ const QUESTION_LIMIT: Duration = Duration::from_secs(30);
 pub struct Limits {
     pub memory_mib: u64,
     pub timeout: Duration,
+    /// What a deployment's out-dir may hold (`quota`).
+    pub out_mib: u64,
 }
 
 impl Default for Limits {
@@ -62,6 +65,7 @@ impl Default for Limits {
         Self {
             memory_mib: 512,
             timeout: Duration::from_secs(30 * 60),
+            out_mib: 1024,
         }
     }
 }
@@ -257,6 +261,8 @@ impl Runtime {
             ),
             _ => (plugin.limits.timeout.min(QUESTION_LIMIT), None),
         };
+        let out_dir = mounts.as_ref().map(|m| m.out_dir.to_path_buf());
+        let quota = plugin.limits.out_mib.saturating_mul(1 << 20);
         let stderr = GuestOutput::stderr(reporter.clone());
         let mut store = sandbox::store(&self.engine, plugin, mounts, reporter, stderr.clone())?;
         let deadline = Instant::now() + limit;
@@ -275,12 +281,32 @@ impl Runtime {
         });
 
         let work = plugin.pre.ask(&mut store, question);
+        let over_quota = async {
+            match &out_dir {
+                Some(dir) => quota::exceeded(dir.clone(), quota).await,
+                None => std::future::pending().await,
+            }
+        };
+        let over = |held| CallError::OverQuota {
+            limit_mib: plugin.limits.out_mib,
+            held,
+        };
         // The epoch deadline stops wasm code; this outer bound also stops a
         // guest that sits blocked inside a host call (slow I/O).
         let outcome = tokio::select! {
             outcome = tokio::time::timeout(limit + EPOCH_TICK * 10, work) => outcome,
             _ = cancel.cancelled() => return Err(CallError::Cancelled),
+            held = over_quota => return Err(over(held)),
         };
+        if let (Some(dir), Ok(Ok(_))) = (out_dir, &outcome) {
+            // What it wrote just before returning was not measured yet.
+            let held = tokio::task::spawn_blocking(move || quota::used(&dir))
+                .await
+                .unwrap_or(0);
+            if held > quota {
+                return Err(over(held));
+            }
+        }
         match outcome {
             Err(_elapsed) => Err(CallError::TimedOut { limit }),
             Ok(Ok(answer)) => Ok(answer),

@@ -25,6 +25,8 @@ pub struct Berth {
     launch: Launch,
     child: Child,
     log: Arc<Mutex<String>>,
+    /// Unmounted before the temp dir holding it is removed.
+    _volume: Option<Volume>,
     _temp: Arc<tempfile::TempDir>,
     client: reqwest::Client,
 }
@@ -38,6 +40,8 @@ pub struct Options {
     env: Vec<(String, String)>,
     /// `--cache-dir`; `None` leaves the server its own (`DATA_DIR/cache`).
     cache_dir: Option<PathBuf>,
+    /// The data dir on a filesystem of its own of this many MiB.
+    volume_mib: Option<u64>,
 }
 
 impl Options {
@@ -67,6 +71,13 @@ impl Options {
         self
     }
 
+    /// Puts the data dir (the SQLite database, models, out-dirs) on a
+    /// tmpfs of `mib` MiB, so the test can fill it: needs root.
+    pub fn data_volume_mib(mut self, mib: u64) -> Self {
+        self.volume_mib = Some(mib);
+        self
+    }
+
     pub fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.to_string());
         self
@@ -92,6 +103,7 @@ impl Options {
         let data_dir = temp.path().join("data");
         let plugins_dir = temp.path().join("plugins");
         std::fs::create_dir_all(&plugins_dir).unwrap();
+        let volume = self.volume_mib.map(|mib| Volume::mount(&data_dir, mib));
         for (name, wasm) in &self.plugins {
             std::fs::copy(wasm, plugins_dir.join(format!("{name}.wasm"))).unwrap();
         }
@@ -120,9 +132,35 @@ impl Options {
             launch,
             child,
             log,
+            _volume: volume,
             _temp: temp,
             client: reqwest::Client::new(),
         }
+    }
+}
+
+/// A small tmpfs mounted for one test server, unmounted when dropped.
+struct Volume(PathBuf);
+
+impl Volume {
+    fn mount(at: &Path, mib: u64) -> Self {
+        std::fs::create_dir_all(at).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(at)
+            .status()
+            .expect("running mount");
+        assert!(
+            mounted.success(),
+            "this test mounts a {mib} MiB tmpfs to fill a disk, which needs root: run the tests as root (CI does)"
+        );
+        Self(at.to_path_buf())
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
 
@@ -155,6 +193,7 @@ impl Berth {
             args: Vec::new(),
             env: Vec::new(),
             cache_dir: Some(plugins::shared_cache()),
+            volume_mib: None,
         }
     }
 

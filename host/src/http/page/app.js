@@ -440,7 +440,8 @@ function fillDeployers(block) {
         h("dt", {}, "Allowed hosts"), h("dd", {}, d.allowed_hosts.length ? d.allowed_hosts.join(", ") : "none"),
         h("dt", {}, "Env vars"), h("dd", { class: "mono" }, d.env.length ? d.env.join(", ") : "none"),
         h("dt", {}, "Memory"), h("dd", {}, `${d.memory_mib} MiB`),
-        h("dt", {}, "Time limit"), h("dd", {}, duration(d.timeout_s * 1000)))));
+        h("dt", {}, "Time limit"), h("dd", {}, duration(d.timeout_s * 1000)),
+        h("dt", {}, "Output quota"), h("dd", {}, `${d.out_mib} MiB`))));
   const empty = state.deployers.length === 0 && h("p", { class: "notice", id: "no-deployers" },
     "No deployer is loaded, so nothing can be deployed. Copy a deployer (NAME.wasm, with an optional NAME.toml manifest) into the server's plugins folder (--plugins-dir, default ./plugins); berth picks it up within seconds. make plugins builds the examples.");
   const loading = state.loading.length > 0 && h("p", { class: "muted" }, `Still loading: ${state.loading.join(", ")}`);

@@ -43,6 +43,7 @@ const MODES: &[&str] = &[
     "call-stack-overflow",
     "exit",
     "lone-surrogate",
+    "fill-out",
 ];
 
 const DEFAULT_SLEEP_MS: u64 = 1000;
@@ -162,9 +163,29 @@ impl Guest for Misbehave {
                 ref_: "lone-surrogate".to_string(),
                 details_json: r#"{"name": "half \ud83d of an emoji"}"#.to_string(),
             }),
+            "fill-out" => fill_out(&request, options.bytes as u64),
             _ => ok(&request),
         }
     }
+}
+
+/// Writes `bytes` of zeros into `/out/fill`, a MiB at a time, as fast as it
+/// can: the out-dir quota's test and its overshoot's measurement.
+fn fill_out(request: &DeployRequest, bytes: u64) -> Result<DeployResult, String> {
+    use std::io::Write;
+    let path = Path::new(&request.out_dir).join("fill");
+    let mut file = File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let chunk = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    while written < bytes {
+        let n = chunk
+            .len()
+            .min(usize::try_from(bytes - written).unwrap_or(usize::MAX));
+        file.write_all(&chunk[..n])
+            .map_err(|e| format!("writing {} after {written} bytes: {e}", path.display()))?;
+        written += n as u64;
+    }
+    Ok(details("fill-out", &json!({ "written": written })))
 }
 
 /// Reads every model file through the preopen and says how fast: the
