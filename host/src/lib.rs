@@ -22,5 +22,6 @@ pub mod model;
 pub mod pipeline;
 pub mod runtime;
 pub mod space;
+pub mod trust;
 pub mod validate;
 pub mod watch;

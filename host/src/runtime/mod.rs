@@ -8,6 +8,7 @@
 
 mod cache;
 pub mod caps;
+mod connect;
 mod error;
 mod http_gate;
 mod load;
@@ -29,6 +30,7 @@ use wasmtime::component::Linker;
 use wasmtime::{Engine, Trap, UpdateDeadline};
 
 use crate::model::TrainedModel;
+use crate::trust::Trust;
 use report::GuestOutput;
 use sandbox::Mounts;
 use state::State;
@@ -113,6 +115,8 @@ pub struct Runtime {
     linker: Linker<State>,
     defaults: Limits,
     cache: Option<CodeCache>,
+    /// Guests' outgoing connections: the TLS roots they trust.
+    connector: connect::Connector,
     ticker_stop: Arc<AtomicBool>,
 }
 
@@ -157,8 +161,16 @@ impl Runtime {
             linker,
             defaults,
             cache,
+            connector: connect::Connector::new(&Trust::default()),
             ticker_stop,
         })
+    }
+
+    /// Guests' HTTPS requests also trust the certificates of `trust`
+    /// (`--ca-file`).
+    pub fn trust(mut self, trust: &Trust) -> Self {
+        self.connector = connect::Connector::new(trust);
+        self
     }
 
     pub fn defaults(&self) -> Limits {
@@ -258,7 +270,14 @@ impl Runtime {
             _ => (plugin.limits.timeout.min(QUESTION_LIMIT), None),
         };
         let stderr = GuestOutput::stderr(reporter.clone());
-        let mut store = sandbox::store(&self.engine, plugin, mounts, reporter, stderr.clone())?;
+        let mut store = sandbox::store(
+            &self.engine,
+            plugin,
+            &self.connector,
+            mounts,
+            reporter,
+            stderr.clone(),
+        )?;
         let deadline = Instant::now() + limit;
         let flag = cancel.clone();
         store.set_epoch_deadline(1);
