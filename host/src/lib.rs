@@ -23,5 +23,9 @@ pub mod pipeline;
 pub mod runtime;
 pub mod space;
 pub mod trust;
+
+#[cfg(test)]
+#[path = "../../tests/tls/tls.rs"]
+mod test_tls;
 pub mod validate;
 pub mod watch;

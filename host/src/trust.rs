@@ -52,7 +52,16 @@ impl Trust {
         for (n, certificate) in certificates.iter().enumerate() {
             RootCertStore::empty()
                 .add(certificate.clone())
-                .map_err(|e| error(format!("certificate {} cannot be trusted: {e}", n + 1)))?;
+                .map_err(|e| {
+                    let why = match e {
+                        rustls::Error::InvalidCertificate(problem) => problem.to_string(),
+                        other => other.to_string(),
+                    };
+                    error(format!(
+                        "certificate {} is not a usable X.509 certificate: {why}",
+                        n + 1
+                    ))
+                })?;
         }
         Ok(Self {
             certificates: certificates.into(),
@@ -86,9 +95,8 @@ impl Trust {
         mut options: object_store::ClientOptions,
     ) -> object_store::Result<object_store::ClientOptions> {
         for certificate in self.certificates.iter() {
-            options = options.with_root_certificate(object_store::Certificate::from_der(
-                certificate,
-            )?);
+            options =
+                options.with_root_certificate(object_store::Certificate::from_der(certificate)?);
         }
         Ok(options)
     }
@@ -104,12 +112,40 @@ impl Trust {
     }
 }
 
+/// Said after an HTTPS failure caused by a certificate no trusted CA
+/// signed (`hint`).
+const UNKNOWN_ISSUER: &str = " (the certificate is signed by a CA berth does not trust: give the server that CA with --ca-file)";
+
+/// What to add to the message of an HTTPS failure: how to trust the CA
+/// when the cause is a certificate signed by an unknown one, else nothing.
+pub(crate) fn hint(error: &(dyn std::error::Error + 'static)) -> &'static str {
+    let unknown_issuer = |e: &(dyn std::error::Error + 'static)| {
+        matches!(
+            e.downcast_ref::<rustls::Error>(),
+            Some(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer
+            ))
+        )
+    };
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        // io::Error's `source` skips the error it wraps.
+        let wrapped = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|inner| inner as &(dyn std::error::Error + 'static));
+        if unknown_issuer(e) || wrapped.is_some_and(unknown_issuer) {
+            return UNKNOWN_ISSUER;
+        }
+        cause = e.source();
+    }
+    ""
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[path = "../../../tests/tls/tls.rs"]
-    mod tls;
+    use crate::test_tls as tls;
 
     #[track_caller]
     fn refused(contents: &[u8], expected: &str) {
@@ -137,17 +173,20 @@ mod tests {
         );
         refused(
             b"-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
-            "is not valid PEM: base64 decode error: Invalid symbol 32, offset 3.",
+            "is not valid PEM: base64 decode error: InvalidCharacter(33)",
         );
         refused(
             b"-----BEGIN CERTIFICATE-----\naGVsbG8=\n-----END CERTIFICATE-----\n",
-            "certificate 1 cannot be trusted: invalid certificate: BadEncoding",
+            "certificate 1 is not a usable X.509 certificate: BadEncoding",
         );
 
         let missing = tempfile::tempdir().unwrap().path().join("absent.pem");
         let error = Trust::load(&missing).unwrap_err().to_string();
         assert!(
-            error.starts_with(&format!("--ca-file {}: cannot read it: ", missing.display())),
+            error.starts_with(&format!(
+                "--ca-file {}: cannot read it: ",
+                missing.display()
+            )),
             "{error}"
         );
     }

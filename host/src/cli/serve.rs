@@ -347,7 +347,8 @@ fn prepare_deployers(
         memory_mib: args.memory_mib,
         timeout: Duration::from_secs(args.timeout_s),
     };
-    let runtime = Arc::new(Runtime::new(limits, Some(CodeCache::new(args.cache_dir())))?.trust(trust));
+    let runtime =
+        Arc::new(Runtime::new(limits, Some(CodeCache::new(args.cache_dir())))?.trust(trust));
     let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
     let names = folder_names(&args.plugins_dir);
     let deployers = Deployers::loading(runtime.clone(), args.plugins_dir.clone(), names);

@@ -290,9 +290,10 @@ impl Sources {
             }
             let response = request.send().await.map_err(|e| {
                 format!(
-                    "cannot reach the source ({}): {}",
+                    "cannot reach the source ({}): {}{}",
                     named(url, &at),
-                    innermost(&e)
+                    innermost(&e),
+                    crate::trust::hint(&e)
                 )
             })?;
             let Some(location) = redirect_target(&response) else {

@@ -13,8 +13,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as Key;
 use object_store::{
-    ClientConfigKey, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt,
-    RetryConfig,
+    ClientConfigKey, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig,
 };
 
 use super::access::Credentials;
@@ -225,9 +224,10 @@ impl Store {
                 self.credentials
             ),
             _ if unreachable(&e) => format!(
-                "cannot reach the store at {} ({url}): {}",
+                "cannot reach the store at {} ({url}): {}{}",
                 self.endpoint,
-                innermost(&e)
+                innermost(&e),
+                crate::trust::hint(&e)
             ),
             _ => format!(
                 "the store could not serve {url}: {}",

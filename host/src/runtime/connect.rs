@@ -122,7 +122,10 @@ impl Connector {
         let (mut sender, connection) = timeout(connect_limit, connect).await.map_err(|_| {
             Failure::new(
                 Error::ConnectionTimeout,
-                format!("no connection to {addr} within {}", crate::human::duration(connect_limit)),
+                format!(
+                    "no connection to {addr} within {}",
+                    crate::human::duration(connect_limit)
+                ),
             )
         })??;
 
@@ -185,30 +188,24 @@ impl Connector {
     }
 }
 
-/// A TLS handshake's failure in the words and the error code that fit it:
-/// a certificate problem says which name and which roots.
+/// A TLS handshake's failure, with the error code that fits it and a
+/// sentence that says which name and address, and how to trust an
+/// internal CA when that is what is missing.
 fn tls_failure(e: std::io::Error, name: &ServerName<'_>, addr: SocketAddr) -> Failure {
-    let name = name.to_str();
-    match e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
-        Some(rustls::Error::InvalidCertificate(problem)) => Failure::new(
-            Error::TlsCertificateError,
-            format!(
-                "the certificate of {name} (at {addr}) is not trusted: {problem:?}; \
-                 a private CA must be given to the server with --ca-file"
-            ),
-        ),
-        Some(rustls::Error::AlertReceived(alert)) => Failure::new(
-            Error::TlsAlertReceived {
-                alert_id: Some(u8::from(*alert)),
-                alert_message: Some(format!("{alert:?}")),
-            },
-            format!("{name} (at {addr}) ended the TLS handshake: {alert:?}"),
-        ),
-        _ => {
-            let reason = format!("TLS with {name} (at {addr}) failed: {e}");
-            Failure::new(Error::Tls(e), reason)
-        }
-    }
+    let reason = format!(
+        "TLS with {} at {addr} failed: {e}{}",
+        name.to_str(),
+        crate::trust::hint(&e)
+    );
+    let error = match e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+        Some(rustls::Error::InvalidCertificate(_)) => Error::TlsCertificateError,
+        Some(rustls::Error::AlertReceived(alert)) => Error::TlsAlertReceived {
+            alert_id: Some(u8::from(*alert)),
+            alert_message: Some(format!("{alert:?}")),
+        },
+        _ => Error::Tls(e),
+    };
+    Failure::new(error, reason)
 }
 
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
@@ -264,5 +261,150 @@ impl Body for Paced {
 
     fn size_hint(&self) -> SizeHint {
         self.incoming.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::Router;
+    use axum::http::HeaderMap;
+    use http_body_util::Empty;
+
+    use super::*;
+    use crate::test_tls::{self, TestCa};
+
+    /// An HTTPS server for `names`, signed by `ca`, that answers with the
+    /// `Host` header and the request target it got.
+    async fn server(ca: &TestCa, names: &[&str]) -> SocketAddr {
+        let app = Router::new().fallback(|headers: HeaderMap, uri: http::Uri| async move {
+            format!("{} {uri}", headers["host"].to_str().unwrap())
+        });
+        test_tls::serve(app, ca.server(names)).await
+    }
+
+    fn trusting(ca: &TestCa) -> Connector {
+        let dir = tempfile::tempdir().unwrap();
+        Connector::new(&Trust::load(&ca.write(dir.path(), "ca.pem")).unwrap())
+    }
+
+    fn get(url: &str) -> http::Request<WasiBody> {
+        let uri: http::Uri = url.parse().unwrap();
+        http::Request::get(&uri)
+            .header("host", uri.authority().unwrap().as_str())
+            .body(Empty::new().map_err(|never| match never {}).boxed_unsync())
+            .unwrap()
+    }
+
+    async fn text(sent: Sent) -> (http::StatusCode, String) {
+        let (response, rest) = sent;
+        tokio::spawn(Box::into_pin(rest));
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_name_is_verified_at_the_checked_address_without_being_resolved() {
+        let ca = TestCa::new("berth test CA");
+        // berth.test resolves nowhere: only the address given is reached.
+        let addr = server(&ca, &["berth.test"]).await;
+        let url = format!("https://berth.test:{}/models/a?x=1", addr.port());
+        let sent = trusting(&ca)
+            .send(get(&url), addr, Some("berth.test"), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            text(sent).await,
+            (
+                http::StatusCode::OK,
+                format!("berth.test:{} /models/a?x=1", addr.port())
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_certificate_for_another_name_or_from_an_unknown_ca_is_refused() {
+        let ca = TestCa::new("berth test CA");
+        let addr = server(&ca, &["berth.test"]).await;
+        let url = format!("https://berth.test:{}/", addr.port());
+
+        let other = trusting(&ca)
+            .send(get(&url), addr, Some("other.test"), None)
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(other.error, Error::TlsCertificateError),
+            "{other:?}"
+        );
+        assert_eq!(
+            other.reason,
+            format!(
+                "TLS with other.test at {addr} failed: invalid peer certificate: certificate not \
+                 valid for name \"other.test\"; certificate is only valid for DnsName(\"berth.test\")"
+            )
+        );
+
+        let stranger = TestCa::new("another CA");
+        for connector in [trusting(&stranger), Connector::new(&Trust::default())] {
+            let unknown = connector
+                .send(get(&url), addr, Some("berth.test"), None)
+                .await
+                .err()
+                .unwrap();
+            assert!(
+                matches!(unknown.error, Error::TlsCertificateError),
+                "{unknown:?}"
+            );
+            assert_eq!(
+                unknown.reason,
+                format!(
+                    "TLS with berth.test at {addr} failed: invalid peer certificate: UnknownIssuer \
+                     (the certificate is signed by a CA berth does not trust: give the server that \
+                     CA with --ca-file)"
+                )
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn plain_http_goes_to_the_address_with_the_requested_host() {
+        let app = Router::new().fallback(|headers: HeaderMap| async move {
+            headers["host"].to_str().unwrap().to_string()
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let sent = Connector::new(&Trust::default())
+            .send(get("http://mirror.test/x"), addr, None, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            text(sent).await,
+            (http::StatusCode::OK, "mirror.test".to_string())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_that_does_not_answer_in_the_first_byte_timeout_fails_the_request() {
+        // Accepts and keeps the connection, never answering.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let held = tokio::spawn(async move { listener.accept().await.unwrap() });
+        let options = RequestOptions {
+            first_byte_timeout: Some(Duration::from_millis(50)),
+            ..RequestOptions::default()
+        };
+        let failure = Connector::new(&Trust::default())
+            .send(get("http://mirror.test/x"), addr, None, Some(options))
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(failure.error, Error::ConnectionReadTimeout),
+            "{failure:?}"
+        );
+        assert_eq!(failure.reason, format!("{addr} sent no answer within 50ms"));
+        drop(held);
     }
 }
