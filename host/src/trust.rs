@@ -129,15 +129,15 @@ pub(crate) fn hint(error: &(dyn std::error::Error + 'static)) -> &'static str {
     };
     let mut cause = Some(error);
     while let Some(e) = cause {
-        // io::Error's `source` skips the error it wraps.
-        let wrapped = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .map(|inner| inner as &(dyn std::error::Error + 'static));
-        if unknown_issuer(e) || wrapped.is_some_and(unknown_issuer) {
+        if unknown_issuer(e) {
             return UNKNOWN_ISSUER;
         }
-        cause = e.source();
+        // io::Error's `source` skips the error it wraps (rustls' is wrapped
+        // twice on the way through hyper-rustls): step into it instead.
+        cause = match e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            Some(wrapped) => Some(wrapped),
+            None => e.source(),
+        };
     }
     ""
 }
