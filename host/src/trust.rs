@@ -134,7 +134,10 @@ pub(crate) fn hint(error: &(dyn std::error::Error + 'static)) -> &'static str {
         }
         // io::Error's `source` skips the error it wraps (rustls' is wrapped
         // twice on the way through hyper-rustls): step into it instead.
-        cause = match e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        cause = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             Some(wrapped) => Some(wrapped),
             None => e.source(),
         };
