@@ -234,7 +234,8 @@ impl WasiHttpHooks for HttpGate {
             );
             return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
         };
-        // Nothing to report back to the request's writer beyond the answer.
+        // Unused, as by wasmtime's default sender: errors reach the guest
+        // through the answer and the response body.
         drop(fut);
         let plugin = self.plugin.clone();
         let connector = self.connector.clone();
