@@ -22,5 +22,10 @@ pub mod model;
 pub mod pipeline;
 pub mod runtime;
 pub mod space;
+pub mod trust;
+
+#[cfg(test)]
+#[path = "../../tests/tls/tls.rs"]
+mod test_tls;
 pub mod validate;
 pub mod watch;

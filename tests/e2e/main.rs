@@ -22,6 +22,7 @@ mod outputs;
 mod page;
 mod plugin_cli;
 mod plugins;
+mod proxies;
 mod ready;
 mod runtime;
 mod sources;

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 use crate::support::files::FileServer;
 use crate::support::server::{Backend, Berth, Options};
+use crate::support::tls::{self, TestCa};
 use crate::support::{adapter_files, assert_error, bytes, model, on_both_backends, plugins};
 
 on_both_backends!(
@@ -29,6 +30,7 @@ on_both_backends!(
     http_publish_refuses_bad_options_before_anything_is_fetched,
     a_plugin_sees_only_the_environment_its_manifest_grants,
     bad_manifests_reject_their_plugin_and_spare_the_others,
+    http_publish_uploads_over_https_to_a_mirror_of_an_internal_ca_given_with_ca_file,
 );
 
 const TOKEN: &str = "s3cret-token-4711";
@@ -36,7 +38,14 @@ const TOKEN: &str = "s3cret-token-4711";
 /// A server offering `http-publish` with a manifest granting `allowed_hosts`
 /// (none when `None`) and the token from the server's environment.
 async fn berth_with_publisher(backend: Backend, allowed_hosts: Option<&[String]>) -> Berth {
-    let mut options: Options = Berth::options(backend)
+    publisher_options(Berth::options(backend), allowed_hosts)
+        .start()
+        .await
+}
+
+/// `options` with `http-publish` and its manifest, as `berth_with_publisher`.
+fn publisher_options(options: Options, allowed_hosts: Option<&[String]>) -> Options {
+    let mut options = options
         .plugin("http-publish", plugins::example("http-publish"))
         .env("TEST_MIRROR_TOKEN", TOKEN);
     if let Some(hosts) = allowed_hosts {
@@ -46,7 +55,7 @@ async fn berth_with_publisher(backend: Backend, allowed_hosts: Option<&[String]>
         );
         options = options.plugins_file("http-publish.toml", manifest);
     }
-    options.start().await
+    options
 }
 
 /// The model every test here publishes: the usual adapter and a name that
@@ -444,19 +453,35 @@ struct Mirror {
 
 impl Mirror {
     async fn start(default: Answer) -> Self {
-        let state = Arc::new(Mutex::new(MirrorState {
-            default,
-            by_suffix: Vec::new(),
-            received: Vec::new(),
-        }));
-        let app = Router::new()
-            .fallback(receive)
-            .layer(DefaultBodyLimit::disable())
-            .with_state(state.clone());
+        let state = Self::state(default);
+        let app = Self::app(&state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         Self { addr, state }
+    }
+
+    /// A mirror over HTTPS on 127.0.0.1, its certificate for that address
+    /// signed by `ca`.
+    async fn start_tls(default: Answer, ca: &TestCa) -> Self {
+        let state = Self::state(default);
+        let addr = tls::serve(Self::app(&state), ca.server(&["127.0.0.1"])).await;
+        Self { addr, state }
+    }
+
+    fn state(default: Answer) -> Arc<Mutex<MirrorState>> {
+        Arc::new(Mutex::new(MirrorState {
+            default,
+            by_suffix: Vec::new(),
+            received: Vec::new(),
+        }))
+    }
+
+    fn app(state: &Arc<Mutex<MirrorState>>) -> Router {
+        Router::new()
+            .fallback(receive)
+            .layer(DefaultBodyLimit::disable())
+            .with_state(state.clone())
     }
 
     /// `127.0.0.1:PORT`, as a manifest and a base_url name it.
@@ -543,4 +568,69 @@ async fn a_granted_name_that_resolves_to_an_internal_address_is_refused() {
             && log.contains("an internal address; grant the address itself in allowed_hosts"),
         "{log}"
     );
+}
+
+/// A mirror on HTTPS whose certificate an internal CA signed: the upload
+/// fails the certificate check while the server trusts only the public
+/// roots, and goes through, byte for byte, once the server is given the CA
+/// with `--ca-file`. Granted by address, so reached at exactly that
+/// address by the gate's own connection.
+async fn http_publish_uploads_over_https_to_a_mirror_of_an_internal_ca_given_with_ca_file(
+    backend: Backend,
+) {
+    let files = FileServer::start().await;
+    let ca = TestCa::new("mirror CA");
+    let mirror = Mirror::start_tls(Answer::Store, &ca).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = ca.write(dir.path(), "mirror-ca.pem");
+    let base_url = format!("https://{}/mirror/v1/", mirror.host());
+    let contents = publish_files();
+
+    let untrusting = berth_with_publisher(backend, Some(&[mirror.host()])).await;
+    let id = untrusting
+        .register(&model(&files, "job-https", &contents))
+        .await;
+    let (status, failed) = untrusting
+        .deploy(id, "http-publish", json!({ "base_url": base_url }))
+        .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{failed}");
+    assert_eq!(failed["status"], "failed");
+    assert_eq!(
+        failed["error"],
+        format!(
+            "deployer http-publish: adapter_config.json: {}: its TLS certificate is not trusted",
+            mirror.host()
+        )
+    );
+    let log = untrusting.log();
+    assert!(
+        log.contains(&format!(
+            "outgoing request failed: TLS with 127.0.0.1 at {} failed: invalid peer certificate: \
+             UnknownIssuer (the certificate is signed by a CA berth does not trust: give the \
+             server that CA with --ca-file)",
+            mirror.host()
+        )),
+        "{log}"
+    );
+    assert_eq!(mirror.received().len(), 0);
+
+    let options = Berth::options(backend)
+        .arg("--ca-file")
+        .arg(ca_file.to_str().unwrap());
+    let berth = publisher_options(options, Some(&[mirror.host()]))
+        .start()
+        .await;
+    let id = berth.register(&model(&files, "job-https", &contents)).await;
+    let (status, deployment) = berth
+        .deploy(id, "http-publish", json!({ "base_url": base_url }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+    assert_eq!(deployment["status"], "completed");
+    let received = mirror.received();
+    assert_eq!(received.len(), contents.len());
+    for (request, (path, bytes)) in received.iter().zip(&contents) {
+        assert_eq!(request.method, "PUT", "{path}");
+        assert!(request.body == *bytes, "{path}: the mirror got other bytes");
+    }
+    assert!(berth.log().contains("CA file loaded"), "{}", berth.log());
 }

@@ -1,7 +1,8 @@
 //! Sources that need credentials, through the real server: a model in an
 //! S3-compatible store (moto's, `tests/moto/`) deployed with the keys of
 //! the server's sources file, which appear in no answer and no log line;
-//! and a sources file that cannot be used, which stops the start.
+//! and a sources file or a CA file that cannot be used, which stops the
+//! start.
 
 use object_store::ObjectStoreExt;
 use object_store::aws::AmazonS3Builder;
@@ -125,4 +126,37 @@ fn a_sources_file_that_cannot_be_used_stops_the_start() {
         !temp.path().join("data").exists(),
         "nothing was opened before the sources file was read"
     );
+}
+
+#[test]
+fn a_ca_file_that_cannot_be_used_stops_the_start() {
+    let temp = tempfile::tempdir().unwrap();
+    let not_pem = temp.path().join("ca.der");
+    std::fs::write(&not_pem, b"\x30\x82\x01\x0a").unwrap();
+    let absent = temp.path().join("absent.pem");
+    for (file, problem) in [
+        (
+            &not_pem,
+            "holds no certificate (expected PEM: -----BEGIN CERTIFICATE----- blocks)",
+        ),
+        (
+            &absent,
+            "cannot read it: No such file or directory (os error 2)",
+        ),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(temp.path().join("data"))
+            .env("BERTH_CA_FILE", file)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let expected = format!("error: --ca-file {}: {problem}", file.display());
+        assert!(stderr.contains(&expected), "{stderr}");
+        assert!(
+            !temp.path().join("data").exists(),
+            "nothing was opened before the CA file was read"
+        );
+    }
 }

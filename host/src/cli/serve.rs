@@ -18,6 +18,7 @@ use crate::fetch::{Access, Fetcher, Split};
 use crate::http::{ApiContext, Webhook};
 use crate::pipeline::Pipeline;
 use crate::runtime::{CodeCache, Limits, Origin, PluginSet, Runtime, folder_names};
+use crate::trust::Trust;
 use crate::watch::Watcher;
 
 use super::LogFormat;
@@ -67,6 +68,11 @@ pub struct ServeArgs {
     /// (object stores); values may use `${VAR}` from this environment.
     #[arg(long, env = "BERTH_SOURCES_FILE")]
     sources_file: Option<PathBuf>,
+    /// PEM certificates (an internal CA) trusted for HTTPS in addition to
+    /// the public roots: by sources, deployers' outgoing requests and the
+    /// webhook.
+    #[arg(long, env = "BERTH_CA_FILE", value_name = "PEM")]
+    ca_file: Option<PathBuf>,
     /// Limit on fetching all files of one deployment, in seconds.
     #[arg(long, env = "BERTH_FETCH_TIMEOUT_S", default_value_t = 1800)]
     fetch_timeout_s: u64,
@@ -130,10 +136,11 @@ pub struct ServeArgs {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let clock = std::time::Instant::now();
     let args = args.absolute()?;
-    // First: tokens or a sources file that cannot be used stop the start
-    // before anything is opened.
+    // First: tokens, a sources file or a CA file that cannot be used stop
+    // the start before anything is opened.
     let tokens = open_tokens(&args)?;
     let access = load_access(&args)?;
+    let trust = load_trust(&args)?;
     if args.metrics {
         crate::metrics::install();
     } else if let Some(addr) = args.metrics_listen {
@@ -147,10 +154,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             url: url.clone(),
             secret: args.webhook_secret.clone(),
         }
-        .spawn(&events)?;
+        .spawn(&events, &trust)?;
     }
-    let (deployers, watcher, runtime) = prepare_deployers(&args)?;
+    let (deployers, watcher, runtime) = prepare_deployers(&args, &trust)?;
     let fetcher = Fetcher::new(args.models_dir(), Duration::from_secs(args.fetch_timeout_s))?
+        .trust(trust)?
         .split(Split {
             connections: usize::from(args.fetch_connections),
             piece_bytes: args.fetch_piece_mib << 20,
@@ -239,6 +247,7 @@ impl ServeArgs {
         self.data_dir = std::path::absolute(&self.data_dir)?;
         self.plugins_dir = std::path::absolute(&self.plugins_dir)?;
         self.models_dir = absolute(self.models_dir)?;
+        self.ca_file = absolute(self.ca_file)?;
         self.cache_dir = absolute(self.cache_dir)?;
         Ok(self)
     }
@@ -362,16 +371,17 @@ async fn fail_leftovers(db: &Db, server_id: &str) -> Result<(), crate::db::Error
 /// every name of the plugins folder to come. Returns the watcher that keeps
 /// the set current once loaded, its view of the folder taken now, so a
 /// change made during the load is picked up afterwards.
-fn prepare_deployers(args: &ServeArgs) -> anyhow::Result<(Arc<Deployers>, Watcher, Arc<Runtime>)> {
+fn prepare_deployers(
+    args: &ServeArgs,
+    trust: &Trust,
+) -> anyhow::Result<(Arc<Deployers>, Watcher, Arc<Runtime>)> {
     let limits = Limits {
         memory_mib: args.memory_mib,
         timeout: Duration::from_secs(args.timeout_s),
         out_mib: args.out_mib,
     };
-    let runtime = Arc::new(Runtime::new(
-        limits,
-        Some(CodeCache::new(args.cache_dir())),
-    )?);
+    let runtime =
+        Arc::new(Runtime::new(limits, Some(CodeCache::new(args.cache_dir())))?.trust(trust));
     let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
     let names = folder_names(&args.plugins_dir);
     let deployers = Deployers::loading(runtime.clone(), args.plugins_dir.clone(), names);
@@ -410,6 +420,21 @@ fn load_access(args: &ServeArgs) -> anyhow::Result<Access> {
         "sources file loaded"
     );
     Ok(access)
+}
+
+/// The certificates of `--ca-file`, if given, trusted beside the public
+/// roots.
+fn load_trust(args: &ServeArgs) -> anyhow::Result<Trust> {
+    let Some(path) = &args.ca_file else {
+        return Ok(Trust::default());
+    };
+    let trust = Trust::load(path)?;
+    tracing::info!(
+        file = %path.display(),
+        certificates = trust.len(),
+        "CA file loaded: trusted for HTTPS beside the public roots"
+    );
+    Ok(trust)
 }
 
 /// `--metrics-listen`: `/metrics` alone on its own address, until the

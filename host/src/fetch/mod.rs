@@ -36,6 +36,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{ModelFile, TrainedModel};
+use crate::trust::Trust;
 pub use access::Access;
 use lock::DirLock;
 use partial::{Checkpoint, Kept, Resumable, TEMP_PREFIX, Writer, Written, partial_path};
@@ -123,7 +124,7 @@ const META_DIR: &str = ".berth";
 impl Fetcher {
     pub fn new(models_dir: PathBuf, timeout: Duration) -> anyhow::Result<Self> {
         Ok(Self {
-            sources: source::Sources::new()?,
+            sources: source::Sources::new(Trust::default())?,
             models_dir,
             timeout,
             parallel: 4,
@@ -143,6 +144,12 @@ impl Fetcher {
     pub fn split(mut self, split: Split) -> Self {
         self.split = split;
         self
+    }
+
+    /// HTTPS sources also trust the certificates of `trust` (`--ca-file`).
+    pub fn trust(mut self, trust: Trust) -> anyhow::Result<Self> {
+        self.sources = self.sources.with_trust(trust)?;
+        Ok(self)
     }
 
     /// Gives the sources the credentials of the sources file.

@@ -16,6 +16,7 @@ use tokio_util::io::ReaderStream;
 
 use super::access::Access;
 use super::store::Stores;
+use crate::trust::Trust;
 
 /// Characters escaped in a filled-in `{path}` or `{job_id}`: everything but
 /// unreserved characters and `/`, so nested paths stay nested.
@@ -151,6 +152,7 @@ const MAX_REDIRECTS: usize = 10;
 pub(crate) struct Sources {
     client: reqwest::Client,
     access: Arc<Access>,
+    trust: Trust,
     pub(super) stores: Arc<Stores>,
 }
 
@@ -164,17 +166,29 @@ struct Answer {
 }
 
 impl Sources {
-    pub(crate) fn new() -> anyhow::Result<Self> {
-        let client = reqwest::Client::builder()
+    /// Sources over HTTPS trusting the public roots and `trust`'s
+    /// certificates; through the proxies of the environment
+    /// (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, less `NO_PROXY`), which
+    /// reqwest reads when a client is built, as object_store's does.
+    pub(crate) fn new(trust: Trust) -> anyhow::Result<Self> {
+        let builder = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(30))
             .read_timeout(std::time::Duration::from_secs(120))
             // Followed by `send`, which decides the credentials of each hop.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
+            .redirect(reqwest::redirect::Policy::none());
         Ok(Self {
-            client,
+            client: trust.reqwest(builder)?.build()?,
             access: Arc::default(),
-            stores: Arc::default(),
+            stores: Arc::new(Stores::new(trust.clone())),
+            trust,
+        })
+    }
+
+    /// The same sources with clients that trust `trust` instead.
+    pub(crate) fn with_trust(self, trust: Trust) -> anyhow::Result<Self> {
+        Ok(Self {
+            access: self.access,
+            ..Self::new(trust)?
         })
     }
 
@@ -183,7 +197,7 @@ impl Sources {
         Self {
             access: Arc::new(access),
             // Stores are built with the credentials they were first asked with.
-            stores: Arc::default(),
+            stores: Arc::new(Stores::new(self.trust.clone())),
             ..self
         }
     }
@@ -276,9 +290,10 @@ impl Sources {
             }
             let response = request.send().await.map_err(|e| {
                 format!(
-                    "cannot reach the source ({}): {}",
+                    "cannot reach the source ({}): {}{}",
                     named(url, &at),
-                    innermost(&e)
+                    innermost(&e),
+                    crate::trust::hint(&e)
                 )
             })?;
             let Some(location) = redirect_target(&response) else {

@@ -13,16 +13,18 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as Key;
 use object_store::{
-    ClientConfigKey, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig,
+    ClientConfigKey, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig,
 };
 
 use super::access::Credentials;
 use super::source::{Body, Span, innermost};
+use crate::trust::Trust;
 
-/// The stores built so far.
-#[derive(Default)]
+/// The stores built so far, and what their clients trust beyond the
+/// public roots.
 pub(crate) struct Stores {
     built: Mutex<HashMap<StoreId, Arc<Store>>>,
+    trust: Trust,
 }
 
 /// What tells stores apart: the bucket, and the sources-file prefix whose
@@ -43,6 +45,13 @@ struct Store {
 }
 
 impl Stores {
+    pub(crate) fn new(trust: Trust) -> Self {
+        Self {
+            built: Mutex::default(),
+            trust,
+        }
+    }
+
     /// Opens the object `key` of `bucket` (shown as `url`) for the bytes
     /// of `span`, with the settings `credentials` add to the environment's.
     pub(crate) async fn open(
@@ -115,15 +124,24 @@ impl Stores {
         if let Some(store) = built.get(&id) {
             return Ok(store.clone());
         }
-        let store = Arc::new(Store::build(bucket, credentials)?);
+        let store = Arc::new(Store::build(bucket, credentials, &self.trust)?);
         built.insert(id, store.clone());
         Ok(store)
     }
 }
 
 impl Store {
-    fn build(bucket: &str, credentials: Option<&Credentials>) -> Result<Self, String> {
-        let mut builder = AmazonS3Builder::from_env();
+    fn build(
+        bucket: &str,
+        credentials: Option<&Credentials>,
+        trust: &Trust,
+    ) -> Result<Self, String> {
+        let mut builder = from_env(trust).map_err(|e| {
+            format!(
+                "the store for s3://{bucket}/ cannot be set up: {}",
+                innermost(&e)
+            )
+        })?;
         for (key, value) in credentials.map_or(&[][..], |c| c.options()) {
             builder = builder.with_config(*key, value);
         }
@@ -145,7 +163,7 @@ impl Store {
         // fetch has its own limit (--fetch-timeout-s). Kept if set.
         let timeout = AmazonS3ConfigKey::Client(ClientConfigKey::Timeout);
         if builder.get_config_value(&timeout)
-            == object_store::ClientOptions::new().get_config_value(&ClientConfigKey::Timeout)
+            == ClientOptions::new().get_config_value(&ClientConfigKey::Timeout)
         {
             builder = builder.with_config(timeout, "24h");
         }
@@ -206,9 +224,10 @@ impl Store {
                 self.credentials
             ),
             _ if unreachable(&e) => format!(
-                "cannot reach the store at {} ({url}): {}",
+                "cannot reach the store at {} ({url}): {}{}",
                 self.endpoint,
-                innermost(&e)
+                innermost(&e),
+                crate::trust::hint(&e)
             ),
             _ => format!(
                 "the store could not serve {url}: {}",
@@ -216,6 +235,25 @@ impl Store {
             ),
         }
     }
+}
+
+/// `AmazonS3Builder::from_env`, on client options that trust `trust`'s
+/// certificates: the builder has no way to add one to options it holds, and
+/// giving it options replaces them whole, so they come first and the
+/// environment is read over them as `from_env` reads it. Proxies are left
+/// to reqwest, which reads `HTTPS_PROXY`/`NO_PROXY` itself unless a
+/// `proxy_url` option is set.
+fn from_env(trust: &Trust) -> object_store::Result<AmazonS3Builder> {
+    let options = trust.object_store(ClientOptions::new())?;
+    let mut builder = AmazonS3Builder::new().with_client_options(options);
+    for (name, value) in std::env::vars() {
+        if name.starts_with("AWS_")
+            && let Ok(key) = name.to_ascii_lowercase().parse()
+        {
+            builder = builder.with_config(key, value);
+        }
+    }
+    Ok(builder)
 }
 
 /// Whether the request never got an answer.

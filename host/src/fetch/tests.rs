@@ -17,6 +17,8 @@ use axum::routing::get;
 use bytes::Bytes;
 
 use super::*;
+use crate::test_tls::{self, TestCa};
+use crate::trust::Trust;
 
 #[derive(Default)]
 struct Served {
@@ -66,13 +68,26 @@ struct Source {
 impl Source {
     async fn start() -> Self {
         let served = Arc::new(Mutex::new(Served::default()));
-        let app = Router::new()
-            .route("/{*key}", get(serve))
-            .with_state(served.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
+        let app = Self::app(&served);
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         Self { base, served }
+    }
+
+    /// The same source over HTTPS on 127.0.0.1, with a certificate for that
+    /// address signed by `ca`.
+    async fn start_tls(ca: &TestCa) -> Self {
+        let served = Arc::new(Mutex::new(Served::default()));
+        let addr = test_tls::serve(Self::app(&served), ca.server(&["127.0.0.1"])).await;
+        let base = format!("https://{addr}");
+        Self { base, served }
+    }
+
+    fn app(served: &Arc<Mutex<Served>>) -> Router {
+        Router::new()
+            .route("/{*key}", get(serve))
+            .with_state(served.clone())
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Served) -> T) -> T {
@@ -209,7 +224,11 @@ struct Setup {
 impl Setup {
     /// A model `job` whose files are served by a fresh source.
     async fn new(files: &[(&str, Vec<u8>)]) -> Self {
-        let source = Source::start().await;
+        Self::on(Source::start().await, files)
+    }
+
+    /// A model `job` whose files are served by `source`.
+    fn on(source: Source, files: &[(&str, Vec<u8>)]) -> Self {
         let models = tempfile::tempdir().unwrap();
         let fetcher = Fetcher::new(models.path().to_path_buf(), Duration::from_secs(60)).unwrap();
         let mut model_files = Vec::new();
@@ -1062,4 +1081,89 @@ async fn a_model_that_would_not_fit_is_refused_before_a_byte_is_asked_for() {
     let error = setup.fetch().await.unwrap_err().to_string();
     assert!(error.contains("berth keeps 1024 PiB of it"), "{error}");
     assert!(setup.source.requests("job/big.bin").is_empty());
+}
+
+#[tokio::test]
+async fn an_https_source_signed_by_an_internal_ca_is_trusted_only_with_the_ca_file() {
+    let ca = TestCa::new("internal CA");
+    let contents = bytes(40, 1000);
+    let mut setup = Setup::on(Source::start_tls(&ca).await, &[("a.bin", contents.clone())]);
+    let unknown_ca = format!(
+        "file a.bin: cannot reach the source ({}/job/a.bin): invalid peer certificate: \
+         UnknownIssuer (the certificate is signed by a CA berth does not trust: give the server \
+         that CA with --ca-file)",
+        setup.source.base
+    );
+    let error = setup.fetch().await.unwrap_err().to_string();
+    assert_eq!(error, unknown_ca);
+
+    let dir = tempfile::tempdir().unwrap();
+    let another = TestCa::new("another CA").write(dir.path(), "another.pem");
+    setup.fetcher = setup
+        .fetcher
+        .clone()
+        .trust(Trust::load(&another).unwrap())
+        .unwrap();
+    let error = setup.fetch().await.unwrap_err().to_string();
+    assert_eq!(error, unknown_ca, "another CA vouches for nothing here");
+
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    setup.fetcher = setup
+        .fetcher
+        .clone()
+        .trust(Trust::load(&ca_file).unwrap())
+        .unwrap();
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "a.bin", &contents);
+}
+
+/// An S3-compatible store behind a certificate of an internal CA: its
+/// client trusts the CA of `--ca-file` too. The store here has no objects,
+/// so a request that got through is answered "no such key".
+#[tokio::test]
+async fn an_object_store_signed_by_an_internal_ca_is_reached_only_with_the_ca_file() {
+    let ca = TestCa::new("store CA");
+    let no_such_key = || async {
+        (
+            StatusCode::NOT_FOUND,
+            "<Error><Code>NoSuchKey</Code><Message>none here</Message></Error>",
+        )
+    };
+    let addr = test_tls::serve(
+        Router::new().fallback(no_such_key),
+        ca.server(&["127.0.0.1"]),
+    )
+    .await;
+    let endpoint = format!("https://{addr}");
+    let access = Access::parse(
+        &format!(
+            "[[source]]\nprefix = \"s3://models/\"\noptions = {{ endpoint = \"{endpoint}\", \
+             region = \"us-east-1\", access_key_id = \"k\", secret_access_key = \"s\" }}"
+        ),
+        |_| None,
+    )
+    .unwrap();
+    let mut setup = Setup::new(&[("a.bin", bytes(41, 100))]).await;
+    setup.model.source = "s3://models/{job_id}/{path}".to_string();
+    setup.fetcher = setup.fetcher.clone().access(access);
+    let error = setup.fetch().await.unwrap_err().to_string();
+    assert!(
+        error.starts_with(&format!(
+            "file a.bin: cannot reach the store at {endpoint} (s3://models/job/a.bin): "
+        )) && error.ends_with(
+            "invalid peer certificate: UnknownIssuer (the certificate is signed by a CA berth \
+             does not trust: give the server that CA with --ca-file)"
+        ),
+        "{error}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let trust = Trust::load(&ca.write(dir.path(), "ca.pem")).unwrap();
+    // The credentials stay: trust replaces only the clients.
+    setup.fetcher = setup.fetcher.clone().trust(trust).unwrap();
+    let error = setup.fetch().await.unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "file a.bin: the store has no object s3://models/job/a.bin"
+    );
 }

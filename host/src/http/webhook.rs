@@ -12,6 +12,7 @@ use sha2::Sha256;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::events::{Event, Events};
+use crate::trust::Trust;
 
 const ATTEMPTS: u32 = 5;
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
@@ -22,10 +23,15 @@ pub struct Webhook {
 }
 
 impl Webhook {
-    /// Starts delivering; runs until the event stream closes.
-    pub fn spawn(self, events: &Events) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
+    /// Starts delivering; runs until the event stream closes. HTTPS
+    /// receivers are trusted by the public roots and `trust`'s.
+    pub fn spawn(
+        self,
+        events: &Events,
+        trust: &Trust,
+    ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+        let client = trust
+            .reqwest(reqwest::Client::builder().timeout(Duration::from_secs(10)))?
             .build()?;
         let mut receiver = events.subscribe();
         Ok(tokio::spawn(async move {

@@ -10,15 +10,18 @@
 //! A granted host *name* is resolved here and every address it resolves to
 //! is checked: one on this machine, a private network, link-local (cloud
 //! metadata at 169.254.169.254) or unspecified is refused unless the
-//! manifest grants that address itself (`127.0.0.1:9000`). A plain-HTTP
-//! request then goes to exactly the address checked; an HTTPS one is
-//! connected by wasmtime, which resolves the name again (a DNS answer that
-//! changes in between is not caught there).
+//! manifest grants that address itself (`127.0.0.1:9000`). The request then
+//! goes to exactly the address checked, plain HTTP and HTTPS alike
+//! (`connect`: the name is never resolved again, so a DNS answer that
+//! changes in between reaches nothing); HTTPS still verifies the
+//! certificate for the requested name.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use wasmtime_wasi_http::{WasiBody, WasiHttpHooks};
+
+use super::connect::{Connector, Failure, Sent};
 
 /// One entry of a manifest's `allowed_hosts`: `host`, `host:port` or
 /// `scheme://host[:port]`.
@@ -112,13 +115,15 @@ fn normalize_host(host: &str) -> String {
 pub(crate) struct HttpGate {
     plugin: String,
     allowed: Vec<AllowedHost>,
+    connector: Connector,
 }
 
 impl HttpGate {
-    pub(crate) fn new(plugin: &str, allowed: Vec<AllowedHost>) -> Self {
+    pub(crate) fn new(plugin: &str, allowed: Vec<AllowedHost>, connector: Connector) -> Self {
         Self {
             plugin: plugin.to_string(),
             allowed,
+            connector,
         }
     }
 
@@ -166,42 +171,41 @@ fn internal(ip: IpAddr) -> bool {
     }
 }
 
-/// Where a granted host name may be reached: its first resolved address,
-/// or why not (a refused address, or no answer).
-async fn resolve(host: &str, port: u16) -> Result<SocketAddr, (wasmtime_wasi_http::Error, String)> {
+/// Where a granted host may be reached: the address itself when the grant
+/// is one, else the name's first resolved address, or why not (a refused
+/// address, or no answer).
+async fn resolve(host: &str, port: u16) -> Result<SocketAddr, Failure> {
+    // An address in the grant is the address granted.
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
         .await
-        .map_err(|e| {
-            (
-                wasmtime_wasi_http::Error::DnsError {
-                    rcode: Some(e.to_string()),
-                    info_code: None,
-                },
-                format!("{host} does not resolve: {e}"),
-            )
+        .map_err(|e| Failure {
+            error: wasmtime_wasi_http::Error::DnsError {
+                rcode: Some(e.to_string()),
+                info_code: None,
+            },
+            reason: format!("{host} does not resolve: {e}"),
         })?
         .collect();
     if let Some(refused) = addrs.iter().find(|a| internal(a.ip())) {
-        return Err((
-            wasmtime_wasi_http::Error::DestinationIpProhibited,
-            format!(
+        return Err(Failure {
+            error: wasmtime_wasi_http::Error::DestinationIpProhibited,
+            reason: format!(
                 "{host} resolves to {}, an internal address; grant the address itself in allowed_hosts to reach it",
                 refused.ip()
             ),
-        ));
+        });
     }
-    addrs.first().copied().ok_or_else(|| {
-        (
-            wasmtime_wasi_http::Error::DnsError {
-                rcode: None,
-                info_code: None,
-            },
-            format!("{host} resolves to no address"),
-        )
+    addrs.first().copied().ok_or_else(|| Failure {
+        error: wasmtime_wasi_http::Error::DnsError {
+            rcode: None,
+            info_code: None,
+        },
+        reason: format!("{host} resolves to no address"),
     })
 }
-
-impl HttpGate {}
 
 /// Scheme, host, port and path only: a query string may carry a secret.
 fn loggable(uri: &http::Uri) -> String {
@@ -213,10 +217,7 @@ fn loggable(uri: &http::Uri) -> String {
     ) + uri.path()
 }
 
-type SendResult = wasmtime_wasi_http::Result<(
-    http::Response<WasiBody>,
-    Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
-)>;
+type SendResult = wasmtime_wasi_http::Result<Sent>;
 
 impl WasiHttpHooks for HttpGate {
     fn send_request(
@@ -233,38 +234,30 @@ impl WasiHttpHooks for HttpGate {
             );
             return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
         };
+        // Unused, as by wasmtime's default sender: errors reach the guest
+        // through the answer and the response body.
+        drop(fut);
         let plugin = self.plugin.clone();
-        let mut request = request;
+        let connector = self.connector.clone();
         Box::new(async move {
-            // An address in the grant is the address granted.
-            if host.parse::<IpAddr>().is_err() {
-                let addr = match resolve(&host, port).await {
-                    Ok(addr) => addr,
-                    Err((error, reason)) => {
-                        tracing::warn!(plugin = %plugin, to = %loggable(request.uri()), "outgoing request denied: {reason}");
-                        return Err(error);
-                    }
-                };
-                if scheme == "http" {
-                    pin_to(&mut request, addr);
+            let to = loggable(request.uri());
+            let addr = match resolve(&host, port).await {
+                Ok(addr) => addr,
+                Err(Failure { error, reason }) => {
+                    tracing::warn!(plugin = %plugin, to = %to, "outgoing request denied: {reason}");
+                    return Err(error);
                 }
-            }
-            tracing::debug!(plugin = %plugin, to = %loggable(request.uri()), "outgoing request allowed");
-            Box::into_pin(wasmtime_wasi_http::default_hooks().send_request(request, options, fut))
+            };
+            tracing::debug!(plugin = %plugin, to = %to, %addr, "outgoing request allowed");
+            let tls_name = (scheme == "https").then_some(host.as_str());
+            connector
+                .send(request, addr, tls_name, options)
                 .await
+                .map_err(|Failure { error, reason }| {
+                    tracing::warn!(plugin = %plugin, to = %to, "outgoing request failed: {reason}");
+                    error
+                })
         })
-    }
-}
-
-/// Points a plain-HTTP request at the address that was checked; the
-/// `Host` header wasmtime set from the original authority stays.
-fn pin_to(request: &mut http::Request<WasiBody>, addr: SocketAddr) {
-    let mut parts = request.uri().clone().into_parts();
-    if let Ok(authority) = addr.to_string().parse() {
-        parts.authority = Some(authority);
-        if let Ok(uri) = http::Uri::from_parts(parts) {
-            *request.uri_mut() = uri;
-        }
     }
 }
 
@@ -296,7 +289,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_name_that_resolves_to_an_internal_address_is_refused() {
-        let (error, reason) = resolve("localhost", 80).await.unwrap_err();
+        let Failure { error, reason } = resolve("localhost", 80).await.unwrap_err();
         assert!(matches!(
             error,
             wasmtime_wasi_http::Error::DestinationIpProhibited
@@ -316,7 +309,7 @@ mod tests {
             .iter()
             .map(|a| AllowedHost::parse(a).unwrap())
             .collect();
-        let gate = HttpGate::new("test", allowed);
+        let gate = HttpGate::new("test", allowed, Connector::new(&Default::default()));
         assert_eq!(
             gate.target(&uri.parse().unwrap()).is_some(),
             expected,

@@ -8,6 +8,7 @@
 
 mod cache;
 pub mod caps;
+mod connect;
 mod error;
 mod http_gate;
 mod load;
@@ -30,6 +31,7 @@ use wasmtime::component::Linker;
 use wasmtime::{Engine, Trap, UpdateDeadline};
 
 use crate::model::TrainedModel;
+use crate::trust::Trust;
 use report::GuestOutput;
 use sandbox::Mounts;
 use state::State;
@@ -117,6 +119,8 @@ pub struct Runtime {
     linker: Linker<State>,
     defaults: Limits,
     cache: Option<CodeCache>,
+    /// Guests' outgoing connections: the TLS roots they trust.
+    connector: connect::Connector,
     ticker_stop: Arc<AtomicBool>,
 }
 
@@ -161,8 +165,16 @@ impl Runtime {
             linker,
             defaults,
             cache,
+            connector: connect::Connector::new(&Trust::default()),
             ticker_stop,
         })
+    }
+
+    /// Guests' HTTPS requests also trust the certificates of `trust`
+    /// (`--ca-file`).
+    pub fn trust(mut self, trust: &Trust) -> Self {
+        self.connector = connect::Connector::new(trust);
+        self
     }
 
     pub fn defaults(&self) -> Limits {
@@ -264,7 +276,14 @@ impl Runtime {
         let out_dir = mounts.as_ref().map(|m| m.out_dir.to_path_buf());
         let quota = plugin.limits.out_mib.saturating_mul(1 << 20);
         let stderr = GuestOutput::stderr(reporter.clone());
-        let mut store = sandbox::store(&self.engine, plugin, mounts, reporter, stderr.clone())?;
+        let mut store = sandbox::store(
+            &self.engine,
+            plugin,
+            &self.connector,
+            mounts,
+            reporter,
+            stderr.clone(),
+        )?;
         let deadline = Instant::now() + limit;
         let flag = cancel.clone();
         store.set_epoch_deadline(1);

@@ -34,24 +34,51 @@ struct Inner {
 #[derive(Clone)]
 pub struct FileServer {
     pub addr: SocketAddr,
+    scheme: &'static str,
     inner: Arc<Mutex<Inner>>,
 }
 
 impl FileServer {
     pub async fn start() -> Self {
         let inner = Arc::new(Mutex::new(Inner::default()));
-        let app = Router::new()
-            .route("/files/{*key}", get(serve))
-            .with_state(inner.clone());
+        let app = Self::app(&inner);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { addr, inner }
+        Self {
+            addr,
+            scheme: "http",
+            inner,
+        }
+    }
+
+    /// The same server over HTTPS, presenting a certificate for `names`
+    /// signed by `ca`.
+    pub async fn start_tls(ca: &super::tls::TestCa, names: &[&str]) -> Self {
+        let inner = Arc::new(Mutex::new(Inner::default()));
+        let addr = super::tls::serve(Self::app(&inner), ca.server(names)).await;
+        Self {
+            addr,
+            scheme: "https",
+            inner,
+        }
+    }
+
+    fn app(inner: &Arc<Mutex<Inner>>) -> Router {
+        Router::new()
+            .route("/files/{*key}", get(serve))
+            .with_state(inner.clone())
     }
 
     /// The `source` template of models served here.
     pub fn source(&self) -> String {
-        format!("http://{}/files/{{job_id}}/{{path}}", self.addr)
+        self.source_at(&self.addr.to_string())
+    }
+
+    /// The `source` template of models served here, naming the server
+    /// `authority` (a host name and this server's port, say).
+    pub fn source_at(&self, authority: &str) -> String {
+        format!("{}://{authority}/files/{{job_id}}/{{path}}", self.scheme)
     }
 
     pub fn put(&self, job_id: &str, path: &str, bytes: Vec<u8>) {

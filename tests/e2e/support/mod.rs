@@ -7,6 +7,8 @@ pub mod plugins;
 pub mod prometheus;
 pub mod router;
 pub mod server;
+#[path = "../../tls/tls.rs"]
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -20,6 +20,7 @@ pub(crate) use filesystem::Mounts;
 pub use filesystem::{MODEL_DIR, OUT_DIR};
 
 use super::caps;
+use super::connect::Connector;
 use super::memory::MemoryBudget;
 use super::report::{GuestOutput, Reporter};
 use super::state::State;
@@ -37,6 +38,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> 
 pub(crate) fn store(
     engine: &Engine,
     plugin: &Plugin,
+    connector: &Connector,
     mounts: Option<Mounts<'_>>,
     reporter: Arc<dyn Reporter>,
     stderr: GuestOutput,
@@ -45,7 +47,7 @@ pub(crate) fn store(
     env::grant(&mut wasi, plugin);
     stdio::grant(&mut wasi, reporter.clone(), stderr);
     filesystem::grant(&mut wasi, mounts)?;
-    let (http, gate) = network::grant(&mut wasi, plugin);
+    let (http, gate) = network::grant(&mut wasi, plugin, connector);
     let memory_bytes =
         usize::try_from(plugin.limits.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     let state = State {

@@ -7,6 +7,7 @@ use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi_http::WasiHttpCtx;
 
 use crate::runtime::Plugin;
+use crate::runtime::connect::Connector;
 use crate::runtime::http_gate::HttpGate;
 use crate::runtime::state::State;
 
@@ -16,10 +17,18 @@ pub(super) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> 
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)
 }
 
-pub(super) fn grant(wasi: &mut WasiCtxBuilder, plugin: &Plugin) -> (WasiHttpCtx, HttpGate) {
+pub(super) fn grant(
+    wasi: &mut WasiCtxBuilder,
+    plugin: &Plugin,
+    connector: &Connector,
+) -> (WasiHttpCtx, HttpGate) {
     wasi.allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false);
-    let gate = HttpGate::new(&plugin.name, plugin.manifest.allowed_hosts.clone());
+    let gate = HttpGate::new(
+        &plugin.name,
+        plugin.manifest.allowed_hosts.clone(),
+        connector.clone(),
+    );
     (WasiHttpCtx::new(), gate)
 }
