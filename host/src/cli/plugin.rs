@@ -17,7 +17,7 @@ use anyhow::Context;
 use clap::Subcommand;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::{DeployCall, LogReporter, Reporter, Runtime};
+use crate::runtime::{DeployCall, LogReporter, Reporter};
 use cache::CacheArgs;
 use guest_lines::GuestLines;
 
@@ -247,8 +247,8 @@ async fn run_once(args: RunArgs, cache: Option<&Path>) -> anyhow::Result<ExitCod
         }
         None => model::of_dir(dir)?,
     };
-    let out_dir = match args.out {
-        Some(out) => out,
+    let out_dir = match &args.out {
+        Some(out) => out.clone(),
         None => std::env::temp_dir().join(format!("berth-run-{name}-{}", std::process::id())),
     };
     std::fs::create_dir_all(&out_dir)
