@@ -223,6 +223,11 @@ async fn run_once(args: RunArgs, cache: Option<&Path>) -> anyhow::Result<ExitCod
         parsed.is_object(),
         "--options must be a JSON object, like '{{\"level\": 9}}'"
     );
+    // Checked before the plugin loads, which may mean compiling it.
+    let registered = match &args.model {
+        Some(body) => Some(model::registered(body, dir)?),
+        None => None,
+    };
 
     let runtime = cache::runtime(cache)?;
     let mut plugin = cache::load(&runtime, file, name, cache)
@@ -235,9 +240,8 @@ async fn run_once(args: RunArgs, cache: Option<&Path>) -> anyhow::Result<ExitCod
         return Ok(ExitCode::FAILURE);
     }
 
-    let model = match &args.model {
-        Some(body) => {
-            let model = model::registered(body, dir)?;
+    let model = match registered {
+        Some(model) => {
             if let Err(e) = model::check_files(&model, dir).await {
                 // A deployment's own error text for the same files.
                 println!("fetching model {}: {e}", model.id);
