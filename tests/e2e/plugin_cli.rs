@@ -1,5 +1,6 @@
 //! `berth plugin run` and `berth plugin check`: the real binary on real
 //! plugins, judged only by its exit code, its output and the files it leaves.
+//! Unless a test is about the cache, runs share the test servers' cache.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -146,18 +147,339 @@ fn check_explains_why_a_file_is_not_a_deployer() {
     }
 }
 
+#[test]
+fn a_second_run_loads_the_plugin_from_the_users_cache() {
+    let model = model_dir();
+    let archive = plugins::example("archive");
+    let sha256 = sha256_hex(&std::fs::read(&archive).unwrap());
+    let scratch = TempDir::new().unwrap();
+    let (xdg, home, flag) = (
+        scratch.path().join("xdg"),
+        scratch.path().join("home"),
+        scratch.path().join("flag"),
+    );
+    let runs = |args: &[&str]| {
+        let out = TempDir::new().unwrap();
+        let mut all = vec!["--dir", path(&model.dir), "--out", path(out.path())];
+        all.extend(args);
+        let mut berth = berth_command(&["plugin", "run"], &archive, &all);
+        berth
+            .env_remove("BERTH_CACHE_DIR")
+            .env("XDG_CACHE_HOME", &xdg)
+            .env("HOME", &home);
+        let output = run(berth);
+        expect_success(&output);
+        lossy(&output.stderr)
+    };
+    // (flags, the cache dir they mean)
+    let cases = [
+        (vec![], xdg.join("berth")),
+        (vec!["--cache-dir", path(&flag)], flag.clone()),
+    ];
+    for (args, dir) in cases {
+        let first = runs(&args);
+        assert!(
+            first.contains("plugin archive: compiled and loaded in "),
+            "{args:?}: {first}"
+        );
+        assert!(
+            first.contains(&format!(
+                "kept in the compiled-code cache ({}) for the next run",
+                dir.display()
+            )),
+            "{args:?}: {first}"
+        );
+        let entries = names_in(&dir);
+        assert_eq!(
+            entries.len(),
+            2,
+            "{args:?}: an entry and its seal: {entries:?}"
+        );
+        assert!(
+            entries[0].starts_with(&format!("{sha256}-")) && entries[0].ends_with(".cwasm"),
+            "{args:?}: keyed by the wasm's sha256: {entries:?}"
+        );
+        assert_eq!(entries[1], format!("{}.sha256", entries[0]), "{args:?}");
+
+        let second = runs(&args);
+        assert!(
+            second.contains("plugin archive: loaded from the compiled-code cache in ")
+                && second.contains(&format!("({})", dir.display())),
+            "{args:?}: {second}"
+        );
+    }
+
+    let uncached = runs(&["--no-cache"]);
+    assert!(
+        uncached.contains("plugin archive: compiled and loaded in ")
+            && uncached.contains("(no cache)"),
+        "{uncached}"
+    );
+
+    // `check` shares the cache; without XDG_CACHE_HOME it is under HOME.
+    for expected in ["compiled and loaded", "loaded from the compiled-code cache"] {
+        let mut again = berth_command(&["plugin", "check"], &archive, &[]);
+        again
+            .env_remove("BERTH_CACHE_DIR")
+            .env_remove("XDG_CACHE_HOME")
+            .env("HOME", &home);
+        let output = run(again);
+        expect_success(&output);
+        let said = lossy(&output.stderr);
+        assert!(said.contains(expected), "{expected}: {said}");
+    }
+    assert_eq!(names_in(&home.join(".cache/berth")).len(), 2);
+}
+
+#[test]
+fn run_with_a_registration_body_hands_its_metadata_to_the_deployer() {
+    let model = model_dir();
+    std::fs::write(model.dir.join("notes.txt"), "not registered").unwrap();
+    let weights = "adapter/adapter_model.safetensors";
+    let config = "adapter_config.json";
+    let body = json!({
+        "name": "support-bot",
+        "job_id": "ft-2026-12-01-a",
+        "base_model": "meta-llama/Llama-3.1-8B",
+        "dataset": "support-tickets-v3",
+        "num_examples": 1200,
+        "params": {"learning_rate": 0.0002},
+        "source": "https://files.example/{job_id}/{path}",
+        "files": [
+            {"path": config, "size_bytes": model.files[config].len(), "sha256": sha256_hex(&model.files[config])},
+            {"path": weights, "size_bytes": model.files[weights].len()},
+        ],
+    });
+    let scratch = TempDir::new().unwrap();
+    let body_file = scratch.path().join("model.json");
+    std::fs::write(&body_file, body.to_string()).unwrap();
+    let out = TempDir::new().unwrap();
+
+    let output = berth(
+        &["plugin", "run"],
+        &plugins::example("model-card"),
+        &[
+            "--dir",
+            path(&model.dir),
+            "--model",
+            path(&body_file),
+            "--out",
+            path(out.path()),
+        ],
+    );
+
+    let result: Value = serde_json::from_str(&expect_success(&output)).unwrap();
+    assert_eq!(result["details"]["files"], 2, "{result:#}");
+    assert_eq!(
+        result["details"]["hashed"], 1,
+        "the file without sha256 reached the deployer without one: {result:#}"
+    );
+    let card = String::from_utf8(tree(out.path()).remove("README.md").unwrap()).unwrap();
+    for recorded in [
+        "support-bot",
+        "meta-llama/Llama-3.1-8B",
+        "support-tickets-v3",
+        "learning_rate",
+    ] {
+        assert!(
+            card.contains(recorded),
+            "{recorded} is on the card:\n{card}"
+        );
+    }
+    let said = lossy(&output.stderr);
+    assert!(
+        said.contains(&format!(
+            "file {weights}: no sha256 recorded, so only its size is checked, as in a deployment (its sha256 is {})",
+            sha256_hex(&model.files[weights])
+        )),
+        "{said}"
+    );
+    let unlisted: Vec<&str> = said
+        .lines()
+        .filter_map(|line| line.strip_prefix("--dir: "))
+        .filter_map(|line| line.split_once(" is not among --model's files"))
+        .map(|(file, _)| file)
+        .collect();
+    assert_eq!(
+        unlisted,
+        [
+            "notes.txt",
+            "tokenizer/empty.txt",
+            "tokenizer/nested/deeper/tokenizer.json"
+        ],
+        "{said}"
+    );
+}
+
+#[test]
+fn run_with_a_registration_body_fails_as_a_deployment_would() {
+    let model = model_dir();
+    let config = "adapter_config.json";
+    let size = model.files[config].len() as u64;
+    let real = sha256_hex(&model.files[config]);
+    let wrong = "ab".repeat(32);
+    let at = model.dir.join(config);
+    let body = |files: Value| json!({"name": "m", "job_id": "job-1", "source": "file:///models/{path}", "files": files});
+    // (body, where the reason is printed, what it says)
+    let cases = [
+        (
+            body(json!([{"path": config, "size_bytes": size + 5}])),
+            Stream::Stdout,
+            format!(
+                "fetching model 1: file {config}: the source has {size} bytes for this file, but the record says {} ({})",
+                size + 5,
+                at.display()
+            ),
+        ),
+        (
+            body(json!([{"path": config, "size_bytes": size, "sha256": wrong}])),
+            Stream::Stdout,
+            format!(
+                "fetching model 1: file {config}: sha256 mismatch: expected {wrong}, got {real} ({})",
+                at.display()
+            ),
+        ),
+        (
+            body(json!([{"path": "missing.bin", "size_bytes": 1}])),
+            Stream::Stdout,
+            "fetching model 1: file missing.bin: cannot open the source file".to_string(),
+        ),
+        (
+            json!({"name": "m", "source": "file:///models/{path}", "files": [{"path": "../x", "size_bytes": 1}]}),
+            Stream::Stderr,
+            r#"invalid model: job_id is required; files[0].path "../x": must not contain .."#
+                .to_string(),
+        ),
+        (
+            body(json!([{"path": config, "size": size}])),
+            Stream::Stderr,
+            "not a registration body as POST /v1/models takes it: unknown field `size`".to_string(),
+        ),
+    ];
+    let scratch = TempDir::new().unwrap();
+    let body_file = scratch.path().join("model.json");
+    for (body, stream, reason) in cases {
+        std::fs::write(&body_file, body.to_string()).unwrap();
+        let out = TempDir::new().unwrap();
+        let output = berth(
+            &["plugin", "run"],
+            &plugins::example("archive"),
+            &[
+                "--dir",
+                path(&model.dir),
+                "--model",
+                path(&body_file),
+                "--out",
+                path(out.path()),
+            ],
+        );
+        let text = expect_failure(&output, stream);
+        assert!(
+            text.contains(&reason),
+            "{body}: expected {reason:?} in {text:?}"
+        );
+        assert!(tree(out.path()).is_empty(), "{body}: the deployer ran");
+    }
+}
+
+#[test]
+fn run_says_which_entries_of_the_directory_it_skips() {
+    let model = model_dir();
+    let outside = TempDir::new().unwrap();
+    std::fs::write(outside.path().join("secret"), "outside the model").unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("secret"),
+        model.dir.join("tokenizer/linked.json"),
+    )
+    .unwrap();
+    let made = Command::new("mkfifo")
+        .arg(model.dir.join("pipe"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let out = TempDir::new().unwrap();
+
+    let output = berth(
+        &["plugin", "run"],
+        &plugins::example("archive"),
+        &["--dir", path(&model.dir), "--out", path(out.path())],
+    );
+
+    let result: Value = serde_json::from_str(&expect_success(&output)).unwrap();
+    assert_eq!(result["details"]["files"], model.files.len(), "{result:#}");
+    let said = lossy(&output.stderr);
+    let skipped: Vec<&str> = said.lines().filter(|l| l.starts_with("--dir: ")).collect();
+    for expected in [
+        "--dir: skipped pipe: a FIFO; a model's files are regular files",
+        "--dir: skipped tokenizer/linked.json: a symbolic link; a model's files are regular files",
+    ] {
+        assert!(skipped.contains(&expected), "{expected}: {said}");
+    }
+    assert_eq!(skipped.len(), 2, "one line each: {said}");
+}
+
+#[test]
+fn verbose_shows_the_deployers_log_and_progress_lines() {
+    let model = model_dir();
+    let guest_lines = |flags: &[&str]| {
+        let out = TempDir::new().unwrap();
+        let mut args = vec!["--dir", path(&model.dir), "--out", path(out.path())];
+        args.extend(flags);
+        let output = berth(&["plugin", "run"], &plugins::example("archive"), &args);
+        expect_success(&output);
+        lossy(&output.stderr)
+            .lines()
+            .filter(|line| line.starts_with("plugin archive: ") && !line.contains("loaded"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+
+    let shown = guest_lines(&["-v"]);
+    let first_file = model.files.keys().next().unwrap();
+    assert_eq!(
+        shown.first().map(String::as_str),
+        Some(
+            format!(
+                "plugin archive: deploying 1/{} (25%), {first_file}",
+                model.files.len()
+            )
+            .as_str()
+        ),
+        "{shown:#?}"
+    );
+    assert!(
+        shown
+            .iter()
+            .any(|line| line
+                .starts_with("plugin archive: info: wrote /out/support-bot-lora-1.tar.gz")),
+        "{shown:#?}"
+    );
+    // Off a terminal the lines are off by default; --quiet keeps them off.
+    assert_eq!(guest_lines(&[]), Vec::<String>::new());
+    assert_eq!(guest_lines(&["--quiet"]), Vec::<String>::new());
+}
+
 // ---------------------------------------------------------------------------
 // Fixtures
 // ---------------------------------------------------------------------------
 
 fn berth(command: &[&str], plugin: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_berth"))
+    run(berth_command(command, plugin, args))
+}
+
+fn berth_command(command: &[&str], plugin: &Path, args: &[&str]) -> Command {
+    let mut berth = Command::new(env!("CARGO_BIN_EXE_berth"));
+    berth
         .args(command)
         .arg(plugin)
         .args(args)
         .env("BERTH_LOG", "warn")
-        .output()
-        .expect("the berth binary runs")
+        .env("BERTH_CACHE_DIR", plugins::shared_cache());
+    berth
+}
+
+fn run(mut command: Command) -> Output {
+    command.output().expect("the berth binary runs")
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -237,4 +559,14 @@ fn model_dir() -> ModelDir {
         dir,
         files,
     }
+}
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }

@@ -7,7 +7,7 @@
 
 mod api;
 mod deploy;
-mod progress;
+pub(super) mod progress;
 mod text;
 
 use std::process::ExitCode;

@@ -1,6 +1,13 @@
 //! `berth plugin check` and `berth plugin run`: load a deployer exactly as
-//! the server would, and run one deployment on a local directory.
+//! the server would, and run one deployment on a local directory. The
+//! compiled-code cache lives in `cache`, the model handed to the deployer
+//! in `model`, the guest's lines on stderr in `guest_lines`.
 
+mod cache;
+mod guest_lines;
+mod model;
+
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -8,11 +15,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Subcommand;
-use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use crate::model::{ModelFile, TrainedModel};
-use crate::runtime::{DeployCall, Limits, LogReporter, Runtime};
+use crate::runtime::{DeployCall, LogReporter, Reporter};
+use cache::CacheArgs;
+use guest_lines::GuestLines;
 
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
@@ -24,15 +31,24 @@ pub enum PluginCommand {
         /// Also time N fresh instantiate + describe calls (median, p99).
         #[arg(long, value_name = "N")]
         repeat: Option<usize>,
+        #[command(flatten)]
+        cache: CacheArgs,
     },
     /// Runs one deployment of the files in --dir and prints the result.
     Run {
         /// The plugin's .wasm file.
         file: PathBuf,
-        /// A local directory standing in for the model: every file under it
-        /// is listed (with its size and sha256) in the request.
+        /// A local directory standing in for the model: without --model,
+        /// every regular file under it is listed (with its size and sha256)
+        /// in the request.
         #[arg(long, value_name = "MODEL_DIR")]
         dir: PathBuf,
+        /// A registration body, as POST /v1/models takes it: the request
+        /// carries its metadata and files, each taken from --dir by its
+        /// path and checked against its recorded size and sha256 as a
+        /// deployment checks what it fetches.
+        #[arg(long, value_name = "FILE.json")]
+        model: Option<PathBuf>,
         /// The deployment's options, a JSON object.
         #[arg(long, value_name = "JSON", default_value = "{}")]
         options: String,
@@ -46,26 +62,51 @@ pub enum PluginCommand {
         /// Time limit in seconds, instead of the manifest's or the default.
         #[arg(long, value_name = "SECONDS")]
         timeout_s: Option<u64>,
+        /// Shows the deployer's log and progress lines as they happen
+        /// (the default when stderr is a terminal).
+        #[arg(short, long, conflicts_with = "quiet")]
+        verbose: bool,
+        /// Leaves the deployer's lines to the log (BERTH_LOG), as the
+        /// server does.
+        #[arg(short, long)]
+        quiet: bool,
+        #[command(flatten)]
+        cache: CacheArgs,
     },
 }
 
 pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
-    let runtime = Runtime::new(Limits::default(), None)?;
     match command {
-        PluginCommand::Check { file, repeat } => check(&runtime, &file, repeat).await,
+        PluginCommand::Check {
+            file,
+            repeat,
+            cache,
+        } => check(&file, repeat, cache.dir().as_deref()).await,
         PluginCommand::Run {
             file,
             dir,
+            model,
             options,
             out,
             memory_mib,
             timeout_s,
+            verbose,
+            quiet,
+            cache,
         } => {
-            let overrides = Overrides {
-                memory_mib,
-                timeout: timeout_s.map(Duration::from_secs),
+            let run = RunArgs {
+                file,
+                dir,
+                model,
+                options,
+                out,
+                overrides: Overrides {
+                    memory_mib,
+                    timeout: timeout_s.map(Duration::from_secs),
+                },
+                verbose: verbose || (!quiet && std::io::stderr().is_terminal()),
             };
-            run_once(&runtime, &file, &dir, &options, out, overrides).await
+            run_once(run, cache.dir().as_deref()).await
         }
     }
 }
@@ -79,9 +120,14 @@ fn plugin_name(file: &Path) -> anyhow::Result<&str> {
         .with_context(|| format!("{}: the file name is not valid UTF-8", file.display()))
 }
 
-async fn check(runtime: &Runtime, file: &Path, repeat: Option<usize>) -> anyhow::Result<ExitCode> {
+async fn check(
+    file: &Path,
+    repeat: Option<usize>,
+    cache: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
     let name = plugin_name(file)?;
-    match runtime.load_file(file, name).await {
+    let runtime = cache::runtime(cache)?;
+    match cache::load(&runtime, file, name, cache).await {
         Ok(plugin) => {
             println!("name:        {}", plugin.name);
             println!("description: {}", plugin.description);
@@ -151,14 +197,25 @@ async fn check(runtime: &Runtime, file: &Path, repeat: Option<usize>) -> anyhow:
     }
 }
 
-async fn run_once(
-    runtime: &Runtime,
-    file: &Path,
-    dir: &Path,
-    options: &str,
+/// One `plugin run`, as given on the command line.
+struct RunArgs {
+    file: PathBuf,
+    dir: PathBuf,
+    model: Option<PathBuf>,
+    options: String,
     out: Option<PathBuf>,
     overrides: Overrides,
-) -> anyhow::Result<ExitCode> {
+    verbose: bool,
+}
+
+async fn run_once(args: RunArgs, cache: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let RunArgs {
+        file,
+        dir,
+        options,
+        overrides,
+        ..
+    } = &args;
     let name = plugin_name(file)?;
     let parsed: serde_json::Value =
         serde_json::from_str(options).context("--options is not valid JSON")?;
@@ -166,9 +223,14 @@ async fn run_once(
         parsed.is_object(),
         "--options must be a JSON object, like '{{\"level\": 9}}'"
     );
+    // Checked before the plugin loads, which may mean compiling it.
+    let registered = match &args.model {
+        Some(body) => Some(model::registered(body, dir)?),
+        None => None,
+    };
 
-    let mut plugin = runtime
-        .load_file(file, name)
+    let runtime = cache::runtime(cache)?;
+    let mut plugin = cache::load(&runtime, file, name, cache)
         .await
         .map_err(|reason| anyhow::anyhow!("{}: {reason}", file.display()))?;
     plugin.limits.memory_mib = overrides.memory_mib.unwrap_or(plugin.limits.memory_mib);
@@ -178,9 +240,19 @@ async fn run_once(
         return Ok(ExitCode::FAILURE);
     }
 
-    let model = model_of_dir(dir)?;
-    let out_dir = match out {
-        Some(out) => out,
+    let model = match registered {
+        Some(model) => {
+            if let Err(e) = model::check_files(&model, dir).await {
+                // A deployment's own error text for the same files.
+                println!("fetching model {}: {e}", model.id);
+                return Ok(ExitCode::FAILURE);
+            }
+            model
+        }
+        None => model::of_dir(dir)?,
+    };
+    let out_dir = match &args.out {
+        Some(out) => out.clone(),
         None => std::env::temp_dir().join(format!("berth-run-{name}-{}", std::process::id())),
     };
     std::fs::create_dir_all(&out_dir)
@@ -193,7 +265,11 @@ async fn run_once(
         out_dir: &out_dir,
         options_json: options,
     };
-    let reporter = Arc::new(LogReporter::new(name, None));
+    let lines = args.verbose.then(|| Arc::new(GuestLines::new(name)));
+    let reporter: Arc<dyn Reporter> = match &lines {
+        Some(lines) => lines.clone(),
+        None => Arc::new(LogReporter::new(name, None)),
+    };
     // Ctrl-C interrupts the guest instead of killing the process mid-write.
     let cancel = CancellationToken::new();
     let on_ctrl_c = cancel.clone();
@@ -202,7 +278,11 @@ async fn run_once(
             on_ctrl_c.cancel();
         }
     });
-    match runtime.deploy(&plugin, call, reporter, &cancel).await {
+    let deployed = runtime.deploy(&plugin, call, reporter, &cancel).await;
+    if let Some(lines) = lines {
+        lines.finish();
+    }
+    match deployed {
         Ok(deployed) => {
             let result = serde_json::json!({
                 "ref": deployed.reference,
@@ -223,43 +303,4 @@ async fn run_once(
 struct Overrides {
     memory_mib: Option<u64>,
     timeout: Option<Duration>,
-}
-
-/// Describes every regular file under `dir` the way a registration would.
-fn model_of_dir(dir: &Path) -> anyhow::Result<TrainedModel> {
-    anyhow::ensure!(dir.is_dir(), "--dir {}: not a directory", dir.display());
-    let mut files = Vec::new();
-    collect_files(dir, dir, &mut files)?;
-    files.sort_by(|a, b| a.path.cmp(&b.path));
-    let name = dir
-        .canonicalize()?
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
-    let source = format!("file://{}/{{path}}", dir.display());
-    Ok(TrainedModel::from_files(&name, source, files))
-}
-
-fn collect_files(root: &Path, dir: &Path, files: &mut Vec<ModelFile>) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
-        let entry = entry?;
-        let path = entry.path();
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            collect_files(root, &path, files)?;
-        } else if kind.is_file() {
-            let mut hasher = digest_io::IoWrapper(Sha256::new());
-            let size = std::io::copy(&mut std::fs::File::open(&path)?, &mut hasher)?;
-            let relative = path
-                .strip_prefix(root)?
-                .to_string_lossy()
-                .replace('\\', "/");
-            files.push(ModelFile {
-                path: relative,
-                size_bytes: size,
-                sha256: Some(hex::encode(hasher.0.finalize())),
-            });
-        }
-    }
-    Ok(())
 }

@@ -12,6 +12,7 @@
 //! database.
 
 mod access;
+mod local;
 mod lock;
 mod partial;
 mod pieces;
@@ -38,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use crate::model::{ModelFile, TrainedModel};
 use crate::trust::Trust;
 pub use access::Access;
+pub use local::check_local;
 use lock::DirLock;
 use partial::{Checkpoint, Kept, Resumable, TEMP_PREFIX, Writer, Written, partial_path};
 use pieces::PieceWriter;
@@ -486,9 +488,10 @@ impl Fetcher {
         let size = target.file.size_bytes;
         match body.total {
             // Nothing proves the kept bytes wrong: they stay.
-            Some(total) if total != size => Err(Failure::Interrupted(format!(
-                "the source has {total} bytes for this file, but the record says {size} ({})",
-                target.location
+            Some(total) if total != size => Err(Failure::Interrupted(size_contradicts(
+                total,
+                size,
+                target.location,
             ))),
             _ => Ok(body),
         }
@@ -559,10 +562,7 @@ impl Fetcher {
         }
         if received != size {
             let _ = writer.abandon().await;
-            return Err(rejected(
-                format!("expected {size} bytes, got {received} ({location})"),
-                received,
-            ));
+            return Err(rejected(wrong_length(size, received, location), received));
         }
         let written = writer.finish().await.map_err(Failure::Interrupted)?;
         verified(target, written, start > 0, received)
@@ -591,15 +591,27 @@ fn verified(
 ) -> Result<String, Failure> {
     match &target.file.sha256 {
         Some(expected) if *expected != written.sha256 => Err(Failure::Rejected {
-            reason: format!(
-                "sha256 mismatch: expected {expected}, got {} ({})",
-                written.sha256, target.location
-            ),
+            reason: sha256_mismatch(expected, &written.sha256, target.location),
             resumed,
             counted,
         }),
         _ => Ok(written.sha256),
     }
+}
+
+// The sentences for bytes that contradict their record, shared with the
+// check of files already in place (`local`).
+
+fn size_contradicts(total: u64, size: u64, location: &source::Location) -> String {
+    format!("the source has {total} bytes for this file, but the record says {size} ({location})")
+}
+
+fn wrong_length(size: u64, received: u64, location: &source::Location) -> String {
+    format!("expected {size} bytes, got {received} ({location})")
+}
+
+fn sha256_mismatch(expected: &str, got: &str, location: &source::Location) -> String {
+    format!("sha256 mismatch: expected {expected}, got {got} ({location})")
 }
 
 /// Why an attempt at one file did not end with verified bytes.

@@ -349,7 +349,7 @@ fn named(url: &url::Url, at: &url::Url) -> String {
     format!("{url}, redirected to {to}")
 }
 
-async fn open_file(path: &std::path::Path, span: Span) -> Result<Body, String> {
+pub(crate) async fn open_file(path: &std::path::Path, span: Span) -> Result<Body, String> {
     // Only a regular file can be a model's file: a FIFO would hold the
     // deployment (and the model directory's lock) until a writer came, a
     // device would never end. O_NONBLOCK lets a FIFO be opened, and so

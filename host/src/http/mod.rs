@@ -17,6 +17,15 @@ mod webhook;
 
 pub use webhook::{Webhook, signature};
 
+/// A registration as `POST /v1/models` takes it, from JSON text, checked by
+/// the same rules; for `berth plugin run --model`. The error is the
+/// sentence to show.
+pub fn registration(text: &str) -> Result<crate::model::TrainedModel, String> {
+    let body: json::RegisterBody = serde_json::from_str(text)
+        .map_err(|e| format!("not a registration body as POST /v1/models takes it: {e}"))?;
+    models::checked(body)
+}
+
 use std::sync::Arc;
 
 use axum::Router;

@@ -43,6 +43,7 @@ pub use http_gate::AllowedHost;
 pub use manifest::{MAX_OUT_MIB, Manifest};
 pub(crate) use plugins::{Change, Folder};
 pub use plugins::{PluginSet, Rejection, check_name, folder_names};
+pub(crate) use report::one_line;
 pub use report::{GuestLevel, LogReporter, Reporter};
 pub use sandbox::{MODEL_DIR, OUT_DIR};
 

@@ -174,7 +174,7 @@ impl Reporter for LogReporter {
 /// Guest text as one line: newlines, other control characters (terminal
 /// escapes among them) and Unicode's line separators written as escapes,
 /// so what a plugin says can never start a line of the server's own.
-fn one_line(text: &str) -> Cow<'_, str> {
+pub(crate) fn one_line(text: &str) -> Cow<'_, str> {
     let breaks = |c: char| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}');
     if !text.chars().any(breaks) {
         return Cow::Borrowed(text);

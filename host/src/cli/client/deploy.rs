@@ -71,7 +71,7 @@ pub async fn run(api: &Api, request: DeployRequest) -> Result<ExitCode, Error> {
         )));
     };
 
-    let mut view = ProgressView::new(deploy_id);
+    let mut view = ProgressView::new(format!("deployment {deploy_id}"));
     view.say(&format!(
         "deployment {deploy_id}: {} is deploying model {model_id} ({})",
         request.deployer,

@@ -1,6 +1,7 @@
-//! How a running deployment looks while `berth deploy` waits: one redrawn
-//! line with a bar on a terminal, occasional plain lines otherwise (a log, a
-//! CI job). Writes only to stderr, so stdout holds just the result.
+//! How a running deployment looks while `berth deploy` or `berth plugin run
+//! -v` waits: one redrawn line with a bar on a terminal, occasional plain
+//! lines otherwise (a log, a CI job). Writes only to stderr, so stdout holds
+//! just the result.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -15,7 +16,8 @@ const PLAIN_EVERY: Duration = Duration::from_secs(2);
 const BAR_WIDTH: usize = 24;
 
 pub struct ProgressView {
-    deploy_id: i64,
+    /// What the lines are about: `deployment 12`, `plugin archive`.
+    subject: String,
     terminal: bool,
     /// The terminal's width: a longer line would wrap, and `\r` would then
     /// redraw only its last part.
@@ -27,7 +29,7 @@ pub struct ProgressView {
 }
 
 impl ProgressView {
-    pub fn new(deploy_id: i64) -> Self {
+    pub fn new(subject: String) -> Self {
         // The bar is drawn on stderr, so stderr's terminal is the one
         // whose width matters (shells do not export $COLUMNS).
         let width = terminal_size::terminal_size_of(std::io::stderr())
@@ -35,7 +37,7 @@ impl ProgressView {
             .filter(|&w| w > 20)
             .unwrap_or(80);
         Self {
-            deploy_id,
+            subject,
             terminal: std::io::stderr().is_terminal(),
             width,
             drawn: false,
@@ -58,10 +60,7 @@ impl ProgressView {
             let bar = fraction(phase, progress)
                 .map(|f| format!("{} ", bar(f, BAR_WIDTH)))
                 .unwrap_or_default();
-            let line = text::truncate(
-                &format!("deployment {} {bar}{words}", self.deploy_id),
-                self.width - 1,
-            );
+            let line = text::truncate(&format!("{} {bar}{words}", self.subject), self.width - 1);
             let mut stderr = std::io::stderr().lock();
             let _ = write!(stderr, "\r\x1b[2K{line}");
             let _ = stderr.flush();
@@ -73,7 +72,7 @@ impl ProgressView {
             let changed = self.last_stage.as_ref() != Some(&stage);
             let due = self.last_plain.is_none_or(|at| at.elapsed() >= PLAIN_EVERY);
             if changed || due {
-                eprintln!("deployment {}: {words}", self.deploy_id);
+                eprintln!("{}: {words}", self.subject);
                 self.last_stage = Some(stage);
                 self.last_plain = Some(Instant::now());
             }

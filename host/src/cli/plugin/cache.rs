@@ -1,0 +1,81 @@
+//! Where `berth plugin check` and `run` keep compiled plugin code: per user,
+//! so an edit–run loop compiles a plugin once per change, not once per try.
+//! Entries are a server's (`runtime::CodeCache`), so the two may share a dir.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::Args;
+
+use crate::runtime::{CodeCache, Origin, Plugin, Runtime};
+
+#[derive(Debug, Args)]
+pub struct CacheArgs {
+    /// Where compiled plugin code is kept between runs (default:
+    /// $XDG_CACHE_HOME/berth, else ~/.cache/berth).
+    #[arg(long, env = "BERTH_CACHE_DIR", value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Compiles the plugin without reading or writing the cache.
+    #[arg(long)]
+    no_cache: bool,
+}
+
+impl CacheArgs {
+    /// The cache to use, if any.
+    pub fn dir(&self) -> Option<PathBuf> {
+        if self.no_cache {
+            return None;
+        }
+        let dir = self.cache_dir.clone().or_else(user_cache_dir);
+        if dir.is_none() {
+            eprintln!(
+                "no compiled-code cache: neither XDG_CACHE_HOME nor HOME is set; pass --cache-dir DIR to keep compiled code between runs"
+            );
+        }
+        dir
+    }
+}
+
+/// The XDG base directory rule: `$XDG_CACHE_HOME` if it is an absolute
+/// path (a relative one is to be ignored), else `$HOME/.cache`.
+fn user_cache_dir() -> Option<PathBuf> {
+    let xdg = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_absolute());
+    let home = || {
+        std::env::var_os("HOME")
+            .filter(|home| !home.is_empty())
+            .map(|home| PathBuf::from(home).join(".cache"))
+    };
+    xdg.or_else(home).map(|dir| dir.join("berth"))
+}
+
+/// A runtime with the server's defaults and this cache.
+pub fn runtime(cache: Option<&Path>) -> anyhow::Result<Runtime> {
+    Runtime::new(Default::default(), cache.map(CodeCache::new))
+}
+
+/// Loads the plugin as the server would, and says on stderr whether its
+/// code was compiled or came from the cache, and how long loading took.
+pub async fn load(
+    runtime: &Runtime,
+    file: &Path,
+    name: &str,
+    cache: Option<&Path>,
+) -> Result<Plugin, String> {
+    let started = Instant::now();
+    let plugin = runtime.load_file(file, name).await?;
+    let took = crate::human::duration(started.elapsed());
+    match (plugin.origin, cache) {
+        (Origin::Cached, Some(dir)) => eprintln!(
+            "plugin {name}: loaded from the compiled-code cache in {took} ({})",
+            dir.display()
+        ),
+        (Origin::Compiled, Some(dir)) => eprintln!(
+            "plugin {name}: compiled and loaded in {took}; kept in the compiled-code cache ({}) for the next run",
+            dir.display()
+        ),
+        (_, None) => eprintln!("plugin {name}: compiled and loaded in {took} (no cache)"),
+    }
+    Ok(plugin)
+}

@@ -1,0 +1,53 @@
+//! `berth plugin run -v`: the guest's `log` and `progress` calls and its
+//! stdout/stderr lines on stderr as they happen, progress drawn the way
+//! `berth deploy` draws it. Unlike the server log, no budget: the person
+//! watching asked for them. Each line is escaped to one line all the same,
+//! so a plugin cannot write terminal escapes.
+
+use std::sync::Mutex;
+
+use serde_json::json;
+
+use crate::cli::client::progress::ProgressView;
+use crate::runtime::{GuestLevel, Reporter, one_line};
+
+pub struct GuestLines {
+    subject: String,
+    view: Mutex<ProgressView>,
+}
+
+impl GuestLines {
+    pub fn new(plugin: &str) -> Self {
+        let subject = format!("plugin {plugin}");
+        Self {
+            view: Mutex::new(ProgressView::new(subject.clone())),
+            subject,
+        }
+    }
+
+    /// Erases the progress bar, so that what is printed next starts on a
+    /// clean line.
+    pub fn finish(&self) {
+        self.view.lock().expect("progress view lock").clear();
+    }
+}
+
+impl Reporter for GuestLines {
+    fn log(&self, level: GuestLevel, message: &str) {
+        let line = format!(
+            "{}: {}: {}",
+            self.subject,
+            level.as_str(),
+            one_line(message)
+        );
+        self.view.lock().expect("progress view lock").say(&line);
+    }
+
+    fn progress(&self, done: u64, total: u64, note: &str) {
+        let progress = json!({"deployer": {"done": done, "total": total, "note": one_line(note)}});
+        self.view
+            .lock()
+            .expect("progress view lock")
+            .update("deploying", &progress);
+    }
+}
