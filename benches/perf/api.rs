@@ -22,10 +22,10 @@ use crate::report::{Table, median, percentile, secs};
 
 const CONCURRENCY: usize = 100;
 
-struct Server {
+pub struct Server {
     child: Child,
-    url: String,
-    client: reqwest::Client,
+    pub url: String,
+    pub client: reqwest::Client,
     /// Sent as `Authorization: Bearer` on API calls, when the server
     /// requires a token.
     token: Option<String>,
@@ -40,7 +40,7 @@ impl Drop for Server {
 
 impl Server {
     /// A server of its own in `out_dir/NAME`, with `args` added.
-    fn start(ctx: &Ctx, name: &str, args: &[&str]) -> anyhow::Result<Self> {
+    pub fn start(ctx: &Ctx, name: &str, args: &[&str]) -> anyhow::Result<Self> {
         Self::start_with_token(ctx, name, args, None)
     }
 
@@ -98,7 +98,12 @@ impl Server {
         })
     }
 
-    async fn register(&self, ctx: &Ctx, job_id: &str, files: &[DataFile]) -> anyhow::Result<i64> {
+    pub async fn register(
+        &self,
+        ctx: &Ctx,
+        job_id: &str,
+        files: &[DataFile],
+    ) -> anyhow::Result<i64> {
         let listed: Vec<Value> = files
             .iter()
             .map(|f| json!({ "path": f.path, "size_bytes": f.size, "sha256": f.sha256 }))

@@ -5,7 +5,8 @@
 //! than absolute times. Sections: `fetch` (one large file, many files),
 //! `resume`, `reverify`, `plugin`, `api`, `memory`, `capped` (one file from
 //! a source that caps each connection's rate), `store` (a model from an
-//! S3-compatible server); all by default. Data goes
+//! S3-compatible server), `quota` (how far a deployer gets past its
+//! out-dir quota); all by default. Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
@@ -15,6 +16,7 @@ mod fetch;
 #[path = "../../tests/moto/moto.rs"]
 mod moto;
 mod plugin;
+mod quota;
 mod report;
 mod source;
 mod store;
@@ -46,8 +48,8 @@ pub struct Ctx {
     pub cap_mbps: u64,
 }
 
-const SECTIONS: [&str; 8] = [
-    "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store",
+const SECTIONS: [&str; 9] = [
+    "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "quota",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -117,6 +119,7 @@ fn main() -> anyhow::Result<()> {
                 "memory" => api::memory(&ctx).await?,
                 "capped" => capped::throughput(&ctx).await?,
                 "store" => store::model(&ctx).await?,
+                "quota" => quota::overshoot(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
         }

@@ -301,9 +301,10 @@ impl Runtime {
         });
 
         let work = plugin.pre.ask(&mut store, question);
-        let over_quota = async {
-            match &out_dir {
-                Some(dir) => quota::exceeded(dir.clone(), quota).await,
+        let watched = out_dir.clone();
+        let over_quota = async move {
+            match watched {
+                Some(dir) => quota::exceeded(dir, quota).await,
                 None => std::future::pending().await,
             }
         };
@@ -312,17 +313,17 @@ impl Runtime {
             held,
         };
         // The epoch deadline stops wasm code; this outer bound also stops a
-        // guest that sits blocked inside a host call (slow I/O).
+        // guest that sits blocked inside a host call (slow I/O). select!
+        // drops every branch's future, the guest's too, before it runs a
+        // handler: what the out-dir holds then is final.
         let outcome = tokio::select! {
             outcome = tokio::time::timeout(limit + EPOCH_TICK * 10, work) => outcome,
             _ = cancel.cancelled() => return Err(CallError::Cancelled),
-            held = over_quota => return Err(over(held)),
+            _ = over_quota => return Err(over(held(out_dir).await)),
         };
-        if let (Some(dir), Ok(Ok(_))) = (out_dir, &outcome) {
+        if let Ok(Ok(_)) = outcome {
             // What it wrote just before returning was not measured yet.
-            let held = tokio::task::spawn_blocking(move || quota::used(&dir))
-                .await
-                .unwrap_or(0);
+            let held = held(out_dir).await;
             if held > quota {
                 return Err(over(held));
             }
@@ -338,6 +339,16 @@ impl Runtime {
                 &stderr,
             )),
         }
+    }
+}
+
+/// What a deployment's out-dir holds (nothing for a call without one).
+async fn held(out_dir: Option<std::path::PathBuf>) -> u64 {
+    match out_dir {
+        Some(dir) => tokio::task::spawn_blocking(move || quota::used(&dir))
+            .await
+            .unwrap_or(0),
+        None => 0,
     }
 }
 
