@@ -9,6 +9,7 @@
 mod cache;
 pub mod caps;
 mod error;
+mod guests;
 mod http_gate;
 mod load;
 mod manifest;
@@ -29,6 +30,7 @@ use wasmtime::component::Linker;
 use wasmtime::{Engine, Trap, UpdateDeadline};
 
 use crate::model::TrainedModel;
+use guests::GuestThreads;
 use report::GuestOutput;
 use sandbox::Mounts;
 use state::State;
@@ -114,6 +116,7 @@ pub struct Runtime {
     defaults: Limits,
     cache: Option<CodeCache>,
     ticker_stop: Arc<AtomicBool>,
+    guests: GuestThreads,
 }
 
 impl Drop for Runtime {
@@ -158,6 +161,7 @@ impl Runtime {
             defaults,
             cache,
             ticker_stop,
+            guests: GuestThreads::new()?,
         })
     }
 
@@ -269,28 +273,49 @@ impl Runtime {
             if Instant::now() >= deadline {
                 return Err(Stop::Deadline.into());
             }
-            // Yield at every tick so the executor can run the timers and
-            // cancellations that race this call.
+            // Yield at every tick so the guests sharing the guest threads
+            // take turns, and an abort from the caller is noticed.
             Ok(UpdateDeadline::Yield(1))
         });
+        let plugin_ask = plugin.pre.ask(store, question);
 
-        let work = plugin.pre.ask(&mut store, question);
+        // Runs on the guest threads, off the runtime that serves HTTP; the
+        // store is dropped there too, freeing the guest's memory.
+        let mut work = self.guests.spawn(async move {
+            let (answer, store) = plugin_ask.await;
+            (answer, store.data().memory.exhausted)
+        });
         // The epoch deadline stops wasm code; this outer bound also stops a
         // guest that sits blocked inside a host call (slow I/O).
-        let outcome = tokio::select! {
-            outcome = tokio::time::timeout(limit + EPOCH_TICK * 10, work) => outcome,
-            _ = cancel.cancelled() => return Err(CallError::Cancelled),
+        let ended = tokio::select! {
+            ended = tokio::time::timeout(limit + EPOCH_TICK * 10, &mut work) => match ended {
+                Ok(joined) => Ok(joined),
+                Err(_elapsed) => Err(Stop::Deadline),
+            },
+            _ = cancel.cancelled() => Err(Stop::Cancelled),
         };
-        match outcome {
-            Err(_elapsed) => Err(CallError::TimedOut { limit }),
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => Err(classify(
-                e,
-                store.data().memory.exhausted,
-                plugin,
-                limit,
-                &stderr,
-            )),
+        let (answer, out_of_memory) = match ended {
+            Ok(Ok(ended)) => ended,
+            // A panic in the host's side of a call is the caller's, as it
+            // was when the guest ran in the caller's task.
+            Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The guest threads were shut down: the runtime is being dropped.
+            Ok(Err(_)) => return Err(CallError::Cancelled),
+            Err(stop) => {
+                // Stopped from here: the guest no longer runs once this
+                // returns (the caller may remove its out-dir next), as when
+                // it ran in this task and was dropped with it.
+                work.abort();
+                let _ = work.await;
+                return Err(match stop {
+                    Stop::Cancelled => CallError::Cancelled,
+                    Stop::Deadline => CallError::TimedOut { limit },
+                });
+            }
+        };
+        match answer {
+            Ok(answer) => Ok(answer),
+            Err(e) => Err(classify(e, out_of_memory, plugin, limit, &stderr)),
         }
     }
 }
