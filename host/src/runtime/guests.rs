@@ -7,6 +7,7 @@
 use std::future::Future;
 
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
 
 pub(crate) struct GuestThreads {
     /// `None` only while dropping.
@@ -28,14 +29,15 @@ impl GuestThreads {
         })
     }
 
-    /// Starts `work` on the guest threads. Dropping the handle aborts it.
+    /// Starts `work` on the guest threads, in the caller's span (so what a
+    /// guest logs stays under its request). Dropping the handle aborts it.
     pub(crate) fn spawn<F>(&self, work: F) -> AbortOnDropHandle<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
         let runtime = self.runtime.as_ref().expect("set until dropped");
-        AbortOnDropHandle::new(runtime.spawn(work))
+        AbortOnDropHandle::new(runtime.spawn(work.in_current_span()))
     }
 }
 
