@@ -6,6 +6,7 @@
 //! memory while it fetches a large model.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +30,8 @@ pub struct Server {
     /// Sent as `Authorization: Bearer` on API calls, when the server
     /// requires a token.
     token: Option<String>,
+    /// Bytes the server has written to its log (stderr) so far.
+    pub log_bytes: Arc<AtomicU64>,
 }
 
 impl Drop for Server {
@@ -51,13 +54,31 @@ impl Server {
         args: &[&str],
         token: Option<&str>,
     ) -> anyhow::Result<Self> {
+        let bin = Path::new(env!("CARGO_BIN_EXE_berth"));
+        Self::start_binary(ctx, bin, name, args, None, token)
+    }
+
+    /// A server of binary `bin` (another build of berth, for a before and
+    /// after), the misbehave plugin given `manifest` (`misbehave.toml`) if
+    /// any.
+    pub fn start_binary(
+        ctx: &Ctx,
+        bin: &Path,
+        name: &str,
+        args: &[&str],
+        manifest: Option<&str>,
+        token: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let home = ctx.out_dir.join(name);
         let _ = std::fs::remove_dir_all(&home);
         let plugins = home.join("plugins");
         std::fs::create_dir_all(&plugins)?;
         std::fs::copy(crate::plugin::plugin_path(), plugins.join("misbehave.wasm"))
             .context("cannot copy the misbehave plugin (run scripts/build-plugins)")?;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        if let Some(manifest) = manifest {
+            std::fs::write(plugins.join("misbehave.toml"), manifest)?;
+        }
+        let mut child = Command::new(bin)
             .args(["serve", "--listen", "127.0.0.1:0", "--plugins-dir"])
             .arg(&plugins)
             .arg("--data-dir")
@@ -68,18 +89,29 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .context("cannot start berth serve")?;
+            .with_context(|| format!("cannot start {} serve", bin.display()))?;
         let stderr = child.stderr.take().expect("piped");
         let (tx, rx) = std::sync::mpsc::channel();
+        let log_bytes = Arc::new(AtomicU64::new(0));
+        let counted = log_bytes.clone();
         // It listens first, then loads its plugins: ready once both happened.
+        // Read to the end, so a server that logs much never blocks on a full
+        // pipe.
         std::thread::spawn(move || {
-            let mut url = None;
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let (mut url, mut ready) = (None, false);
+            // Split on bytes: a guest's line need not be UTF-8.
+            for line in BufReader::new(stderr).split(b'\n').map_while(Result::ok) {
+                counted.fetch_add(line.len() as u64 + 1, Ordering::Relaxed);
+                if ready {
+                    continue;
+                }
+                let line = String::from_utf8_lossy(&line);
                 if let Some(at) = line.find("berth is listening on ") {
                     let rest = &line[at + "berth is listening on ".len()..];
                     url = rest.split_whitespace().next().map(str::to_string);
                 }
                 if line.contains("plugins folder loaded: ready") {
+                    ready = true;
                     let _ = tx.send(url.clone().unwrap_or_default());
                 }
             }
@@ -95,6 +127,7 @@ impl Server {
             url,
             client,
             token: token.map(str::to_string),
+            log_bytes,
         })
     }
 
@@ -162,7 +195,11 @@ impl Server {
         Ok(())
     }
 
-    fn status_kib(&self, field: &str) -> u64 {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .unwrap_or_default();
         status

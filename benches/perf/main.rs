@@ -5,14 +5,17 @@
 //! than absolute times. Sections: `fetch` (one large file, many files),
 //! `resume`, `reverify`, `plugin`, `api`, `memory`, `capped` (one file from
 //! a source that caps each connection's rate), `store` (a model from an
-//! S3-compatible server), `quota` (how far a deployer gets past its
-//! out-dir quota); all by default. Data goes
+//! S3-compatible server), `load` (`/healthz` and memory while deployers
+//! misbehave or read large models; `--berth LABEL=PATH` adds another build
+//! of berth to compare, `--load-secs N`), `quota` (how far a deployer gets
+//! past its out-dir quota); all by default. Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
 mod capped;
 mod data;
 mod fetch;
+mod load;
 #[path = "../../tests/moto/moto.rs"]
 mod moto;
 mod plugin;
@@ -46,16 +49,22 @@ pub struct Ctx {
     pub rss_gib: u64,
     /// The capped source's rate per connection, MB/s.
     pub cap_mbps: u64,
+    /// The berth binaries the load benchmark runs, by label: this build
+    /// unless `--berth` names others.
+    pub builds: Vec<(String, PathBuf)>,
+    /// How long each load runs, seconds.
+    pub load_secs: u64,
 }
 
-const SECTIONS: [&str; 9] = [
-    "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "quota",
+const SECTIONS: [&str; 10] = [
+    "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "load", "quota",
 ];
 
 fn main() -> anyhow::Result<()> {
     let mut sections = Vec::new();
     let (mut rounds, mut big_gib, mut model_gib, mut calls, mut keep) = (3, 1, 4, 2000, false);
     let (mut capped_gib, mut rss_gib, mut cap_mbps) = (2, 4, 50);
+    let (mut builds, mut load_secs) = (Vec::new(), 20);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut number = |name: &str| -> anyhow::Result<u64> {
@@ -73,6 +82,10 @@ fn main() -> anyhow::Result<()> {
             "--capped-gib" => capped_gib = number("--capped-gib")?,
             "--rss-gib" => rss_gib = number("--rss-gib")?,
             "--cap-mbps" => cap_mbps = number("--cap-mbps")?,
+            "--load-secs" => load_secs = number("--load-secs")?,
+            "--berth" => builds.push(load::build(
+                &args.next().context("--berth needs LABEL=PATH")?,
+            )?),
             "--keep" => keep = true,
             section if SECTIONS.contains(&section) => sections.push(section.to_string()),
             other => anyhow::bail!(
@@ -80,6 +93,12 @@ fn main() -> anyhow::Result<()> {
                 SECTIONS.join(", ")
             ),
         }
+    }
+    if builds.is_empty() {
+        builds.push((
+            "this build".to_string(),
+            PathBuf::from(env!("CARGO_BIN_EXE_berth")),
+        ));
     }
     if sections.is_empty() {
         sections = SECTIONS.iter().map(|s| s.to_string()).collect();
@@ -102,6 +121,8 @@ fn main() -> anyhow::Result<()> {
         capped_gib,
         rss_gib,
         cap_mbps,
+        builds,
+        load_secs,
     };
     machine();
 
@@ -119,6 +140,7 @@ fn main() -> anyhow::Result<()> {
                 "memory" => api::memory(&ctx).await?,
                 "capped" => capped::throughput(&ctx).await?,
                 "store" => store::model(&ctx).await?,
+                "load" => load::run(&ctx).await?,
                 "quota" => quota::overshoot(&ctx).await?,
                 _ => unreachable!("checked above"),
             }

@@ -10,6 +10,7 @@ mod cache;
 pub mod caps;
 mod connect;
 mod error;
+mod guests;
 mod http_gate;
 mod load;
 mod manifest;
@@ -32,6 +33,7 @@ use wasmtime::{Engine, Trap, UpdateDeadline};
 
 use crate::model::TrainedModel;
 use crate::trust::Trust;
+use guests::GuestThreads;
 use report::GuestOutput;
 use sandbox::Mounts;
 use state::State;
@@ -123,6 +125,7 @@ pub struct Runtime {
     /// Guests' outgoing connections: the TLS roots they trust.
     connector: connect::Connector,
     ticker_stop: Arc<AtomicBool>,
+    guests: GuestThreads,
 }
 
 impl Drop for Runtime {
@@ -168,6 +171,7 @@ impl Runtime {
             cache,
             connector: connect::Connector::new(&Trust::default()),
             ticker_stop,
+            guests: GuestThreads::new()?,
         })
     }
 
@@ -295,12 +299,18 @@ impl Runtime {
             if Instant::now() >= deadline {
                 return Err(Stop::Deadline.into());
             }
-            // Yield at every tick so the executor can run the timers and
-            // cancellations that race this call.
+            // Yield at every tick so the guests sharing the guest threads
+            // take turns, and an abort from the caller is noticed.
             Ok(UpdateDeadline::Yield(1))
         });
+        let plugin_ask = plugin.pre.ask(store, question);
 
-        let work = plugin.pre.ask(&mut store, question);
+        // Runs on the guest threads, off the runtime that serves HTTP; the
+        // store is dropped there too, freeing the guest's memory.
+        let mut work = self.guests.spawn(async move {
+            let (answer, store) = plugin_ask.await;
+            (answer, store.data().memory.exhausted)
+        });
         let watched = out_dir.clone();
         let over_quota = async move {
             match watched {
@@ -313,31 +323,44 @@ impl Runtime {
             held,
         };
         // The epoch deadline stops wasm code; this outer bound also stops a
-        // guest that sits blocked inside a host call (slow I/O). select!
-        // drops every branch's future, the guest's too, before it runs a
-        // handler: what the out-dir holds then is final.
-        let outcome = tokio::select! {
-            outcome = tokio::time::timeout(limit + EPOCH_TICK * 10, work) => outcome,
-            _ = cancel.cancelled() => return Err(CallError::Cancelled),
-            _ = over_quota => return Err(over(held(out_dir).await)),
+        // guest that sits blocked inside a host call (slow I/O).
+        let ended = tokio::select! {
+            ended = tokio::time::timeout(limit + EPOCH_TICK * 10, &mut work) => {
+                ended.map_err(|_elapsed| CallError::TimedOut { limit })
+            }
+            _ = cancel.cancelled() => Err(CallError::Cancelled),
+            _ = over_quota => Err(over(0)),
         };
-        if let Ok(Ok(_)) = outcome {
+        let (answer, out_of_memory) = match ended {
+            Ok(Ok(ended)) => ended,
+            // A panic in the host's side of a call is the caller's, as it
+            // was when the guest ran in the caller's task.
+            Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The guest threads were shut down: the runtime is being dropped.
+            Ok(Err(_)) => return Err(CallError::Cancelled),
+            Err(stopped) => {
+                // Stopped from here: the guest no longer runs once this
+                // returns (the caller may remove its out-dir next), as when
+                // it ran in this task and was dropped with it.
+                work.abort();
+                let _ = work.await;
+                return Err(match stopped {
+                    // What it left, now that it stopped.
+                    CallError::OverQuota { .. } => over(held(out_dir).await),
+                    stopped => stopped,
+                });
+            }
+        };
+        if answer.is_ok() {
             // What it wrote just before returning was not measured yet.
             let held = held(out_dir).await;
             if held > quota {
                 return Err(over(held));
             }
         }
-        match outcome {
-            Err(_elapsed) => Err(CallError::TimedOut { limit }),
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => Err(classify(
-                e,
-                store.data().memory.exhausted,
-                plugin,
-                limit,
-                &stderr,
-            )),
+        match answer {
+            Ok(answer) => Ok(answer),
+            Err(e) => Err(classify(e, out_of_memory, plugin, limit, &stderr)),
         }
     }
 }

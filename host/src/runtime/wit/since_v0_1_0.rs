@@ -43,25 +43,59 @@ impl PluginPre {
         DeployerPre::new(pre).map(Self)
     }
 
-    pub(crate) async fn ask(
+    /// One call into a fresh instance in `store`, as a future that borrows
+    /// nothing (the question is converted now), so it may run on any
+    /// thread; it hands the store back with the answer.
+    pub(crate) fn ask(
         &self,
-        store: &mut Store<State>,
+        mut store: Store<State>,
         question: Question<'_>,
-    ) -> wasmtime::Result<Answer> {
-        let instance = self.0.instantiate_async(&mut *store).await?;
-        let api = instance.berth_deployer_plugin();
-        Ok(match question {
-            Question::Describe => Answer::Info(api.call_describe(&mut *store).await?.into()),
-            Question::CheckOptions(options) => {
-                Answer::Checked(api.call_check_options(&mut *store, options).await?)
-            }
-            Question::Deploy(call) => Answer::Deployed(
-                api.call_deploy(&mut *store, &call.into())
-                    .await?
-                    .map(Reply::from),
-            ),
-        })
+    ) -> impl Future<Output = (wasmtime::Result<Answer>, Store<State>)> + Send + use<> {
+        let pre = self.0.clone();
+        let question = Asked::from(question);
+        async move {
+            let answer = ask(&pre, &mut store, question).await;
+            (answer, store)
+        }
     }
+}
+
+/// A `Question` in this version's own types.
+enum Asked {
+    Describe,
+    CheckOptions(String),
+    /// Boxed: the request is ten times the size of the other questions.
+    Deploy(Box<DeployRequest>),
+}
+
+impl From<Question<'_>> for Asked {
+    fn from(question: Question<'_>) -> Self {
+        match question {
+            Question::Describe => Asked::Describe,
+            Question::CheckOptions(options) => Asked::CheckOptions(options.to_string()),
+            Question::Deploy(call) => Asked::Deploy(Box::new(call.into())),
+        }
+    }
+}
+
+async fn ask(
+    pre: &DeployerPre<State>,
+    store: &mut Store<State>,
+    question: Asked,
+) -> wasmtime::Result<Answer> {
+    let instance = pre.instantiate_async(&mut *store).await?;
+    let api = instance.berth_deployer_plugin();
+    Ok(match question {
+        Asked::Describe => Answer::Info(api.call_describe(&mut *store).await?.into()),
+        Asked::CheckOptions(options) => {
+            Answer::Checked(api.call_check_options(&mut *store, &options).await?)
+        }
+        Asked::Deploy(request) => Answer::Deployed(
+            api.call_deploy(&mut *store, &request)
+                .await?
+                .map(Reply::from),
+        ),
+    })
 }
 
 impl Host for State {
