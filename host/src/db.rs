@@ -398,13 +398,24 @@ impl Db {
         rows.iter().map(deployment_row).collect()
     }
 
-    /// Fails the deployments a previous run of this server left running.
-    pub async fn fail_leftovers(&self, server_id: &str, error: &str) -> Result<u64> {
+    /// Fails the deployments a previous run of this server left running,
+    /// each with `error` of the phase its row was last recorded in.
+    pub async fn fail_leftovers(
+        &self,
+        server_id: &str,
+        error: impl Fn(Option<Phase>) -> String,
+    ) -> Result<u64> {
         let updated = sqlx::query(
-            "UPDATE deployments SET status = 'failed', error = $1, completed_at = $2, phase = NULL \
-             WHERE server_id = $3 AND status = 'running'",
+            "UPDATE deployments SET status = 'failed', \
+             error = CASE phase WHEN $1 THEN $2 WHEN $3 THEN $4 ELSE $5 END, \
+             completed_at = $6, phase = NULL \
+             WHERE server_id = $7 AND status = 'running'",
         )
-        .bind(error)
+        .bind(Phase::Fetching.as_str())
+        .bind(error(Some(Phase::Fetching)))
+        .bind(Phase::Deploying.as_str())
+        .bind(error(Some(Phase::Deploying)))
+        .bind(error(None))
         .bind(now())
         .bind(server_id)
         .execute(&self.pool)

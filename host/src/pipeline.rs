@@ -25,6 +25,31 @@ use crate::runtime::{CallError, DeployCall, Plugin};
 /// event stream, at most.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
+/// How the server stopped under a running deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Asked to (SIGINT/SIGTERM): the pipeline recorded the row itself.
+    Graceful,
+    /// Killed or crashed: the row is found `running` at the next start.
+    Unseen,
+}
+
+/// The error recorded for a deployment the server stopped under, saying
+/// what it was doing (`phase`: `None` for a row from before phases were
+/// recorded) and, for an unseen stop, what probably happened.
+pub fn interrupted(phase: Option<Phase>, stop: Stop) -> String {
+    let doing = match phase {
+        Some(Phase::Fetching) => " while fetching the model",
+        Some(Phase::Deploying) => " while deploying",
+        None => "",
+    };
+    let cause = match stop {
+        Stop::Graceful => "",
+        Stop::Unseen => " (killed or crashed?)",
+    };
+    format!("interrupted{doing}: the server stopped before it finished{cause}")
+}
+
 /// Options larger than this are refused before anything else happens.
 pub const MAX_OPTIONS_BYTES: usize = 64 * 1024;
 
@@ -457,9 +482,7 @@ impl Pipeline {
     fn cancelled(&self, running: &Running) -> String {
         match running.reason() {
             Some(reason) => reason.to_string(),
-            None if self.shutdown.is_cancelled() => {
-                "interrupted: the server stopped before it finished".to_string()
-            }
+            None if self.shutdown.is_cancelled() => interrupted(Some(running.phase()), Stop::Graceful),
             None => "cancelled".to_string(),
         }
     }

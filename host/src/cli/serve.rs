@@ -16,7 +16,7 @@ use crate::deployers::Deployers;
 use crate::events::Events;
 use crate::fetch::{Access, Fetcher, Split};
 use crate::http::{ApiContext, Webhook};
-use crate::pipeline::Pipeline;
+use crate::pipeline::{Pipeline, Stop, interrupted};
 use crate::runtime::{CodeCache, Limits, Origin, PluginSet, Runtime, folder_names};
 use crate::watch::Watcher;
 
@@ -312,10 +312,7 @@ async fn open_records(args: &ServeArgs) -> anyhow::Result<(Db, String)> {
         .with_context(|| format!("cannot open the database {}", redact(&database_url)))?;
     let server_id = server_id(data_dir)?;
     let failed = db
-        .fail_leftovers(
-            &server_id,
-            "interrupted: the server stopped before it finished",
-        )
+        .fail_leftovers(&server_id, |phase| interrupted(phase, Stop::Unseen))
         .await?;
     if failed > 0 {
         tracing::warn!(
