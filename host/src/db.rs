@@ -399,17 +399,18 @@ impl Db {
     }
 
     /// Fails the deployments a previous run of this server left running,
-    /// each with `error` of the phase its row was last recorded in.
+    /// each with `error` of the phase its row was last recorded in; returns
+    /// their output directories.
     pub async fn fail_leftovers(
         &self,
         server_id: &str,
         error: impl Fn(Option<Phase>) -> String,
-    ) -> Result<u64> {
-        let updated = sqlx::query(
+    ) -> Result<Vec<String>> {
+        let rows = sqlx::query(
             "UPDATE deployments SET status = 'failed', \
              error = CASE phase WHEN $1 THEN $2 WHEN $3 THEN $4 ELSE $5 END, \
              completed_at = $6, phase = NULL \
-             WHERE server_id = $7 AND status = 'running'",
+             WHERE server_id = $7 AND status = 'running' RETURNING out_dir",
         )
         .bind(Phase::Fetching.as_str())
         .bind(error(Some(Phase::Fetching)))
@@ -418,9 +419,11 @@ impl Db {
         .bind(error(None))
         .bind(now())
         .bind(server_id)
-        .execute(&self.pool)
+        .fetch_all(&self.pool)
         .await?;
-        Ok(updated.rows_affected())
+        rows.iter()
+            .map(|row| Ok(row.try_get("out_dir")?))
+            .collect()
     }
 
     pub async fn close(&self) {

@@ -490,7 +490,7 @@ impl Pipeline {
 
 /// A failed deployment's output is half made and nobody's product: it is
 /// removed, so failures cannot fill the disk. A completed one is kept.
-async fn remove_failed_output(out_dir: PathBuf) {
+pub async fn remove_failed_output(out_dir: PathBuf) {
     // A deployer may have written many files; the removal blocks.
     let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&out_dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!(
