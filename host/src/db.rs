@@ -421,9 +421,7 @@ impl Db {
         .bind(server_id)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|row| Ok(row.try_get("out_dir")?))
-            .collect()
+        rows.iter().map(|row| Ok(row.try_get("out_dir")?)).collect()
     }
 
     pub async fn close(&self) {

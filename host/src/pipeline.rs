@@ -482,7 +482,9 @@ impl Pipeline {
     fn cancelled(&self, running: &Running) -> String {
         match running.reason() {
             Some(reason) => reason.to_string(),
-            None if self.shutdown.is_cancelled() => interrupted(Some(running.phase()), Stop::Graceful),
+            None if self.shutdown.is_cancelled() => {
+                interrupted(Some(running.phase()), Stop::Graceful)
+            }
             None => "cancelled".to_string(),
         }
     }

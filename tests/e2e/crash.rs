@@ -20,7 +20,10 @@ use crate::support::files::{Fault, FileServer};
 use crate::support::server::{Backend, Berth};
 use crate::support::{bytes, eventually, model, on_both_backends, sha256_hex, tree};
 
-on_both_backends!(kill_9_at_random_moments_loses_no_byte_and_no_record);
+on_both_backends!(
+    kill_9_at_random_moments_loses_no_byte_and_no_record,
+    a_kill_as_the_deployer_starts_fails_the_row_as_deploying,
+);
 
 /// Trials per backend unless `BERTH_CRASH_TRIALS` says otherwise: enough
 /// to kill in both phases a few times within CI's budget.
@@ -35,8 +38,7 @@ const FETCH_WINDOW_MS: u64 = 1000;
 /// `deploying`; the deployer sleeps far longer.
 const DEPLOY_WINDOW_MS: u64 = 800;
 
-const FETCHING: &str =
-    "interrupted while fetching the model: the server stopped before it finished (killed or crashed?)";
+const FETCHING: &str = "interrupted while fetching the model: the server stopped before it finished (killed or crashed?)";
 const DEPLOYING: &str =
     "interrupted while deploying: the server stopped before it finished (killed or crashed?)";
 
@@ -67,7 +69,10 @@ fn env_number(name: &str) -> Option<u64> {
 fn model_files(trial: u64) -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("config.json", br#"{"r": 16}"#.to_vec()),
-        ("weights.bin", bytes(100 + trial, 2 * 1024 * 1024 + 512 * 1024 + 7)),
+        (
+            "weights.bin",
+            bytes(100 + trial, 2 * 1024 * 1024 + 512 * 1024 + 7),
+        ),
         ("tokenizer/vocab.bin", bytes(200 + trial, 600 * 1024 + 3)),
     ]
 }
@@ -86,7 +91,11 @@ async fn kill_9_at_random_moments_loses_no_byte_and_no_record(backend: Backend) 
     let mut recorded: BTreeMap<String, u64> = BTreeMap::new();
     let mut failures = Vec::new();
     for trial in 0..trials {
-        let aim = if trial % 2 == 0 { "fetching" } else { "deploying" };
+        let aim = if trial % 2 == 0 {
+            "fetching"
+        } else {
+            "deploying"
+        };
         let job = format!("job-crash-{trial}");
         let contents = model_files(trial);
         let id = berth.register(&model(&files, &job, &contents)).await;
@@ -133,7 +142,11 @@ async fn kill_9_at_random_moments_loses_no_byte_and_no_record(backend: Backend) 
                 continue;
             }
             let (file_job, file) = path.split_once('/').unwrap();
-            let trial_of: u64 = file_job.strip_prefix("job-crash-").unwrap().parse().unwrap();
+            let trial_of: u64 = file_job
+                .strip_prefix("job-crash-")
+                .unwrap()
+                .parse()
+                .unwrap();
             let expected = model_files(trial_of)
                 .into_iter()
                 .find(|(p, _)| *p == file)
@@ -188,9 +201,18 @@ async fn kill_9_at_random_moments_loses_no_byte_and_no_record(backend: Backend) 
             files.fault(&job, path, None);
         }
         let (status, body) = berth.deploy(id, "misbehave", json!({})).await;
-        assert_eq!(status, StatusCode::OK, "{summary}: the next deployment: {body}");
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{summary}: the next deployment: {body}"
+        );
         let dir = berth.model_dir(&job);
         let on_disk = tree(&dir);
+        let served: Vec<String> = contents
+            .iter()
+            .map(|(path, bytes)| format!("{path} {}/{}", files.served(&job, path), bytes.len()))
+            .collect();
+        println!("trial {trial}: the next deployment completed; bytes served: {served:?}");
         for (path, bytes) in &contents {
             let served = files.served(&job, path);
             assert!(
@@ -198,7 +220,10 @@ async fn kill_9_at_random_moments_loses_no_byte_and_no_record(backend: Backend) 
                 "{summary}: {path} ({} bytes) was served {served} bytes after the restart",
                 bytes.len()
             );
-            assert!(on_disk.get(*path) == Some(bytes), "{summary}: {path} is not the source's");
+            assert!(
+                on_disk.get(*path) == Some(bytes),
+                "{summary}: {path} is not the source's"
+            );
         }
         assert_eq!(
             on_disk.len(),
@@ -209,4 +234,36 @@ async fn kill_9_at_random_moments_loses_no_byte_and_no_record(backend: Backend) 
     }
     println!("crash loop on {backend:?}: recorded {recorded:#?}");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The moment the crash loop hits only now and then, made certain: a kill
+/// as soon as the deployer's output directory appears (the deployer starts
+/// right after) finds the row saying `deploying`, not a phase flushed
+/// before.
+async fn a_kill_as_the_deployer_starts_fails_the_row_as_deploying(backend: Backend) {
+    let files = FileServer::start().await;
+    let mut berth = Berth::start(backend).await;
+    let id = berth
+        .register(&model(&files, "job-edge", &model_files(0)))
+        .await;
+    let (status, started) = berth
+        .post(
+            &format!("/v1/models/{id}/deployments?wait=false"),
+            &json!({ "deployer": "misbehave", "options": { "mode": "sleep", "ms": 600_000 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{started}");
+    let out_dir = std::path::PathBuf::from(started["out_dir"].as_str().unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !out_dir.exists() {
+        assert!(std::time::Instant::now() < deadline, "no output directory");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    berth.kill9();
+    berth.restart();
+    let (_, row) = berth
+        .get(&format!("/v1/deployments/{}", started["id"]))
+        .await;
+    assert_eq!(row["status"], "failed");
+    assert_eq!(row["error"], DEPLOYING);
 }
