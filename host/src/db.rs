@@ -288,13 +288,16 @@ impl Db {
     ) -> Result<Deployment> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
-            "INSERT INTO deployments (model_id, deployer, options, status, dir, out_dir, details, \
-             server_id, created_at, created_by) \
-             VALUES ($1, $2, $3, 'running', $4, '', '{}', $5, $6, $7) RETURNING id",
+            "INSERT INTO deployments (model_id, deployer, options, status, phase, dir, out_dir, \
+             details, server_id, created_at, created_by) \
+             VALUES ($1, $2, $3, 'running', $4, $5, '', '{}', $6, $7, $8) RETURNING id",
         )
         .bind(new.model_id)
         .bind(new.deployer)
         .bind(new.options_json)
+        // Where every deployment starts, recorded with it so that a kill
+        // before the first progress update still finds a phase.
+        .bind(Phase::Fetching.as_str())
         .bind(new.dir)
         .bind(new.server_id)
         .bind(now())
@@ -353,12 +356,17 @@ impl Db {
     }
 
     /// Records where a running deployment stands; a no-op once it ended.
+    /// The phase never goes back from `deploying`, so an update taken
+    /// before the deployer started and written late cannot hide that it
+    /// did from the next start's `fail_leftovers`.
     pub async fn update_progress(&self, id: i64, phase: Phase, progress: &Progress) -> Result<()> {
         let progress =
             serde_json::to_string(progress).map_err(|e| Error::Corrupt(e.to_string()))?;
         sqlx::query(
-            "UPDATE deployments SET phase = $1, progress = $2 WHERE id = $3 AND status = 'running'",
+            "UPDATE deployments SET phase = CASE phase WHEN $1 THEN phase ELSE $2 END, \
+             progress = $3 WHERE id = $4 AND status = 'running'",
         )
+        .bind(Phase::Deploying.as_str())
         .bind(phase.as_str())
         .bind(progress)
         .bind(id)

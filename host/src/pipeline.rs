@@ -448,6 +448,19 @@ impl Pipeline {
             e => format!("fetching model {}: {e}", model.id),
         })?;
         running.set_phase(Phase::Deploying);
+        // Recorded before the deployer starts rather than at the next
+        // progress tick: a server killed from here on fails the row as
+        // interrupted while deploying when it starts again.
+        if let Err(e) = self
+            .db
+            .update_progress(running.deploy_id, Phase::Deploying, &running.snapshot())
+            .await
+        {
+            tracing::warn!(
+                deploy_id = running.deploy_id,
+                "could not record the phase: {e}"
+            );
+        }
         let out_dir = PathBuf::from(&deployment.out_dir);
         std::fs::create_dir_all(&out_dir).map_err(|e| {
             format!(
