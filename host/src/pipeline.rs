@@ -549,3 +549,42 @@ async fn report_progress(db: Db, events: Events, running: Arc<Running>, model_id
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interruption_says_what_was_running_and_how_the_server_stopped() {
+        let stopped = "the server stopped before it finished";
+        for (phase, stop, expected) in [
+            (
+                Some(Phase::Fetching),
+                Stop::Graceful,
+                format!("interrupted while fetching the model: {stopped}"),
+            ),
+            (
+                Some(Phase::Deploying),
+                Stop::Graceful,
+                format!("interrupted while deploying: {stopped}"),
+            ),
+            (
+                Some(Phase::Fetching),
+                Stop::Unseen,
+                format!("interrupted while fetching the model: {stopped} (killed or crashed?)"),
+            ),
+            (
+                Some(Phase::Deploying),
+                Stop::Unseen,
+                format!("interrupted while deploying: {stopped} (killed or crashed?)"),
+            ),
+            (
+                None,
+                Stop::Unseen,
+                format!("interrupted: {stopped} (killed or crashed?)"),
+            ),
+        ] {
+            assert_eq!(interrupted(phase, stop), expected, "{phase:?} {stop:?}");
+        }
+    }
+}
