@@ -311,13 +311,16 @@ impl Db {
     ) -> Result<Deployment> {
         let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
-            "INSERT INTO deployments (model_id, deployer, options, status, dir, out_dir, details, \
-             server_id, created_at, created_by) \
-             VALUES ($1, $2, $3, 'running', $4, '', '{}', $5, $6, $7) RETURNING id",
+            "INSERT INTO deployments (model_id, deployer, options, status, phase, dir, out_dir, \
+             details, server_id, created_at, created_by) \
+             VALUES ($1, $2, $3, 'running', $4, $5, '', '{}', $6, $7, $8) RETURNING id",
         )
         .bind(new.model_id)
         .bind(new.deployer)
         .bind(new.options_json)
+        // Where every deployment starts, recorded with it so that a kill
+        // before the first progress update still finds a phase.
+        .bind(Phase::Fetching.as_str())
         .bind(new.dir)
         .bind(new.server_id)
         .bind(now())
@@ -376,12 +379,17 @@ impl Db {
     }
 
     /// Records where a running deployment stands; a no-op once it ended.
+    /// The phase never goes back from `deploying`, so an update taken
+    /// before the deployer started and written late cannot hide that it
+    /// did from the next start's `fail_leftovers`.
     pub async fn update_progress(&self, id: i64, phase: Phase, progress: &Progress) -> Result<()> {
         let progress =
             serde_json::to_string(progress).map_err(|e| Error::Corrupt(e.to_string()))?;
         sqlx::query(
-            "UPDATE deployments SET phase = $1, progress = $2 WHERE id = $3 AND status = 'running'",
+            "UPDATE deployments SET phase = CASE phase WHEN $1 THEN phase ELSE $2 END, \
+             progress = $3 WHERE id = $4 AND status = 'running'",
         )
+        .bind(Phase::Deploying.as_str())
         .bind(phase.as_str())
         .bind(progress)
         .bind(id)
@@ -421,18 +429,30 @@ impl Db {
         rows.iter().map(deployment_row).collect()
     }
 
-    /// Fails the deployments a previous run of this server left running.
-    pub async fn fail_leftovers(&self, server_id: &str, error: &str) -> Result<u64> {
-        let updated = sqlx::query(
-            "UPDATE deployments SET status = 'failed', error = $1, completed_at = $2, phase = NULL \
-             WHERE server_id = $3 AND status = 'running'",
+    /// Fails the deployments a previous run of this server left running,
+    /// each with `error` of the phase its row was last recorded in; returns
+    /// their output directories.
+    pub async fn fail_leftovers(
+        &self,
+        server_id: &str,
+        error: impl Fn(Option<Phase>) -> String,
+    ) -> Result<Vec<String>> {
+        let rows = sqlx::query(
+            "UPDATE deployments SET status = 'failed', \
+             error = CASE phase WHEN $1 THEN $2 WHEN $3 THEN $4 ELSE $5 END, \
+             completed_at = $6, phase = NULL \
+             WHERE server_id = $7 AND status = 'running' RETURNING out_dir",
         )
-        .bind(error)
+        .bind(Phase::Fetching.as_str())
+        .bind(error(Some(Phase::Fetching)))
+        .bind(Phase::Deploying.as_str())
+        .bind(error(Some(Phase::Deploying)))
+        .bind(error(None))
         .bind(now())
         .bind(server_id)
-        .execute(&self.pool)
+        .fetch_all(&self.pool)
         .await?;
-        Ok(updated.rows_affected())
+        rows.iter().map(|row| Ok(row.try_get("out_dir")?)).collect()
     }
 
     pub async fn close(&self) {

@@ -111,6 +111,10 @@ impl Running {
         state.dirty = true;
     }
 
+    pub fn phase(&self) -> Phase {
+        self.state.lock().expect("running lock").phase
+    }
+
     /// The current phase and progress, if they changed since last asked.
     pub fn take_update(&self) -> Option<(Phase, Progress)> {
         let mut state = self.state.lock().expect("running lock");

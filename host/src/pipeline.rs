@@ -34,6 +34,31 @@ const RECORD_RETRY_MAX: Duration = Duration::from_secs(10);
 /// (without a reserve).
 const FULL_BELOW: u64 = 1 << 20;
 
+/// How the server stopped under a running deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Asked to (SIGINT/SIGTERM): the pipeline recorded the row itself.
+    Graceful,
+    /// Killed or crashed: the row is found `running` at the next start.
+    Unseen,
+}
+
+/// The error recorded for a deployment the server stopped under, saying
+/// what it was doing (`phase`: `None` for a row from before phases were
+/// recorded) and, for an unseen stop, what probably happened.
+pub fn interrupted(phase: Option<Phase>, stop: Stop) -> String {
+    let doing = match phase {
+        Some(Phase::Fetching) => " while fetching the model",
+        Some(Phase::Deploying) => " while deploying",
+        None => "",
+    };
+    let cause = match stop {
+        Stop::Graceful => "",
+        Stop::Unseen => " (killed or crashed?)",
+    };
+    format!("interrupted{doing}: the server stopped before it finished{cause}")
+}
+
 /// Options larger than this are refused before anything else happens.
 pub const MAX_OPTIONS_BYTES: usize = 64 * 1024;
 
@@ -465,6 +490,19 @@ impl Pipeline {
             e => format!("fetching model {}: {e}", model.id),
         })?;
         running.set_phase(Phase::Deploying);
+        // Recorded before the deployer starts rather than at the next
+        // progress tick: a server killed from here on fails the row as
+        // interrupted while deploying when it starts again.
+        if let Err(e) = self
+            .db
+            .update_progress(running.deploy_id, Phase::Deploying, &running.snapshot())
+            .await
+        {
+            tracing::warn!(
+                deploy_id = running.deploy_id,
+                "could not record the phase: {e}"
+            );
+        }
         let out_dir = PathBuf::from(&deployment.out_dir);
         std::fs::create_dir_all(&out_dir).map_err(|e| {
             format!(
@@ -518,7 +556,7 @@ impl Pipeline {
         match running.reason() {
             Some(reason) => reason.to_string(),
             None if self.shutdown.is_cancelled() => {
-                "interrupted: the server stopped before it finished".to_string()
+                interrupted(Some(running.phase()), Stop::Graceful)
             }
             None => "cancelled".to_string(),
         }
@@ -527,7 +565,7 @@ impl Pipeline {
 
 /// A failed deployment's output is half made and nobody's product: it is
 /// removed, so failures cannot fill the disk. A completed one is kept.
-async fn remove_failed_output(out_dir: PathBuf) {
+pub async fn remove_failed_output(out_dir: PathBuf) {
     // A deployer may have written many files; the removal blocks.
     let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&out_dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!(
@@ -569,5 +607,44 @@ async fn report_progress(db: Db, events: Events, running: Arc<Running>, model_id
             phase,
             progress,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interruption_says_what_was_running_and_how_the_server_stopped() {
+        let stopped = "the server stopped before it finished";
+        for (phase, stop, expected) in [
+            (
+                Some(Phase::Fetching),
+                Stop::Graceful,
+                format!("interrupted while fetching the model: {stopped}"),
+            ),
+            (
+                Some(Phase::Deploying),
+                Stop::Graceful,
+                format!("interrupted while deploying: {stopped}"),
+            ),
+            (
+                Some(Phase::Fetching),
+                Stop::Unseen,
+                format!("interrupted while fetching the model: {stopped} (killed or crashed?)"),
+            ),
+            (
+                Some(Phase::Deploying),
+                Stop::Unseen,
+                format!("interrupted while deploying: {stopped} (killed or crashed?)"),
+            ),
+            (
+                None,
+                Stop::Unseen,
+                format!("interrupted: {stopped} (killed or crashed?)"),
+            ),
+        ] {
+            assert_eq!(interrupted(phase, stop), expected, "{phase:?} {stop:?}");
+        }
     }
 }

@@ -410,7 +410,7 @@ async fn a_server_killed_during_a_fetch_recovers_on_restart(backend: Backend) {
     assert_eq!(interrupted["status"], "failed");
     assert_eq!(
         interrupted["error"],
-        "interrupted: the server stopped before it finished"
+        "interrupted while fetching the model: the server stopped before it finished (killed or crashed?)"
     );
 
     files.fault("job-kill", "big.bin", None);

@@ -10,6 +10,7 @@ mod artifacts;
 mod auth;
 mod client;
 mod config;
+mod crash;
 mod deploy;
 mod fetch;
 mod languages;

@@ -16,7 +16,7 @@ use crate::deployers::Deployers;
 use crate::events::Events;
 use crate::fetch::{Access, Fetcher, Split};
 use crate::http::{ApiContext, Webhook};
-use crate::pipeline::Pipeline;
+use crate::pipeline::{Pipeline, Stop, interrupted, remove_failed_output};
 use crate::runtime::{CodeCache, Limits, Origin, PluginSet, Runtime, folder_names};
 use crate::trust::Trust;
 use crate::watch::Watcher;
@@ -313,7 +313,7 @@ async fn reload_tokens(tokens: Arc<Tokens>, stopping: tokio_util::sync::Cancella
 }
 
 /// Opens the database and fails this server's rows that a previous run
-/// left running.
+/// left running, removing their output directories.
 async fn open_records(args: &ServeArgs) -> anyhow::Result<(Db, String)> {
     let data_dir = &args.data_dir;
     std::fs::create_dir_all(data_dir)
@@ -352,17 +352,18 @@ async fn open_records(args: &ServeArgs) -> anyhow::Result<(Db, String)> {
 }
 
 async fn fail_leftovers(db: &Db, server_id: &str) -> Result<(), crate::db::Error> {
-    let failed = db
-        .fail_leftovers(
-            server_id,
-            "interrupted: the server stopped before it finished",
-        )
+    let out_dirs = db
+        .fail_leftovers(server_id, |phase| interrupted(phase, Stop::Unseen))
         .await?;
-    if failed > 0 {
+    if !out_dirs.is_empty() {
         tracing::warn!(
-            count = failed,
+            count = out_dirs.len(),
             "marked deployments left running by the previous run as failed"
         );
+    }
+    // Their deployers were cut off: what they wrote is half made.
+    for out_dir in out_dirs {
+        remove_failed_output(PathBuf::from(out_dir)).await;
     }
     Ok(())
 }
