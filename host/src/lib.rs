@@ -22,5 +22,7 @@ pub mod model;
 pub mod pipeline;
 pub mod runtime;
 pub mod space;
+#[cfg(test)]
+mod strategies;
 pub mod validate;
 pub mod watch;

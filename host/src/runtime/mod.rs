@@ -37,7 +37,7 @@ use wit::{Answer, PluginPre, Question};
 pub use cache::{CodeCache, Origin};
 pub use error::CallError;
 pub use http_gate::AllowedHost;
-pub use manifest::Manifest;
+pub use manifest::{MAX_TIMEOUT_S, Manifest};
 pub(crate) use plugins::{Change, Folder};
 pub use plugins::{PluginSet, Rejection, check_name, folder_names};
 pub use report::{GuestLevel, LogReporter, Reporter};
