@@ -137,6 +137,8 @@ pub fn open(out_dir: &Path, path: &str) -> Result<Opened, Error> {
     let fd = rustix::fs::openat(&dir, *last, flags, Mode::empty()).map_err(|e| match e {
         Errno::NOENT => missing(),
         Errno::LOOP => refused(path, "it is a symbolic link"),
+        // A socket cannot be opened at all.
+        Errno::NXIO => refused(path, "it is not a regular file"),
         e => io(path, e),
     })?;
     let file = File::from(fd);
@@ -270,6 +272,26 @@ mod tests {
         ("a\\b", Some("backslashes")),
     ];
 
+    /// Found by `props::only_the_files_of_the_directory_are_listed_and_served`:
+    /// a socket answered ENXIO, which became an internal error (a 500).
+    #[test]
+    fn a_socket_is_refused_like_any_file_that_is_not_regular() {
+        let dir = tempfile::tempdir().unwrap();
+        let _socket = std::os::unix::net::UnixListener::bind(dir.path().join("s")).unwrap();
+        let err = open(dir.path(), "s").err().unwrap();
+        assert!(
+            matches!(
+                err,
+                Error::Refused {
+                    reason: "it is not a regular file",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(list(dir.path()).unwrap().files.is_empty());
+    }
+
     #[test]
     fn path_rules() {
         for (path, expected) in RULES {
@@ -280,6 +302,201 @@ mod tests {
                     "{path:?}: expected {fragment:?}, got {e}"
                 ),
                 (got, _) => panic!("{path:?}: expected {expected:?}, got {got:?}"),
+            }
+        }
+    }
+}
+
+/// The rules over generated paths, and over real directories a hostile
+/// deployer could leave: random trees of files, directories, symbolic and
+/// hard links (into the tree and out of it), FIFOs and sockets.
+#[cfg(test)]
+mod props {
+    use std::collections::{BTreeSet, HashSet};
+    use std::path::PathBuf;
+
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+
+    use super::*;
+    use crate::strategies;
+
+    /// What a deployer may leave at one name.
+    #[derive(Debug, Clone)]
+    enum Kind {
+        File(usize),
+        Dir,
+        /// A symbolic link to one of `link_targets`.
+        Symlink(Index),
+        /// A hard link to the secret outside, or to a file of the tree.
+        HardLink(Option<Index>),
+        Fifo,
+        Socket,
+    }
+
+    /// One entry: its parent among the directories made so far, its name
+    /// and kind.
+    type Step = (Index, String, Kind);
+
+    fn kind() -> impl Strategy<Value = Kind> {
+        prop_oneof![
+            4 => (0..64usize).prop_map(Kind::File),
+            3 => Just(Kind::Dir),
+            2 => any::<Index>().prop_map(Kind::Symlink),
+            2 => any::<Option<Index>>().prop_map(Kind::HardLink),
+            1 => Just(Kind::Fifo),
+            1 => Just(Kind::Socket),
+        ]
+    }
+
+    fn tree() -> impl Strategy<Value = Vec<Step>> {
+        prop::collection::vec((any::<Index>(), "[a-c]{1,2}", kind()), 0..16)
+    }
+
+    /// A temporary directory holding `out/` (the tree) and, beside it,
+    /// `outside/secret`, which nothing under `out/` may lead to.
+    struct Built {
+        _dir: tempfile::TempDir,
+        out: PathBuf,
+        secret: PathBuf,
+        /// Every path made in the tree, and paths through its links.
+        names: BTreeSet<String>,
+    }
+
+    fn build(steps: &[Step]) -> Built {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let secret = outside.join("secret");
+        std::fs::write(&secret, "secret").unwrap();
+        let (mut dirs, mut files) = (vec![String::new()], Vec::new());
+        let mut names = BTreeSet::new();
+        for (parent, name, kind) in steps {
+            let parent = parent.get(&dirs).clone();
+            let relative = format!("{parent}{name}");
+            let path = out.join(&relative);
+            if path.symlink_metadata().is_ok() {
+                continue;
+            }
+            // Links point up and out, at the secret, at its directory, at
+            // something in the tree, or nowhere.
+            let depth = relative.matches('/').count();
+            let link_targets = [
+                format!("{}../outside/secret", "../".repeat(depth)),
+                format!("{}../outside", "../".repeat(depth)),
+                secret.display().to_string(),
+                outside.display().to_string(),
+                "missing".to_string(),
+            ];
+            match kind {
+                Kind::File(size) => {
+                    std::fs::write(&path, "x".repeat(*size)).unwrap();
+                    files.push(relative.clone());
+                }
+                Kind::Dir => {
+                    std::fs::create_dir(&path).unwrap();
+                    dirs.push(format!("{relative}/"));
+                }
+                Kind::Symlink(to) => {
+                    let up = "../".repeat(depth);
+                    let inside = dirs
+                        .iter()
+                        .chain(&files)
+                        .map(|p| match p.trim_end_matches('/') {
+                            "" if up.is_empty() => ".".to_string(),
+                            p => format!("{up}{p}"),
+                        });
+                    let targets: Vec<String> = link_targets.into_iter().chain(inside).collect();
+                    std::os::unix::fs::symlink(to.get(&targets), &path).unwrap();
+                    // What a path through a linked directory would name.
+                    names.insert(format!("{relative}/secret"));
+                    for file in &files {
+                        let name = file.rsplit('/').next().unwrap();
+                        names.insert(format!("{relative}/{name}"));
+                    }
+                }
+                Kind::HardLink(to) => {
+                    let target = match to {
+                        Some(i) if !files.is_empty() => out.join(i.get(&files)),
+                        _ => secret.clone(),
+                    };
+                    std::fs::hard_link(target, &path).unwrap();
+                }
+                Kind::Fifo => {
+                    rustix::fs::mkfifoat(CWD, &path, Mode::from_raw_mode(0o600)).unwrap();
+                }
+                Kind::Socket => {
+                    // Bound, then closed: the socket file stays.
+                    std::os::unix::net::UnixListener::bind(&path).unwrap();
+                }
+            }
+            names.insert(relative);
+        }
+        Built {
+            _dir: dir,
+            out,
+            secret,
+            names,
+        }
+    }
+
+    fn inode(metadata: &std::fs::Metadata) -> (u64, u64) {
+        (metadata.dev(), metadata.ino())
+    }
+
+    proptest! {
+        #![proptest_config(strategies::cases(256))]
+
+        #[test]
+        fn an_accepted_path_is_relative_and_plain(
+            path in prop_oneof![strategies::path(), strategies::text()],
+        ) {
+            if let Ok(segments) = segments(&path) {
+                prop_assert!(!path.starts_with('/') && !path.contains(['\\', '\0']));
+                prop_assert!(segments.len() <= MAX_DEPTH);
+                prop_assert!(segments.iter().all(|s| !matches!(*s, "" | "." | "..")));
+                prop_assert_eq!(segments.join("/"), path);
+            }
+        }
+
+        /// Every listed file opens, as the file listed; every path that
+        /// opens is listed; and nothing opened is the secret outside, or
+        /// any file with another name.
+        #[test]
+        fn only_the_files_of_the_directory_are_listed_and_served(steps in tree()) {
+            let built = build(&steps);
+            let secret = inode(&std::fs::metadata(&built.secret).unwrap());
+            let listing = list(&built.out).unwrap();
+            prop_assert!(!listing.truncated);
+            let listed: HashSet<&str> = listing.files.iter().map(|a| a.path.as_str()).collect();
+            let mut served = HashSet::new();
+            for artifact in &listing.files {
+                let opened = open(&built.out, &artifact.path)
+                    .map_err(|e| TestCaseError::fail(format!("listed but not served: {e}")))?;
+                prop_assert_eq!(opened.size_bytes, artifact.size_bytes);
+                let metadata = opened.file.metadata().unwrap();
+                let at = std::fs::symlink_metadata(built.out.join(&artifact.path)).unwrap();
+                prop_assert!(at.is_file() && inode(&at) == inode(&metadata));
+                prop_assert_eq!(metadata.nlink(), 1);
+                prop_assert!(served.insert(inode(&metadata)));
+            }
+            for name in &built.names {
+                match open(&built.out, name) {
+                    Ok(opened) => {
+                        let metadata = opened.file.metadata().unwrap();
+                        prop_assert_ne!(inode(&metadata), secret, "{} is the secret", name);
+                        prop_assert!(listed.contains(name.as_str()), "{} served, not listed", name);
+                    }
+                    Err(e) => {
+                        prop_assert!(!listed.contains(name.as_str()), "{name} listed: {e}");
+                        prop_assert!(
+                            matches!(e, Error::Missing { .. } | Error::Refused { .. }),
+                            "{name}: {e:?}"
+                        );
+                    }
+                }
             }
         }
     }

@@ -27,5 +27,8 @@ pub mod trust;
 #[cfg(test)]
 #[path = "../../tests/tls/tls.rs"]
 mod test_tls;
+
+#[cfg(test)]
+mod strategies;
 pub mod validate;
 pub mod watch;

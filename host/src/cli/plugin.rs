@@ -60,7 +60,8 @@ pub enum PluginCommand {
         #[arg(long, value_name = "MIB")]
         memory_mib: Option<u64>,
         /// Time limit in seconds, instead of the manifest's or the default.
-        #[arg(long, value_name = "SECONDS")]
+        #[arg(long, value_name = "SECONDS",
+              value_parser = clap::value_parser!(u64).range(1..=crate::runtime::MAX_TIMEOUT_S))]
         timeout_s: Option<u64>,
         /// Shows the deployer's log and progress lines as they happen
         /// (the default when stderr is a terminal).

@@ -60,8 +60,9 @@ pub struct ServeArgs {
     #[arg(long, env = "BERTH_OUT_MIB", default_value_t = 1024,
           value_parser = clap::value_parser!(u64).range(1..=crate::runtime::MAX_OUT_MIB))]
     out_mib: u64,
-    /// Default wall-clock limit of one deploy call, in seconds.
-    #[arg(long, env = "BERTH_TIMEOUT_S", default_value_t = 1800)]
+    /// Default wall-clock limit of one deploy call, in seconds (at most a week).
+    #[arg(long, env = "BERTH_TIMEOUT_S", default_value_t = 1800,
+          value_parser = clap::value_parser!(u64).range(1..=crate::runtime::MAX_TIMEOUT_S))]
     timeout_s: u64,
     /// Credentials for sources, by URL prefix: a TOML file of
     /// `[[source]]` entries with `prefix` and `headers` (HTTP) or `options`

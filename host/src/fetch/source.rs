@@ -440,3 +440,155 @@ mod tests {
         }
     }
 }
+
+/// Filling a template over generated job ids and paths: the file lands
+/// exactly where the template points, under its host, bucket or directory,
+/// whatever characters its path holds.
+#[cfg(test)]
+mod props {
+    use percent_encoding::percent_decode_str;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::strategies::{self, job_id, path};
+
+    /// Where a template puts the job id and the path.
+    #[derive(Debug, Clone)]
+    enum Shape {
+        /// `…/PREFIX/{job_id}/{path}`
+        InPath,
+        /// `…/PREFIX/file?job={job_id}&file={path}`
+        InQuery,
+    }
+
+    #[derive(Debug, Clone)]
+    struct Template {
+        scheme: &'static str,
+        /// Host and port, bucket, or empty for `file`.
+        authority: String,
+        prefix: String,
+        shape: Shape,
+    }
+
+    impl Template {
+        fn text(&self) -> String {
+            let Template {
+                scheme,
+                authority,
+                prefix,
+                ..
+            } = self;
+            match self.shape {
+                Shape::InPath => format!("{scheme}://{authority}{prefix}/{{job_id}}/{{path}}"),
+                Shape::InQuery => {
+                    format!("{scheme}://{authority}{prefix}/file?job={{job_id}}&file={{path}}")
+                }
+            }
+        }
+    }
+
+    fn template() -> impl Strategy<Value = Template> {
+        // No hyphens: `xn--` would start a punycode label, which most
+        // text after it is not (registration refuses such a template).
+        let host = "[a-z][a-z0-9]{0,8}(\\.[a-z][a-z0-9]{0,8}){0,2}";
+        // `/a/b`, or empty.
+        let prefix = prop::collection::vec("[a-zA-Z0-9_-]{1,6}", 0..3)
+            .prop_map(|segments| segments.iter().map(|s| format!("/{s}")).collect::<String>());
+        let http = (
+            prop_oneof![Just("http"), Just("https")],
+            host,
+            prop::option::of(1..=u16::MAX),
+            prefix.clone(),
+            prop_oneof![Just(Shape::InPath), Just(Shape::InQuery)],
+        )
+            .prop_map(|(scheme, host, port, prefix, shape)| Template {
+                scheme,
+                authority: match port {
+                    Some(port) => format!("{host}:{port}"),
+                    None => host,
+                },
+                prefix,
+                shape,
+            });
+        let s3 =
+            ("[a-z0-9][a-z0-9.-]{2,20}", prefix.clone()).prop_map(|(bucket, prefix)| Template {
+                scheme: "s3",
+                authority: bucket,
+                prefix,
+                shape: Shape::InPath,
+            });
+        let file = prefix.prop_map(|prefix| Template {
+            scheme: "file",
+            authority: String::new(),
+            prefix,
+            shape: Shape::InPath,
+        });
+        prop_oneof![http, s3, file]
+    }
+
+    fn decoded(text: &str) -> String {
+        percent_decode_str(text).decode_utf8().unwrap().into_owned()
+    }
+
+    proptest! {
+        #![proptest_config(strategies::cases(256))]
+
+        #[test]
+        fn a_file_is_located_exactly_where_its_template_points(
+            template in template(),
+            job in job_id(),
+            path in path(),
+        ) {
+            let text = template.text();
+            let location = locate(&text, &job, &path).map_err(TestCaseError::fail)?;
+            prop_assert_eq!(&locate(&text, &job, &path).unwrap(), &location, "not deterministic");
+            let prefix = &template.prefix;
+            match (location, template.scheme) {
+                (Location::Http(url), "http" | "https") => {
+                    let wanted = url::Url::parse(&text.replace(['{', '}'], "")).unwrap();
+                    prop_assert_eq!(url.scheme(), template.scheme);
+                    prop_assert_eq!(url.host_str(), wanted.host_str());
+                    prop_assert_eq!(url.port_or_known_default(), wanted.port_or_known_default());
+                    prop_assert!(url.username().is_empty() && url.password().is_none());
+                    prop_assert!(url.fragment().is_none());
+                    match template.shape {
+                        Shape::InPath => {
+                            prop_assert_eq!(decoded(url.path()), format!("{prefix}/{job}/{path}"));
+                            prop_assert!(url.query().is_none());
+                        }
+                        Shape::InQuery => {
+                            prop_assert_eq!(url.path(), format!("{prefix}/file"));
+                            let pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+                            prop_assert_eq!(pairs, [("job".into(), job), ("file".into(), path)]);
+                        }
+                    }
+                }
+                (Location::Store { url, bucket, key }, "s3") => {
+                    prop_assert_eq!(&bucket, &template.authority);
+                    prop_assert_eq!(url.host_str(), Some(bucket.as_str()));
+                    let wanted = format!("{prefix}/{job}/{path}");
+                    prop_assert_eq!(key.as_ref(), &wanted[1..]);
+                }
+                (Location::File(file), "file") => {
+                    prop_assert_eq!(file, PathBuf::from(format!("{prefix}/{job}/{path}")));
+                }
+                (location, scheme) => prop_assert!(false, "{scheme} became {location:?}"),
+            }
+        }
+
+        /// Whatever the template and values, filling it answers, never
+        /// panics.
+        #[test]
+        fn any_template_is_answered(
+            template in prop_oneof![
+                template().prop_map(|t| t.text()),
+                strategies::text().prop_map(|t| format!("http://h/{t}{{path}}")),
+                strategies::text(),
+            ],
+            job in prop_oneof![job_id(), strategies::text()],
+            path in prop_oneof![path(), strategies::text()],
+        ) {
+            let _ = locate(&template, &job, &path);
+        }
+    }
+}

@@ -67,9 +67,19 @@ impl AllowedHost {
                 "allowed host {entry:?}: the port must be a number from 1 to 65535"
             ));
         }
+        let host = normalize_host(authority.host());
+        if host.is_empty() {
+            return Err(format!("allowed host {entry:?}: names no host"));
+        }
+        // `http` takes any text in brackets; only an IPv6 address belongs there.
+        if rest.starts_with('[') && host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!(
+                "allowed host {entry:?}: only an IPv6 address goes in brackets"
+            ));
+        }
         Ok(Self {
             scheme,
-            host: normalize_host(authority.host()),
+            host,
             port: authority.port_u16(),
         })
     }
@@ -90,7 +100,13 @@ impl fmt::Display for AllowedHost {
         if let Some(scheme) = &self.scheme {
             write!(f, "{scheme}://")?;
         }
-        f.write_str(&self.host)?;
+        // An IPv6 address is bracketed, as it was written, so that the text
+        // reads back as this entry.
+        if self.host.contains(':') {
+            write!(f, "[{}]", self.host)?;
+        } else {
+            f.write_str(&self.host)?;
+        }
         if let Some(port) = self.port {
             write!(f, ":{port}")?;
         }
@@ -382,6 +398,18 @@ mod tests {
         assert_eq!(loggable(&uri), "https://mirror.internal:8443/up/x");
     }
 
+    /// Found by `props::an_entry_reads_back_from_its_text_…`: an IPv6
+    /// entry was shown without its brackets (`::1:9000`), which reads as
+    /// nothing, in `berth plugin check` and `GET /v1/deployers`.
+    #[test]
+    fn an_ipv6_entry_is_shown_as_written() {
+        for entry in ["[::1]:9000", "https://[::ffff:0.0.0.0]", "[fd00::1]"] {
+            let parsed = AllowedHost::parse(entry).unwrap();
+            assert_eq!(parsed.to_string(), entry);
+            assert_eq!(AllowedHost::parse(&parsed.to_string()), Ok(parsed));
+        }
+    }
+
     #[test]
     fn bad_entries_are_refused_with_the_entry_named() {
         for entry in [
@@ -392,9 +420,81 @@ mod tests {
             "a b",
             "host:notaport",
             "u@host",
+            // Found by `props::any_entry_is_answered`: taken as hosts `a:`
+            // and the empty name.
+            "[a:]",
+            ".",
         ] {
             let err = AllowedHost::parse(entry).expect_err(entry);
             assert!(err.contains(&format!("{entry:?}")), "{err}");
+        }
+    }
+}
+
+/// `allowed_hosts` entries over generated hosts, ports and schemes: each
+/// reads back from its own text, and grants the requests it names.
+#[cfg(test)]
+mod props {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::strategies;
+
+    fn host() -> impl Strategy<Value = String> {
+        prop_oneof![
+            r"[a-zA-Z][a-zA-Z0-9-]{0,8}(\.[a-zA-Z0-9-]{1,8}){0,3}\.?",
+            any::<Ipv4Addr>().prop_map(|ip| ip.to_string()),
+            any::<Ipv6Addr>().prop_map(|ip| format!("[{ip}]")),
+        ]
+    }
+
+    /// An entry as a person writes it: `[scheme://]host[:port]`.
+    fn entry() -> impl Strategy<Value = String> {
+        (
+            prop_oneof![
+                Just(""),
+                Just("http://"),
+                Just("https://"),
+                Just("HTTPS://")
+            ],
+            host(),
+            prop::option::of(1..=u16::MAX),
+        )
+            .prop_map(|(scheme, host, port)| match port {
+                Some(port) => format!("{scheme}{host}:{port}"),
+                None => format!("{scheme}{host}"),
+            })
+    }
+
+    proptest! {
+        #![proptest_config(strategies::cases(256))]
+
+        #[test]
+        fn an_entry_reads_back_from_its_text_and_grants_what_it_names(entry in entry()) {
+            let parsed = AllowedHost::parse(&entry).map_err(TestCaseError::fail)?;
+            let shown = parsed.to_string();
+            prop_assert_eq!(AllowedHost::parse(&shown), Ok(parsed.clone()), "shown as {}", shown);
+            let scheme = parsed.scheme.clone().unwrap_or("https".into());
+            let port = parsed.port.unwrap_or(default_port(&scheme));
+            let host = match parsed.host.parse::<IpAddr>() {
+                Ok(IpAddr::V6(ip)) => format!("[{ip}]"),
+                _ => parsed.host.clone(),
+            };
+            let gate = HttpGate::new("props", vec![parsed], Connector::new(&Default::default()));
+            let uri = format!("{scheme}://{host}:{port}/x").parse().unwrap();
+            prop_assert!(gate.target(&uri).is_some(), "{uri} refused");
+        }
+
+        /// Whatever the text, it is parsed or refused naming the entry, and
+        /// what is parsed reads back from its own text.
+        #[test]
+        fn any_entry_is_answered(entry in prop_oneof![entry(), strategies::text()]) {
+            match AllowedHost::parse(&entry) {
+                Ok(parsed) => prop_assert_eq!(AllowedHost::parse(&parsed.to_string()), Ok(parsed)),
+                Err(e) => prop_assert!(e.contains(&format!("{entry:?}")), "{e}"),
+            }
         }
     }
 }

@@ -40,6 +40,10 @@ struct RawManifest {
 const MAX_MEMORY_MIB: u64 = 16 * 1024;
 /// An out-dir quota of a TiB is as good as none; more is a typo.
 pub const MAX_OUT_MIB: u64 = 1 << 20;
+/// At most this long a call may be granted, by a manifest or a flag: a
+/// week, far beyond a deploy's needs, and a deadline the clock can hold
+/// (adding some 2^63 seconds to an `Instant` panics).
+pub const MAX_TIMEOUT_S: u64 = 7 * 24 * 3600;
 
 impl Manifest {
     /// Parses a manifest's text. `lookup` reads the host environment.
@@ -81,8 +85,12 @@ impl Manifest {
                 "out_mib = {mib}: must be between 1 and {MAX_OUT_MIB}"
             ));
         }
-        if raw.timeout_s == Some(0) {
-            problems.push("timeout_s = 0: must be at least 1 second".to_string());
+        if let Some(seconds) = raw.timeout_s
+            && !(1..=MAX_TIMEOUT_S).contains(&seconds)
+        {
+            problems.push(format!(
+                "timeout_s = {seconds}: must be between 1 and {MAX_TIMEOUT_S} (a week)"
+            ));
         }
         if raw
             .description
@@ -157,9 +165,18 @@ mod tests {
             ("colour = 1", "unknown field `colour`"),
             ("memory_mib = \"big\"", "invalid type"),
             ("memory_mib = 0", "memory_mib = 0: must be between"),
-            ("timeout_s = 0", "timeout_s = 0"),
             ("out_mib = 0", "out_mib = 0: must be between 1 and 1048576"),
             ("out_mib = 1048577", "out_mib = 1048577: must be between"),
+            (
+                "timeout_s = 0",
+                "timeout_s = 0: must be between 1 and 604800",
+            ),
+            // Found by `props::an_accepted_manifest_grants_limits_…`: the
+            // deploy call's deadline overflowed and panicked.
+            (
+                "timeout_s = 9223372036854775807",
+                "timeout_s = 9223372036854775807: must be between 1 and 604800 (a week)",
+            ),
             (
                 "env = { T = \"${MISSING}\" }",
                 "env.T: the host environment variable MISSING is not set",
@@ -174,6 +191,119 @@ mod tests {
         for (text, expected) in cases {
             let err = Manifest::parse(text, env).unwrap_err();
             assert!(err.contains(expected), "{text}: {err}");
+        }
+    }
+}
+
+/// Manifests over generated TOML: any text is parsed or refused, never a
+/// panic, and what is accepted grants only limits the runtime can apply.
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+    use toml::{Table, Value};
+
+    use super::*;
+    use crate::strategies;
+
+    /// A TOML value of any type, mostly of the kind each key expects.
+    fn value(expected: BoxedStrategy<Value>) -> impl Strategy<Value = Value> {
+        prop_oneof![
+            4 => expected,
+            1 => any::<i64>().prop_map(Value::Integer),
+            1 => strategies::text().prop_map(Value::String),
+            1 => any::<bool>().prop_map(Value::Boolean),
+            1 => any::<f64>().prop_map(Value::Float),
+        ]
+    }
+
+    fn number() -> BoxedStrategy<Value> {
+        prop_oneof![0..=2 * MAX_MEMORY_MIB as i64, any::<i64>()]
+            .prop_map(Value::Integer)
+            .boxed()
+    }
+
+    fn entries() -> BoxedStrategy<Value> {
+        let entry = prop_oneof![
+            r"(https?://)?[a-z][a-z0-9.-]{0,10}(:[0-9]{1,5})?",
+            r"\[[0-9a-f:]{2,12}\](:[0-9]{1,5})?",
+            strategies::text(),
+        ];
+        prop::collection::vec(entry.prop_map(Value::String), 0..4)
+            .prop_map(Value::Array)
+            .boxed()
+    }
+
+    fn env() -> BoxedStrategy<Value> {
+        let name = prop_oneof![r"[A-Z_][A-Z0-9_]{0,6}", strategies::text()];
+        let template = prop_oneof![
+            r"[a-z$]{0,4}(\$\{(HOME|PATH|NOPE)\}?)?[a-z$]{0,4}",
+            strategies::text()
+        ];
+        prop::collection::vec((name, template.prop_map(Value::String)), 0..4)
+            .prop_map(|pairs| Value::Table(pairs.into_iter().collect()))
+            .boxed()
+    }
+
+    fn manifest() -> impl Strategy<Value = String> {
+        let text = || strategies::text().prop_map(Value::String).boxed();
+        (
+            prop::option::of(value(text())),
+            prop::option::of(value(entries())),
+            prop::option::of(value(env())),
+            prop::option::of(value(number())),
+            prop::option::of(value(number())),
+            prop::option::of(value(text())),
+        )
+            .prop_map(|(description, hosts, env, memory, timeout, unknown)| {
+                let mut table = Table::new();
+                for (key, value) in [
+                    ("description", description),
+                    ("allowed_hosts", hosts),
+                    ("env", env),
+                    ("memory_mib", memory),
+                    ("timeout_s", timeout),
+                    ("colour", unknown),
+                ] {
+                    if let Some(value) = value {
+                        table.insert(key.into(), value);
+                    }
+                }
+                toml::to_string(&table).unwrap()
+            })
+    }
+
+    fn lookup(name: &str) -> Option<String> {
+        matches!(name, "HOME" | "PATH").then(|| format!("value of {name}"))
+    }
+
+    proptest! {
+        #![proptest_config(strategies::cases(256))]
+
+        #[test]
+        fn an_accepted_manifest_grants_limits_the_runtime_can_apply(
+            text in prop_oneof![4 => manifest(), 1 => strategies::text()],
+        ) {
+            let Ok(manifest) = Manifest::parse(&text, lookup) else {
+                return Ok(());
+            };
+            if let Some(mib) = manifest.memory_mib {
+                prop_assert!((1..=MAX_MEMORY_MIB).contains(&mib), "memory_mib {mib}");
+            }
+            if let Some(timeout) = manifest.timeout {
+                prop_assert!(
+                    (1..=MAX_TIMEOUT_S).contains(&timeout.as_secs()),
+                    "timeout {timeout:?}"
+                );
+                // The runtime's deadline, and its bound on a blocked call.
+                prop_assert!(std::time::Instant::now().checked_add(timeout * 2).is_some());
+            }
+            prop_assert!(manifest.description.is_none_or(|d| !d.trim().is_empty()));
+            for (name, _) in &manifest.env {
+                prop_assert!(is_env_name(name), "{name:?}");
+            }
+            for host in &manifest.allowed_hosts {
+                prop_assert_eq!(&AllowedHost::parse(&host.to_string()), &Ok(host.clone()));
+            }
         }
     }
 }

@@ -42,7 +42,7 @@ use wit::{Answer, PluginPre, Question};
 pub use cache::{CodeCache, Origin};
 pub use error::CallError;
 pub use http_gate::AllowedHost;
-pub use manifest::{MAX_OUT_MIB, Manifest};
+pub use manifest::{MAX_OUT_MIB, MAX_TIMEOUT_S, Manifest};
 pub(crate) use plugins::{Change, Folder};
 pub use plugins::{PluginSet, Rejection, check_name, folder_names};
 pub(crate) use report::one_line;
