@@ -1,5 +1,8 @@
 //! `berth plugin check` and `berth plugin run`: load a deployer exactly as
-//! the server would, and run one deployment on a local directory.
+//! the server would, and run one deployment on a local directory; `berth
+//! plugin new` (`scaffold`) starts a deployer project.
+
+mod scaffold;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,6 +19,9 @@ use crate::runtime::{DeployCall, Limits, LogReporter, Runtime};
 
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
+    /// Writes a new deployer project in Rust, Python or JavaScript that
+    /// builds NAME.wasm on its own, outside berth's repository.
+    New(scaffold::NewArgs),
     /// Loads FILE.wasm (and FILE.toml beside it) as the server would and
     /// reports its name, description, WIT version and any problem.
     Check {
@@ -50,6 +56,9 @@ pub enum PluginCommand {
 }
 
 pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
+    if let PluginCommand::New(args) = &command {
+        return scaffold::run(args);
+    }
     let runtime = Runtime::new(Limits::default(), None)?;
     match command {
         PluginCommand::Check { file, repeat } => check(&runtime, &file, repeat).await,
@@ -67,6 +76,7 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             };
             run_once(&runtime, &file, &dir, &options, out, overrides).await
         }
+        PluginCommand::New(_) => unreachable!("needs no runtime: answered above"),
     }
 }
 
