@@ -24,6 +24,7 @@ mod plugin_cli;
 mod plugins;
 mod ready;
 mod runtime;
+mod scaffold;
 mod sources;
 mod space;
 mod webhook;

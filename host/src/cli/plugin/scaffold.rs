@@ -109,7 +109,9 @@ impl Lang {
             Lang::Python => "make    # the first time, makes .venv/ with componentize-py 0.25.1",
             Lang::Js => "make    # the first time, runs npm ci for componentize-js",
         };
-        format!("  {build}\n  berth plugin run {name}.wasm --dir example-model --options '{{\"note\": \"hi\"}}'")
+        format!(
+            "  {build}\n  berth plugin run {name}.wasm --dir example-model --options '{{\"note\": \"hi\"}}'"
+        )
     }
 }
 
@@ -265,7 +267,11 @@ mod tests {
         for (name, krate, artifact, npm) in cases {
             let names = Names::of(name);
             assert_eq!(
-                (names.krate.as_str(), names.artifact.as_str(), names.npm.as_str()),
+                (
+                    names.krate.as_str(),
+                    names.artifact.as_str(),
+                    names.npm.as_str()
+                ),
                 (krate, artifact, npm),
                 "{name}"
             );
