@@ -59,9 +59,9 @@ fn new_refuses_a_used_dir_a_bad_name_and_an_unknown_language() {
             "the deployer name \"two words\" contains ' '".into(),
         ),
         (
-            &["-dash", "--lang", "js"],
+            &[".hidden", "--lang", "js"],
             1,
-            "the deployer name \"-dash\" must start with a letter or digit".into(),
+            "the deployer name \".hidden\" must start with a letter or digit".into(),
         ),
         (
             &["ok", "--lang", "go"],
