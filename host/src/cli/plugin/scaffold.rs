@@ -145,6 +145,7 @@ impl<'a> Names<'a> {
             .replace("{{crate}}", &self.krate)
             .replace("{{artifact}}", &self.artifact)
             .replace("{{npm_name}}", &self.npm)
+            // The lock file is the example's: its package name becomes ours.
             .replace("berth-safetensors-check", &self.npm)
     }
 }
