@@ -26,6 +26,7 @@ mod plugins;
 mod proxies;
 mod ready;
 mod runtime;
+mod scaffold;
 mod sources;
 mod space;
 mod webhook;

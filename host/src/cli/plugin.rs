@@ -1,11 +1,13 @@
 //! `berth plugin check` and `berth plugin run`: load a deployer exactly as
-//! the server would, and run one deployment on a local directory. The
-//! compiled-code cache lives in `cache`, the model handed to the deployer
-//! in `model`, the guest's lines on stderr in `guest_lines`.
+//! the server would, and run one deployment on a local directory; `berth
+//! plugin new` (`scaffold`) starts a deployer project. The compiled-code
+//! cache lives in `cache`, the model handed to the deployer in `model`,
+//! the guest's lines on stderr in `guest_lines`.
 
 mod cache;
 mod guest_lines;
 mod model;
+mod scaffold;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -23,6 +25,9 @@ use guest_lines::GuestLines;
 
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
+    /// Writes a new deployer project in Rust, Python or JavaScript that
+    /// builds NAME.wasm on its own, outside berth's repository.
+    New(scaffold::NewArgs),
     /// Loads FILE.wasm (and FILE.toml beside it) as the server would and
     /// reports its name, description, WIT version and any problem.
     Check {
@@ -109,6 +114,7 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             };
             run_once(run, cache.dir().as_deref()).await
         }
+        PluginCommand::New(args) => scaffold::run(&args),
     }
 }
 

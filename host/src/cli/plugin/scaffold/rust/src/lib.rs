@@ -1,0 +1,109 @@
+//! The `{{name}}` deployer: writes a summary of the model's files to
+//! `summary.json` in the deployment's output directory.
+//!
+//! Replace `deploy` with what your deployer does; keep the rest.
+
+mod options;
+
+use std::path::Path;
+
+use serde_json::json;
+
+// The bindings are generated from wit/ at compile time: `Guest` is the trait
+// to implement, `host` the functions berth offers. WIT names become Rust
+// names: `check-options` is `check_options`, the field `ref` is `ref_`.
+use berth::deployer::host::{self, Level};
+use exports::berth::deployer::plugin::{DeployRequest, DeployResult, DeployerInfo, Guest};
+use options::{Kind, Spec};
+
+wit_bindgen::generate!({
+    world: "deployer",
+    path: "wit",
+    // The world imports wasi:filesystem for languages without a file API;
+    // Rust reaches it through std, so those bindings go unused.
+    generate_all,
+});
+
+const NAME: &str = "{{name}}";
+
+/// Every option this deployer takes: `describe` publishes them as a JSON
+/// Schema and `options::parse` refuses anything else.
+const OPTIONS: &[Spec] = &[
+    Spec {
+        name: "note",
+        kind: Kind::String,
+        description: "a line of text written into the summary",
+    },
+    Spec {
+        name: "max_files",
+        kind: Kind::Integer {
+            minimum: Some(1),
+            maximum: None,
+        },
+        description: "fail when the model has more files than this",
+    },
+    Spec {
+        name: "dry_run",
+        kind: Kind::Boolean,
+        description: "check and report, but write nothing",
+    },
+];
+
+const SUMMARY: &str = "summary.json";
+
+struct Deployer;
+
+impl Guest for Deployer {
+    fn describe() -> DeployerInfo {
+        DeployerInfo {
+            description: "Writes a summary of the model's files to summary.json in the deployment's output directory".to_string(),
+            options_schema: Some(options::schema(OPTIONS)),
+        }
+    }
+
+    // Called before anything is fetched: refuse bad options early.
+    fn check_options(options_json: String) -> Result<(), String> {
+        options::parse(NAME, OPTIONS, &options_json).map(|_| ())
+    }
+
+    // An `Err(sentence)` fails the deployment with that sentence.
+    fn deploy(request: DeployRequest) -> Result<DeployResult, String> {
+        let options = options::parse(NAME, OPTIONS, &request.options_json)?;
+        let note = options.get("note").and_then(|v| v.as_str()).unwrap_or("");
+        let dry_run = options.get("dry_run").and_then(|v| v.as_bool()).unwrap_or(false);
+        let files = &request.model.files;
+        let max_files = options.get("max_files").and_then(|v| v.as_u64());
+        if let Some(max) = max_files.filter(|max| files.len() as u64 > *max) {
+            return Err(format!(
+                "the model has {} files, more than max_files ({max})",
+                files.len()
+            ));
+        }
+
+        let mut listed = Vec::with_capacity(files.len());
+        let mut bytes = 0;
+        for (done, file) in (1..).zip(files) {
+            // The model's files are under request.dir (/model), read-only.
+            listed.push(json!({ "path": file.path, "size_bytes": file.size_bytes, "sha256": file.sha256 }));
+            bytes += file.size_bytes;
+            host::progress(done, files.len() as u64, &file.path);
+        }
+
+        let path = Path::new(&request.out_dir).join(SUMMARY);
+        if !dry_run {
+            let summary = json!({ "model": request.model.name, "job_id": request.model.job_id, "note": note, "files": listed });
+            std::fs::write(&path, summary.to_string())
+                .map_err(|e| format!("{}: cannot write the summary: {e}", path.display()))?;
+        }
+        host::log(
+            Level::Info,
+            &format!("{}: {} files, {bytes} bytes", path.display(), files.len()),
+        );
+        Ok(DeployResult {
+            ref_: path.display().to_string(),
+            details_json: json!({ "files": files.len(), "bytes": bytes, "written": !dry_run }).to_string(),
+        })
+    }
+}
+
+export!(Deployer);
