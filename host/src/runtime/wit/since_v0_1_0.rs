@@ -64,7 +64,7 @@ impl PluginPre {
 enum Asked {
     Describe,
     CheckOptions(String),
-    Deploy(DeployRequest),
+    Deploy(Box<DeployRequest>),
 }
 
 impl From<Question<'_>> for Asked {
@@ -72,7 +72,7 @@ impl From<Question<'_>> for Asked {
         match question {
             Question::Describe => Asked::Describe,
             Question::CheckOptions(options) => Asked::CheckOptions(options.to_string()),
-            Question::Deploy(call) => Asked::Deploy(call.into()),
+            Question::Deploy(call) => Asked::Deploy(Box::new(call.into())),
         }
     }
 }
