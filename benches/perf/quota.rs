@@ -1,4 +1,4 @@
-//! Benchmark 9: how far a deployer gets past its out-dir quota before it is
+//! Benchmark 10: how far a deployer gets past its out-dir quota before it is
 //! stopped. `/out` is measured every 20 ms while a deployer runs, so the
 //! overshoot should be about what the guest writes in one interval: the
 //! baseline is the guest's own write rate, measured in the same run by a
@@ -46,7 +46,7 @@ pub async fn overshoot(ctx: &Ctx) -> anyhow::Result<()> {
     }
     let rate = median(&rates);
     let mut table = Table::new(&format!(
-        "9. Past the out-dir quota ({QUOTA_MIB} MiB), {} deployments writing without end",
+        "10. Past the out-dir quota ({QUOTA_MIB} MiB), {} deployments writing without end",
         overshoots.len()
     ));
     table.row(
