@@ -67,12 +67,7 @@ async fn a_deployer_is_stopped_past_its_out_quota_and_its_output_removed(backend
 /// 64 MiB tmpfs) fails with its own words, its row is stored, its output
 /// removed, and the next deployment has the room back.
 async fn a_deployer_filling_the_disk_fails_with_the_real_cause(backend: Backend) {
-    let berth = Berth::options(backend)
-        .data_volume_mib(64)
-        .arg("--min-free-mib")
-        .arg("4")
-        .start()
-        .await;
+    let berth = on_a_small_disk(backend).await;
     let files = FileServer::start().await;
     let id = berth
         .register(&model(&files, "job-fill", &adapter_files()))
@@ -106,12 +101,7 @@ async fn a_deployer_filling_the_disk_fails_with_the_real_cause(backend: Backend)
 /// the row a killed server left running is failed once there is room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_writes_keeps_reads_and_loses_no_record() {
-    let mut berth = Berth::options(Backend::Sqlite)
-        .data_volume_mib(64)
-        .arg("--min-free-mib")
-        .arg("4")
-        .start()
-        .await;
+    let mut berth = on_a_small_disk(Backend::Sqlite).await;
     let files = FileServer::start().await;
     let id = berth
         .register(&model(&files, "job-disk", &adapter_files()))
@@ -217,6 +207,16 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_loses_no_record() {
     );
     let (status, done) = berth.deploy(id, "misbehave", json!({"mode": "ok"})).await;
     assert_eq!(status, StatusCode::OK, "{done}");
+}
+
+/// A server whose data dir is a 64 MiB tmpfs, keeping 4 MiB free.
+async fn on_a_small_disk(backend: Backend) -> Berth {
+    Berth::options(backend)
+        .data_volume_mib(64)
+        .arg("--min-free-mib")
+        .arg("4")
+        .start()
+        .await
 }
 
 /// Fills the volume of `dir` to the last byte; returns the file to remove.
