@@ -147,7 +147,7 @@ pub(crate) fn parse_details(text: &str) -> Result<Map<String, Value>, CallError>
         )));
     }
     match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(map)) => Ok(map),
+        Ok(Value::Object(map)) => within_once_stored(map),
         Ok(other) => Err(CallError::BadResult(format!(
             "returned details-json that is not a JSON object: {}",
             prefix_for_people(&other.to_string())
@@ -164,6 +164,23 @@ pub(crate) fn parse_details(text: &str) -> Result<Map<String, Value>, CallError>
             ),
         })),
     }
+}
+
+/// Details are stored and answered as serde_json writes them, which can be
+/// longer than the deployer's text (`1e15` is written out in full), so the
+/// cap holds for that form too.
+fn within_once_stored(map: Map<String, Value>) -> Result<Map<String, Value>, CallError> {
+    // A map of JSON values always serializes.
+    let stored = serde_json::to_string(&map).map_or(usize::MAX, |text| text.len());
+    if stored > DETAILS_BYTES {
+        return Err(CallError::OverCap(format!(
+            "returned details-json that takes {} once stored (its numbers written out in \
+             full); details may be at most {}",
+            human::size(stored as u64),
+            human::size(DETAILS_BYTES as u64)
+        )));
+    }
+    Ok(map)
 }
 
 /// The first 200 characters, enough to recognise the text in an error.
@@ -266,6 +283,15 @@ mod tests {
         assert_eq!(
             parse_details(&big).unwrap_err().to_string(),
             "returned details-json of 1.0 MiB; details may be at most 1 MiB"
+        );
+        // Within the cap as written, past it as stored: `1e15` is stored
+        // as 1000000000000000.0.
+        let grown = format!(r#"{{"n": [{}1]}}"#, "1e15,".repeat(100_000));
+        assert!(grown.len() < DETAILS_BYTES);
+        assert_eq!(
+            parse_details(&grown).unwrap_err().to_string(),
+            "returned details-json that takes 1.8 MiB once stored (its numbers written out in \
+             full); details may be at most 1 MiB"
         );
     }
 
