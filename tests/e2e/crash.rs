@@ -102,13 +102,9 @@ async fn kill_9_at_random_moments_loses_no_byte_and_no_record(backend: Backend) 
         for (path, _) in &contents {
             files.fault(&job, path, Some(Fault::Slow(THROTTLE)));
         }
-        let (status, started) = berth
-            .post(
-                &format!("/v1/models/{id}/deployments?wait=false"),
-                &json!({ "deployer": "misbehave", "options": { "mode": "sleep", "ms": 600_000 } }),
-            )
+        let started = berth
+            .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 600_000 }))
             .await;
-        assert_eq!(status, StatusCode::ACCEPTED, "{started}");
         let deploy_id = started["id"].as_i64().unwrap();
         let seen = eventually(
             || format!("trial {trial}: deployment {deploy_id} {aim}"),
@@ -246,13 +242,9 @@ async fn a_kill_as_the_deployer_starts_fails_the_row_as_deploying(backend: Backe
     let id = berth
         .register(&model(&files, "job-edge", &model_files(0)))
         .await;
-    let (status, started) = berth
-        .post(
-            &format!("/v1/models/{id}/deployments?wait=false"),
-            &json!({ "deployer": "misbehave", "options": { "mode": "sleep", "ms": 600_000 } }),
-        )
+    let started = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 600_000 }))
         .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{started}");
     let out_dir = std::path::PathBuf::from(started["out_dir"].as_str().unwrap());
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !out_dir.exists() {

@@ -18,23 +18,6 @@ on_both_backends!(
     sigterm_interrupts_running_deployments_and_stops_cleanly,
 );
 
-async fn deploy_in_background(
-    berth: &Berth,
-    model_id: i64,
-    deployer: &str,
-    options: Value,
-) -> Value {
-    let (status, body) = berth
-        .post(
-            &format!("/v1/models/{model_id}/deployments?wait=false"),
-            &json!({ "deployer": deployer, "options": options }),
-        )
-        .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    assert_eq!(body["status"], "running");
-    body
-}
-
 async fn a_background_deployment_reports_progress_in_order(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::start(backend).await;
@@ -51,7 +34,7 @@ async fn a_background_deployment_reports_progress_in_order(backend: Backend) {
     let mut events = berth.events().await;
 
     let clock = Instant::now();
-    let started = deploy_in_background(&berth, id, "archive", json!({})).await;
+    let started = berth.deploy_detached(id, "archive", json!({})).await;
     let deploy_id = started["id"].clone();
     let midway = wait_for(&berth, &deploy_id, |d| {
         d["progress"]["bytes_done"].as_u64() > Some(0)
@@ -132,7 +115,7 @@ async fn cancelling_during_the_fetch_leaves_no_unverified_file(backend: Backend)
         Some(Fault::Slow(Duration::from_millis(30))),
     );
 
-    let started = deploy_in_background(&berth, id, "archive", json!({})).await;
+    let started = berth.deploy_detached(id, "archive", json!({})).await;
     let deploy_id = &started["id"];
     wait_for(&berth, deploy_id, |d| {
         d["progress"]["bytes_done"].as_u64() > Some(0)
@@ -165,7 +148,9 @@ async fn cancelling_during_the_deployer_interrupts_the_guest(backend: Backend) {
     let id = berth
         .register(&model(&files, "job-cancel-guest", &adapter_files()))
         .await;
-    let started = deploy_in_background(&berth, id, "misbehave", json!({ "mode": "loop" })).await;
+    let started = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "loop" }))
+        .await;
     let deploy_id = &started["id"];
     wait_for(&berth, deploy_id, |d| d["phase"] == "deploying").await;
 
@@ -261,7 +246,9 @@ async fn sigterm_interrupts_running_deployments_and_stops_cleanly(backend: Backe
                 .await
         })
     };
-    let background = deploy_in_background(&berth, id, "misbehave", json!({ "mode": "loop" })).await;
+    let background = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "loop" }))
+        .await;
     wait_for(&berth, &background["id"], |d| d["phase"] == "deploying").await;
 
     let status = tokio::task::block_in_place(|| berth.terminate());

@@ -245,13 +245,9 @@ async fn the_gauges_follow_the_plugins_folder_and_running_deployments() {
     let id = berth
         .register(&model(&files, "job-gauges", &adapter_files()))
         .await;
-    let (status, running) = berth
-        .post(
-            &format!("/v1/models/{id}/deployments?wait=false"),
-            &json!({ "deployer": "misbehave", "options": { "mode": "sleep", "ms": 60000 } }),
-        )
+    let running = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 60000 }))
         .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{running}");
     let now = scrape(berth.client(), &metrics).await;
     assert_eq!(now.value("berth_deployments_running", &[]), 1.0);
     let (status, cancelled) = berth

@@ -64,13 +64,9 @@ async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
 
     // Replace misbehave with archive while a misbehave deployment sleeps.
     let before = sha_of(&deployers(&berth).await, "misbehave").unwrap();
-    let (status, running) = berth
-        .post(
-            &format!("/v1/models/{id}/deployments?wait=false"),
-            &json!({ "deployer": "misbehave", "options": { "mode": "sleep", "ms": 3000 } }),
-        )
+    let running = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 3000 }))
         .await;
-    assert_eq!(status, StatusCode::ACCEPTED);
     install(&dir, "misbehave", &archive);
     wait_for_deployers(&berth, |d| {
         sha_of(d, "misbehave").is_some_and(|s| s != before)

@@ -113,13 +113,9 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_loses_no_record() {
         "the model is on disk before it fills: {fetched}"
     );
     let detached = async |ms: u64| {
-        let (status, running) = berth
-            .post(
-                &format!("/v1/models/{id}/deployments?wait=false"),
-                &json!({"deployer": "misbehave", "options": {"mode": "sleep", "ms": ms}}),
-            )
+        let running = berth
+            .deploy_detached(id, "misbehave", json!({"mode": "sleep", "ms": ms}))
             .await;
-        assert_eq!(status, StatusCode::ACCEPTED, "{running}");
         format!("/v1/deployments/{}", running["id"])
     };
 

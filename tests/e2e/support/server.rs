@@ -308,6 +308,21 @@ impl Berth {
             .await
     }
 
+    /// Starts a deployment in the background (`?wait=false`): its running
+    /// row, asserting the 202.
+    pub async fn deploy_detached(&self, model_id: i64, deployer: &str, options: Value) -> Value {
+        let body = serde_json::json!({ "deployer": deployer, "options": options });
+        let (status, running) = self
+            .post(
+                &format!("/v1/models/{model_id}/deployments?wait=false"),
+                &body,
+            )
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{running}");
+        assert_eq!(running["status"], "running", "{running}");
+        running
+    }
+
     /// The model's directory on the server's disk.
     pub fn model_dir(&self, job_id: &str) -> PathBuf {
         self.launch.data_dir.join("models").join(job_id)
