@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use berth::runtime::{DeployCall, LogReporter, Manifest, Runtime};
+use berth::runtime::{Compiler, DeployCall, LogReporter, Manifest, Runtime};
 use tokio_util::sync::CancellationToken;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
@@ -180,7 +180,7 @@ pub async fn calls(ctx: &Ctx) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out_dir)?;
     let calls = ctx.calls;
 
-    let runtime = Runtime::new(Default::default(), None)?;
+    let runtime = Runtime::new(Default::default(), None, Compiler::Optimized)?;
     let plugin = runtime
         .load("misbehave", wasm.clone(), Manifest::default())
         .await

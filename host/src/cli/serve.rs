@@ -17,7 +17,7 @@ use crate::events::Events;
 use crate::fetch::{Access, Fetcher, Split};
 use crate::http::{ApiContext, Webhook};
 use crate::pipeline::{Pipeline, Stop, interrupted, remove_failed_output};
-use crate::runtime::{CodeCache, Limits, Origin, PluginSet, Runtime, folder_names};
+use crate::runtime::{CodeCache, Compiler, Limits, Origin, PluginSet, Runtime, folder_names};
 use crate::trust::Trust;
 use crate::watch::Watcher;
 
@@ -95,9 +95,17 @@ pub struct ServeArgs {
     #[arg(long, env = "BERTH_MIN_FREE_MIB", default_value_t = 256)]
     min_free_mib: u64,
     /// How often the plugins folder is checked for added, replaced or
-    /// removed plugins, in milliseconds; 0 turns watching off.
-    #[arg(long, env = "BERTH_PLUGINS_POLL_MS", default_value_t = 1000)]
+    /// removed plugins, in milliseconds; 0 turns watching off. A change is
+    /// applied once its files stood still for one interval.
+    #[arg(long, env = "BERTH_PLUGINS_POLL_MS", default_value_t = 250)]
     plugins_poll_ms: u64,
+    /// How plugins are compiled: `tiered` serves a new plugin from quickly
+    /// compiled baseline code (Winch) within seconds and swaps in optimized
+    /// code (Cranelift) when a background compile ends; `optimized` serves
+    /// a plugin only once Cranelift is done; `baseline` never optimizes
+    /// (for testing). Compiled code is cached for each tier.
+    #[arg(long, env = "BERTH_COMPILER", default_value_t = Compiler::Tiered)]
+    compiler: Compiler,
     /// POST every deployment event as JSON to this URL.
     #[arg(long, env = "BERTH_WEBHOOK_URL")]
     webhook_url: Option<String>,
@@ -382,8 +390,8 @@ fn prepare_deployers(
         timeout: Duration::from_secs(args.timeout_s),
         out_mib: args.out_mib,
     };
-    let runtime =
-        Arc::new(Runtime::new(limits, Some(CodeCache::new(args.cache_dir())))?.trust(trust));
+    let cache = Some(CodeCache::new(args.cache_dir()));
+    let runtime = Arc::new(Runtime::new(limits, cache, args.compiler)?.trust(trust));
     let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
     let names = folder_names(&args.plugins_dir);
     let deployers = Deployers::loading(runtime.clone(), args.plugins_dir.clone(), names);

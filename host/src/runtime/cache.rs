@@ -1,6 +1,6 @@
 //! Compiled plugin code on disk, so a restart with unchanged plugins does not
-//! compile again. An entry is keyed by the wasm's sha256 and the engine's
-//! compatibility hash (wasmtime version and settings), and stored with the
+//! compile again. An entry is keyed by the wasm's sha256, its tier and the
+//! engine's compatibility hash (wasmtime version and settings), and stored with the
 //! sha256 of its own bytes: deserializing compiled code is `unsafe`, so an
 //! entry whose bytes do not match its recorded hash is never loaded — it is
 //! rebuilt.
@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
+
+use super::Tier;
 
 #[derive(Debug, Clone)]
 pub struct CodeCache {
@@ -29,18 +31,24 @@ impl CodeCache {
         Self { dir: dir.into() }
     }
 
-    fn entry(&self, engine: &Engine, wasm_sha256: &str) -> PathBuf {
+    fn entry(&self, engine: &Engine, tier: Tier, wasm_sha256: &str) -> PathBuf {
         let mut hasher = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
-        self.dir
-            .join(format!("{wasm_sha256}-{:016x}.cwasm", hasher.finish()))
+        let tier = match tier {
+            Tier::Optimized => "",
+            Tier::Baseline => "-baseline",
+        };
+        self.dir.join(format!(
+            "{wasm_sha256}{tier}-{:016x}.cwasm",
+            hasher.finish()
+        ))
     }
 
     /// The cached component, if a trustworthy entry exists.
     // wasmtime offers no safe way to load precompiled code.
     #[allow(unsafe_code)]
-    pub(crate) fn load(&self, engine: &Engine, wasm_sha256: &str) -> Option<Component> {
-        let path = self.entry(engine, wasm_sha256);
+    pub(crate) fn load(&self, engine: &Engine, tier: Tier, wasm_sha256: &str) -> Option<Component> {
+        let path = self.entry(engine, tier, wasm_sha256);
         let bytes = std::fs::read(&path).ok()?;
         let recorded = std::fs::read_to_string(seal_path(&path)).unwrap_or_default();
         if hex::encode(Sha256::digest(&bytes)) != recorded.trim() {
@@ -62,8 +70,14 @@ impl CodeCache {
     }
 
     /// Stores a compiled component; failures only cost a later recompile.
-    pub(crate) fn store(&self, engine: &Engine, wasm_sha256: &str, component: &Component) {
-        let path = self.entry(engine, wasm_sha256);
+    pub(crate) fn store(
+        &self,
+        engine: &Engine,
+        tier: Tier,
+        wasm_sha256: &str,
+        component: &Component,
+    ) {
+        let path = self.entry(engine, tier, wasm_sha256);
         if let Err(e) = write_entry(&path, component) {
             tracing::warn!(entry = %path.display(), "could not write the compiled-code cache ({e}); the next start compiles again");
         }

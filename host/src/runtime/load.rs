@@ -10,12 +10,14 @@ use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
+use wasmtime::Engine;
 use wasmtime::component::Component;
 use wasmtime::component::types::ComponentItem;
 
 use super::plugins::check_name;
-use super::wit::{self, PLUGIN_FUNCTIONS, PLUGIN_INTERFACE, PluginPre, WIT_VERSION};
-use super::{Limits, LogReporter, Manifest, Origin, Plugin, Runtime, root_message};
+use super::tier::{Backend, Code, CodeSlot, Compiler, Job, Tier};
+use super::wit::{self, PLUGIN_FUNCTIONS, PLUGIN_INTERFACE, WIT_VERSION};
+use super::{Limits, LogReporter, Manifest, Origin, Plugin, Runtime};
 
 impl Runtime {
     /// Loads `path` as the deployer `name`, with `NAME.toml` beside it when
@@ -35,6 +37,8 @@ impl Runtime {
 
     /// Compiles (or loads from the cache) and checks one plugin, and asks it
     /// to describe itself. The error is the reason to show for the file.
+    /// Under `Compiler::Tiered` the plugin may start on baseline code, its
+    /// optimized code following in the background.
     pub async fn load(
         &self,
         name: &str,
@@ -42,21 +46,14 @@ impl Runtime {
         manifest: Manifest,
     ) -> Result<Plugin, String> {
         check_name(name)?;
+        check_magic(&wasm)?;
         let sha256 = hex::encode(Sha256::digest(&wasm));
-        let (component, origin) = self.compile(wasm, &sha256).await?;
-        let wit_version = self.check_world(&component)?;
-        let instance_pre = self.linker.instantiate_pre(&component).map_err(|e| {
-            format!(
-                "needs an import berth does not provide: {}",
-                root_message(&e)
-            )
-        })?;
-        let pre = PluginPre::new(instance_pre).map_err(|e| {
-            format!(
-                "does not implement berth:deployer@{WIT_VERSION}: {}",
-                root_message(&e)
-            )
-        })?;
+        let (backend, component, origin, wasm) = self.compile(wasm, &sha256).await?;
+        let wit_version = check_world(&backend.engine, &component)?;
+        let code = CodeSlot::new(Code {
+            pre: backend.link(&component)?,
+            tier: backend.tier,
+        });
 
         let limits = Limits {
             memory_mib: manifest.memory_mib.unwrap_or(self.defaults.memory_mib),
@@ -72,7 +69,7 @@ impl Runtime {
             manifest,
             limits,
             origin,
-            pre,
+            code,
         };
         let reporter = Arc::new(LogReporter::new(name, None));
         let info = match self
@@ -99,89 +96,120 @@ impl Runtime {
             .clone()
             .unwrap_or(info.description);
         plugin.options_schema = info.options_schema;
+        if plugin.tier() == Tier::Baseline
+            && let Some(optimizer) = &self.optimizer
+        {
+            optimizer.submit(Job {
+                name: plugin.name.clone(),
+                sha256: plugin.sha256.clone(),
+                wasm,
+                slot: Arc::downgrade(&plugin.code),
+            });
+        }
         Ok(plugin)
     }
 
-    async fn compile(&self, wasm: Vec<u8>, sha256: &str) -> Result<(Component, Origin), String> {
-        if !wasm.starts_with(b"\0asm") {
-            return Err(
-                "is not a WebAssembly file (it does not start with the \\0asm magic)".into(),
-            );
-        }
-        if wasm.get(4..8) == Some(&[1, 0, 0, 0]) {
-            return Err("is a core WebAssembly module, not a component (build it for wasm32-wasip2, or wrap it with `wasm-tools component new`)".into());
-        }
-        if let Some(component) = self
-            .cache
-            .as_ref()
-            .and_then(|c| c.load(&self.engine, sha256))
+    /// The plugin's code from the first tier that has it: optimized code
+    /// already cached, else what the compiler setting starts with, from the
+    /// cache or compiled now. Hands the bytes back for the optimizer.
+    async fn compile(
+        &self,
+        wasm: Vec<u8>,
+        sha256: &str,
+    ) -> Result<(&Backend, Component, Origin, Vec<u8>), String> {
+        let first = self.first_tier();
+        let cached = |backend: &Backend| {
+            self.cache
+                .as_ref()
+                .and_then(|c| c.load(&backend.engine, backend.tier, sha256))
+        };
+        if self.compiler != Compiler::Baseline
+            && let Some(component) = cached(&self.optimized)
         {
-            return Ok((component, Origin::Cached));
+            return Ok((&self.optimized, component, Origin::Cached, wasm));
         }
-        let engine = self.engine.clone();
+        if let Some(component) = cached(first) {
+            return Ok((first, component, Origin::Cached, wasm));
+        }
         let started = Instant::now();
-        let component = tokio::task::spawn_blocking(move || Component::from_binary(&engine, &wasm))
-            .await
-            .map_err(|e| format!("compiling it crashed: {e}"))?
-            .map_err(|e| format!("is not a valid component: {}", root_message(&e)))?;
+        let backend = first.clone();
+        let (component, wasm) = tokio::task::spawn_blocking(move || {
+            let component = backend.compile(&wasm);
+            (component, wasm)
+        })
+        .await
+        .map_err(|e| format!("compiling it crashed: {e}"))?;
+        let component = component?;
         tracing::debug!(
             sha256,
+            tier = first.tier.as_str(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "compiled a plugin"
         );
         if let Some(cache) = &self.cache {
-            cache.store(&self.engine, sha256, &component);
+            cache.store(&first.engine, first.tier, sha256, &component);
         }
-        Ok((component, Origin::Compiled))
+        Ok((first, component, Origin::Compiled, wasm))
     }
+}
 
-    /// Explains, in the plugin author's terms, why a component is not a
-    /// deployer of the version this server speaks. Returns its version.
-    fn check_world(&self, component: &Component) -> Result<String, String> {
-        let ty = component.component_type();
-        let wanted = format!("{PLUGIN_INTERFACE}@{WIT_VERSION}");
-        let mut found = None;
-        for (name, item) in ty.exports(&self.engine) {
-            if let Some(version) = name
-                .strip_prefix(PLUGIN_INTERFACE)
-                .and_then(|v| v.strip_prefix('@'))
-            {
-                found = Some((version.to_string(), item));
-            }
-        }
-        let Some((version, item)) = found else {
-            let exports: Vec<_> = ty
-                .exports(&self.engine)
-                .map(|(name, _)| name.to_string())
-                .collect();
-            return Err(format!(
-                "exports no {wanted} interface (exports: {}); is it built for another world? Generate its bindings from berth's wit/ with world \"deployer\"",
-                if exports.is_empty() {
-                    "nothing".to_string()
-                } else {
-                    exports.join(", ")
-                }
-            ));
-        };
-        if !compatible(&version, WIT_VERSION) {
-            return Err(format!(
-                "built for berth:deployer@{version} but this server speaks {WIT_VERSION}"
-            ));
-        }
-        let ComponentItem::ComponentInstance(instance) = item.ty else {
-            return Err(format!("exports {wanted} but not as an interface"));
-        };
-        let functions: Vec<_> = instance
-            .exports(&self.engine)
-            .map(|(n, _)| n.to_string())
-            .collect();
-        for function in PLUGIN_FUNCTIONS {
-            if !functions.iter().any(|f| f == function) {
-                return Err(format!("exports no {function} function"));
-            }
-        }
-        Ok(version)
+/// The cheap checks that the bytes are a component at all.
+fn check_magic(wasm: &[u8]) -> Result<(), String> {
+    if !wasm.starts_with(b"\0asm") {
+        return Err("is not a WebAssembly file (it does not start with the \\0asm magic)".into());
     }
+    if wasm.get(4..8) == Some(&[1, 0, 0, 0]) {
+        return Err("is a core WebAssembly module, not a component (build it for wasm32-wasip2, or wrap it with `wasm-tools component new`)".into());
+    }
+    Ok(())
+}
+
+/// Explains, in the plugin author's terms, why a component is not a
+/// deployer of the version this server speaks. Returns its version.
+fn check_world(engine: &Engine, component: &Component) -> Result<String, String> {
+    let ty = component.component_type();
+    let wanted = format!("{PLUGIN_INTERFACE}@{WIT_VERSION}");
+    let mut found = None;
+    for (name, item) in ty.exports(engine) {
+        if let Some(version) = name
+            .strip_prefix(PLUGIN_INTERFACE)
+            .and_then(|v| v.strip_prefix('@'))
+        {
+            found = Some((version.to_string(), item));
+        }
+    }
+    let Some((version, item)) = found else {
+        let exports: Vec<_> = ty
+            .exports(engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
+        return Err(format!(
+            "exports no {wanted} interface (exports: {}); is it built for another world? Generate its bindings from berth's wit/ with world \"deployer\"",
+            if exports.is_empty() {
+                "nothing".to_string()
+            } else {
+                exports.join(", ")
+            }
+        ));
+    };
+    if !compatible(&version, WIT_VERSION) {
+        return Err(format!(
+            "built for berth:deployer@{version} but this server speaks {WIT_VERSION}"
+        ));
+    }
+    let ComponentItem::ComponentInstance(instance) = item.ty else {
+        return Err(format!("exports {wanted} but not as an interface"));
+    };
+    let functions: Vec<_> = instance
+        .exports(engine)
+        .map(|(n, _)| n.to_string())
+        .collect();
+    for function in PLUGIN_FUNCTIONS {
+        if !functions.iter().any(|f| f == function) {
+            return Err(format!("exports no {function} function"));
+        }
+    }
+    Ok(version)
 }
 
 /// Semver compatibility for 0.x: same minor, any patch.

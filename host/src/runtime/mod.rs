@@ -20,6 +20,7 @@ mod quota;
 mod report;
 mod sandbox;
 mod state;
+mod tier;
 mod wit;
 
 use std::path::Path;
@@ -28,16 +29,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use wasmtime::component::Linker;
-use wasmtime::{Engine, Trap, UpdateDeadline};
+use wasmtime::{Trap, UpdateDeadline};
 
 use crate::model::TrainedModel;
 use crate::trust::Trust;
 use guests::GuestThreads;
 use report::GuestOutput;
 use sandbox::Mounts;
-use state::State;
-use wit::{Answer, PluginPre, Question};
+use tier::{Backend, CodeSlot, Optimizer};
+use wit::{Answer, Question};
 
 pub use cache::{CodeCache, Origin};
 pub use error::CallError;
@@ -48,6 +48,7 @@ pub use plugins::{PluginSet, Rejection, check_name, folder_names};
 pub(crate) use report::one_line;
 pub use report::{GuestLevel, LogReporter, Reporter};
 pub use sandbox::{MODEL_DIR, OUT_DIR};
+pub use tier::{Compiler, Tier};
 
 /// How often the engine's epoch advances: the granularity of deadlines and
 /// of noticing a cancellation while the guest computes.
@@ -87,7 +88,14 @@ pub struct Plugin {
     pub manifest: Manifest,
     pub limits: Limits,
     pub origin: Origin,
-    pre: PluginPre,
+    code: Arc<CodeSlot>,
+}
+
+impl Plugin {
+    /// Which compiler made the code new calls run.
+    pub fn tier(&self) -> Tier {
+        self.code.current().tier
+    }
 }
 
 impl std::fmt::Debug for Plugin {
@@ -118,8 +126,12 @@ pub struct Deployed {
 }
 
 pub struct Runtime {
-    engine: Engine,
-    linker: Linker<State>,
+    compiler: Compiler,
+    optimized: Arc<Backend>,
+    /// Unless the compiler is `Optimized`.
+    baseline: Option<Arc<Backend>>,
+    /// Only under `Compiler::Tiered`.
+    optimizer: Option<Optimizer>,
     defaults: Limits,
     cache: Option<CodeCache>,
     /// Guests' outgoing connections: the TLS roots they trust.
@@ -144,29 +156,43 @@ enum Stop {
 }
 
 impl Runtime {
-    pub fn new(defaults: Limits, cache: Option<CodeCache>) -> anyhow::Result<Self> {
-        let mut config = wasmtime::Config::new();
-        config.epoch_interruption(true);
-        let engine = Engine::new(&config)?;
-
-        let mut linker = Linker::new(&engine);
-        sandbox::add_to_linker(&mut linker)?;
-        wit::add_to_linker(&mut linker)?;
+    pub fn new(
+        defaults: Limits,
+        cache: Option<CodeCache>,
+        compiler: Compiler,
+    ) -> anyhow::Result<Self> {
+        let optimized = Arc::new(Backend::new(Tier::Optimized)?);
+        let baseline = match compiler {
+            Compiler::Optimized => None,
+            Compiler::Tiered | Compiler::Baseline => Some(Arc::new(Backend::new(Tier::Baseline)?)),
+        };
+        let optimizer = match compiler {
+            Compiler::Tiered => Some(Optimizer::start(optimized.clone(), cache.clone())?),
+            Compiler::Optimized | Compiler::Baseline => None,
+        };
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
-        let (ticker_engine, stop) = (engine.clone(), ticker_stop.clone());
+        let engines: Vec<_> = std::iter::once(&optimized)
+            .chain(&baseline)
+            .map(|backend| backend.engine.clone())
+            .collect();
+        let stop = ticker_stop.clone();
         std::thread::Builder::new()
             .name("berth-epoch".into())
             .spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(EPOCH_TICK);
-                    ticker_engine.increment_epoch();
+                    for engine in &engines {
+                        engine.increment_epoch();
+                    }
                 }
             })?;
 
         Ok(Self {
-            engine,
-            linker,
+            compiler,
+            optimized,
+            baseline,
+            optimizer,
             defaults,
             cache,
             connector: connect::Connector::new(&Trust::default()),
@@ -184,6 +210,11 @@ impl Runtime {
 
     pub fn defaults(&self) -> Limits {
         self.defaults
+    }
+
+    /// The backend a plugin without cached code is compiled with first.
+    fn first_tier(&self) -> &Arc<Backend> {
+        self.baseline.as_ref().unwrap_or(&self.optimized)
     }
 
     /// Instantiates the plugin afresh and asks it to describe itself: the
@@ -281,8 +312,9 @@ impl Runtime {
         let out_dir = mounts.as_ref().map(|m| m.out_dir.to_path_buf());
         let quota = plugin.limits.out_mib.saturating_mul(1 << 20);
         let stderr = GuestOutput::stderr(reporter.clone());
+        let code = plugin.code.current();
         let mut store = sandbox::store(
-            &self.engine,
+            code.pre.engine(),
             plugin,
             &self.connector,
             mounts,
@@ -303,7 +335,7 @@ impl Runtime {
             // take turns, and an abort from the caller is noticed.
             Ok(UpdateDeadline::Yield(1))
         });
-        let plugin_ask = plugin.pre.ask(store, question);
+        let plugin_ask = code.pre.ask(store, question);
 
         // Runs on the guest threads, off the runtime that serves HTTP; the
         // store is dropped there too, freeing the guest's memory.

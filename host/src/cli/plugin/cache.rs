@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use clap::Args;
 
-use crate::runtime::{CodeCache, Origin, Plugin, Runtime};
+use crate::runtime::{CodeCache, Compiler, Origin, Plugin, Runtime};
 
 #[derive(Debug, Args)]
 pub struct CacheArgs {
@@ -52,7 +52,11 @@ fn user_cache_dir() -> Option<PathBuf> {
 
 /// A runtime with the server's defaults and this cache.
 pub fn runtime(cache: Option<&Path>) -> anyhow::Result<Runtime> {
-    Runtime::new(Default::default(), cache.map(CodeCache::new))
+    Runtime::new(
+        Default::default(),
+        cache.map(CodeCache::new),
+        Compiler::Optimized,
+    )
 }
 
 /// Loads the plugin as the server would, and says on stderr whether its

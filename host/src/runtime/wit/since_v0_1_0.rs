@@ -43,6 +43,11 @@ impl PluginPre {
         DeployerPre::new(pre).map(Self)
     }
 
+    /// The engine its code was compiled by, which its stores must share.
+    pub(crate) fn engine(&self) -> &wasmtime::Engine {
+        self.0.engine()
+    }
+
     /// One call into a fresh instance in `store`, as a future that borrows
     /// nothing (the question is converted now), so it may run on any
     /// thread; it hands the store back with the answer.

@@ -1,0 +1,251 @@
+//! Plugin code in two tiers. Cranelift (the *optimized* tier) makes the code
+//! every call should run, but takes half a minute for a Python or
+//! JavaScript component; Winch (the *baseline* tier) compiles the same
+//! component in a few seconds into slower code. Under `Compiler::Tiered` a
+//! new plugin serves from its baseline code at once while the optimizer
+//! thread compiles it again with Cranelift, at a low priority, and swaps the
+//! optimized code in: calls that already started keep the instance they
+//! have. Owns the engines, the per-plugin code slot and the optimizer;
+//! never decides whether a plugin is acceptable (`load` does).
+
+use std::sync::mpsc;
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Instant;
+
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Engine, Strategy};
+
+use super::cache::CodeCache;
+use super::state::State;
+use super::wit::PluginPre;
+use super::{root_message, sandbox, wit};
+
+/// Which compiler made a plugin's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Winch: compiled in seconds, runs slower.
+    Baseline,
+    /// Cranelift: the steady state.
+    Optimized,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Baseline => "baseline",
+            Tier::Optimized => "optimized",
+        }
+    }
+}
+
+/// How a runtime compiles the plugins it loads (`berth serve --compiler`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compiler {
+    /// Baseline code first, so a plugin serves seconds after it arrives,
+    /// and optimized code swapped in when the background compile ends.
+    #[default]
+    Tiered,
+    /// Optimized code only: a plugin serves once Cranelift is done.
+    Optimized,
+    /// Baseline code only, never optimized: for testing that tier.
+    Baseline,
+}
+
+impl std::str::FromStr for Compiler {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "tiered" => Ok(Compiler::Tiered),
+            "optimized" => Ok(Compiler::Optimized),
+            "baseline" => Ok(Compiler::Baseline),
+            other => Err(format!(
+                "unknown compiler {other:?}: expected tiered, optimized or baseline"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Compiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Compiler::Tiered => "tiered",
+            Compiler::Optimized => "optimized",
+            Compiler::Baseline => "baseline",
+        })
+    }
+}
+
+/// One compiler's engine and the linker bound to it: a component compiled
+/// by an engine only runs in stores of that engine.
+pub(crate) struct Backend {
+    pub(crate) tier: Tier,
+    pub(crate) engine: Engine,
+    pub(crate) linker: Linker<State>,
+}
+
+impl Backend {
+    pub(crate) fn new(tier: Tier) -> anyhow::Result<Self> {
+        let mut config = wasmtime::Config::new();
+        config.epoch_interruption(true);
+        config.strategy(match tier {
+            Tier::Baseline => Strategy::Winch,
+            Tier::Optimized => Strategy::Cranelift,
+        });
+        let engine = Engine::new(&config)?;
+        let mut linker = Linker::new(&engine);
+        sandbox::add_to_linker(&mut linker)?;
+        wit::add_to_linker(&mut linker)?;
+        Ok(Self {
+            tier,
+            engine,
+            linker,
+        })
+    }
+
+    /// Compiles `wasm` (already checked to be a component's bytes).
+    pub(crate) fn compile(&self, wasm: &[u8]) -> Result<Component, String> {
+        Component::from_binary(&self.engine, wasm)
+            .map_err(|e| format!("is not a valid component: {}", root_message(&e)))
+    }
+
+    /// Links a component of this engine against the host's imports.
+    pub(crate) fn link(&self, component: &Component) -> Result<PluginPre, String> {
+        let instance_pre = self.linker.instantiate_pre(component).map_err(|e| {
+            format!(
+                "needs an import berth does not provide: {}",
+                root_message(&e)
+            )
+        })?;
+        PluginPre::new(instance_pre).map_err(|e| {
+            format!(
+                "does not implement berth:deployer@{}: {}",
+                wit::WIT_VERSION,
+                root_message(&e)
+            )
+        })
+    }
+}
+
+/// A plugin's code as calls find it: each call takes the code current when
+/// it starts; the optimizer replaces it once.
+pub(crate) struct CodeSlot(RwLock<Arc<Code>>);
+
+pub(crate) struct Code {
+    pub(crate) pre: PluginPre,
+    pub(crate) tier: Tier,
+}
+
+impl CodeSlot {
+    pub(crate) fn new(code: Code) -> Arc<Self> {
+        Arc::new(Self(RwLock::new(Arc::new(code))))
+    }
+
+    pub(crate) fn current(&self) -> Arc<Code> {
+        self.0.read().expect("code slot lock").clone()
+    }
+
+    fn replace(&self, code: Code) {
+        *self.0.write().expect("code slot lock") = Arc::new(code);
+    }
+}
+
+/// A plugin waiting for its optimized code.
+pub(crate) struct Job {
+    pub(crate) name: String,
+    pub(crate) sha256: String,
+    pub(crate) wasm: Vec<u8>,
+    /// Gone when every version holding it was dropped (the plugin was
+    /// replaced or removed): its compile is skipped.
+    pub(crate) slot: Weak<CodeSlot>,
+}
+
+/// The thread that compiles plugins with Cranelift behind their baseline
+/// code, one at a time, in the order they arrived.
+pub(crate) struct Optimizer {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Optimizer {
+    /// Starts the thread; it ends when the optimizer is dropped, after the
+    /// compile under way, if any.
+    pub(crate) fn start(backend: Arc<Backend>, cache: Option<CodeCache>) -> std::io::Result<Self> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        // wasmtime compiles a component's functions on rayon's current
+        // pool: this one's threads run at a low priority, so the optimizer
+        // takes only the CPU that serving and baseline compiles leave.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("berth-optimize-{i}"))
+            .start_handler(|_| lower_priority())
+            .build()
+            .map_err(std::io::Error::other)?;
+        std::thread::Builder::new()
+            .name("berth-optimizer".into())
+            .spawn(move || {
+                lower_priority();
+                for job in queue {
+                    optimize(&backend, cache.as_ref(), &pool, job);
+                }
+            })?;
+        Ok(Self { jobs })
+    }
+
+    pub(crate) fn submit(&self, job: Job) {
+        // The thread only ends with the optimizer: a send cannot fail.
+        let _ = self.jobs.send(job);
+    }
+}
+
+fn optimize(backend: &Backend, cache: Option<&CodeCache>, pool: &rayon::ThreadPool, job: Job) {
+    let Job {
+        name,
+        sha256,
+        wasm,
+        slot,
+    } = job;
+    if slot.strong_count() == 0 {
+        return;
+    }
+    let started = Instant::now();
+    let cached = cache.and_then(|c| c.load(&backend.engine, backend.tier, &sha256));
+    let component = match cached {
+        Some(component) => Ok(component),
+        None => pool
+            .install(|| backend.compile(&wasm))
+            .inspect(|component| {
+                if let Some(cache) = cache {
+                    cache.store(&backend.engine, backend.tier, &sha256, component);
+                }
+            }),
+    };
+    let pre = component.and_then(|component| backend.link(&component));
+    match (pre, slot.upgrade()) {
+        (Ok(pre), Some(slot)) => {
+            slot.replace(Code {
+                pre,
+                tier: backend.tier,
+            });
+            tracing::info!(
+                plugin = %name,
+                sha256 = %sha256,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "deployer optimized: new calls run its Cranelift code"
+            );
+        }
+        // Replaced or removed while it compiled.
+        (Ok(_), None) => {}
+        (Err(reason), _) => tracing::warn!(
+            plugin = %name,
+            sha256 = %sha256,
+            "the optimized compile failed, so the deployer keeps its baseline code: {reason}"
+        ),
+    }
+}
+
+/// Makes the calling thread yield the CPU to the server's other threads.
+fn lower_priority() {
+    // SAFETY: setpriority has no memory effects; on Linux, `who` 0 with
+    // PRIO_PROCESS names the calling thread only.
+    #[allow(unsafe_code)]
+    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+}
