@@ -1,7 +1,9 @@
 //! The example deployers written in Python (`model-card`, componentize-py)
 //! and JavaScript (`safetensors-check`, componentize-js), end to end through
 //! the real server: the same contract as the Rust examples, from other
-//! languages' toolchains.
+//! languages' toolchains. Each runs on both tiers of compiled code: on
+//! SQLite with baseline (Winch) code, on PostgreSQL with optimized
+//! (Cranelift) code.
 
 use std::path::Path;
 
@@ -17,16 +19,26 @@ on_both_backends!(
     safetensors_check_counts_good_files_and_names_bad_ones,
 );
 
+/// The tier of code (and `--compiler`) each backend's run uses.
+fn tier(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "baseline",
+        Backend::Postgres => "optimized",
+    }
+}
+
 async fn model_card_writes_a_card_with_and_without_an_adapter_config(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::bare(backend)
         .plugin("model-card", plugins::example("model-card"))
+        .arg(&format!("--compiler={}", tier(backend)))
         .start()
         .await;
 
     let (_, deployers) = berth.get("/v1/deployers").await;
     let card = &deployers["deployers"][0];
     assert_eq!(card["name"], "model-card", "{deployers}");
+    assert_eq!(card["tier"], tier(backend), "{deployers}");
     assert!(
         card["description"].as_str().unwrap().contains("model card"),
         "{card}"
@@ -149,8 +161,15 @@ async fn safetensors_check_counts_good_files_and_names_bad_ones(backend: Backend
     let files = FileServer::start().await;
     let berth = Berth::bare(backend)
         .plugin("safetensors-check", plugins::example("safetensors-check"))
+        .arg(&format!("--compiler={}", tier(backend)))
         .start()
         .await;
+    let (_, deployers) = berth.get("/v1/deployers").await;
+    assert_eq!(
+        deployers["deployers"][0]["tier"],
+        tier(backend),
+        "{deployers}"
+    );
 
     // Two shards, one nested, and a file that is not safetensors at all.
     let adapter = safetensors(&[

@@ -146,6 +146,56 @@ async fn plugins_are_added_replaced_and_removed_while_deployments_run() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_in_plugin_serves_at_once_and_its_optimized_code_follows() {
+    // A hang guard far above a debug build's background compiles, which
+    // run at a low priority behind a busy test run.
+    const OPTIMIZE_GUARD: std::time::Duration = std::time::Duration::from_secs(180);
+    let files = FileServer::start().await;
+    let berth = Berth::options(Backend::Sqlite)
+        .private_cache()
+        .arg("--plugins-poll-ms")
+        .arg("100")
+        .start()
+        .await;
+    let id = berth
+        .register(&model(&files, "job-tiers", &adapter_files()))
+        .await;
+    let archive = std::fs::read(plugins::example("archive")).unwrap();
+    install(berth.plugins_dir(), "packer", &archive);
+    wait_for_deployers(&berth, |d| sha_of(d, "packer").is_some()).await;
+    let (status, body) = berth.deploy(id, "packer", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "completed", "{body}");
+
+    let tier = |d: &Value| {
+        d["deployers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == "packer")
+            .unwrap()["tier"]
+            .clone()
+    };
+    let waiting = std::time::Instant::now();
+    while tier(&deployers(&berth).await) != "optimized" {
+        assert!(
+            waiting.elapsed() < OPTIMIZE_GUARD,
+            "packer's optimized code did not arrive within {OPTIMIZE_GUARD:?}; log:\n{}",
+            berth.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        berth.log().contains("deployer optimized"),
+        "{}",
+        berth.log()
+    );
+    let (status, body) = berth.deploy(id, "packer", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "completed", "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_with_their_own_data_dirs_share_one_cache_dir() {
     let cache = tempfile::tempdir().unwrap();
     let first = Berth::options(Backend::Sqlite)
@@ -179,8 +229,11 @@ async fn servers_with_their_own_data_dirs_share_one_cache_dir() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_reuses_compiled_code_and_rebuilds_a_tampered_entry() {
+    // One tier, so the cache holds one entry per plugin (the tiered cache
+    // is `runtime::tiers`').
     let mut berth = Berth::options(Backend::Sqlite)
         .private_cache()
+        .arg("--compiler=optimized")
         .start()
         .await;
     assert!(

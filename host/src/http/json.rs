@@ -16,7 +16,7 @@ use super::error::Error;
 use crate::artifacts::Listing;
 use crate::events::Event;
 use crate::model::{self, TrainedModel};
-use crate::runtime::{Plugin, Rejection};
+use crate::runtime::{self, Plugin, Rejection};
 
 /// `Json<T>` whose rejection is a 400 with serde's explanation.
 pub struct Body<T>(pub T);
@@ -296,6 +296,25 @@ impl From<model::Phase> for Phase {
     }
 }
 
+/// Which compiler made the code a deployer's new calls run: `baseline`
+/// (Winch, for the seconds after the plugin arrived, while Cranelift
+/// compiles it in the background) or `optimized` (Cranelift).
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    Baseline,
+    Optimized,
+}
+
+impl From<runtime::Tier> for Tier {
+    fn from(tier: runtime::Tier) -> Self {
+        match tier {
+            runtime::Tier::Baseline => Tier::Baseline,
+            runtime::Tier::Optimized => Tier::Optimized,
+        }
+    }
+}
+
 #[derive(Serialize, ToSchema)]
 pub struct Deployment {
     #[schema(format = DateTime, required = true)]
@@ -419,6 +438,7 @@ pub struct Deployer {
     pub out_mib: u64,
     /// Of the `.wasm` file.
     pub sha256: String,
+    pub tier: Tier,
     pub timeout_s: u64,
     /// The `berth:deployer` version it was built for.
     pub wit_version: String,
@@ -448,6 +468,7 @@ impl From<&Plugin> for Deployer {
                 .and_then(|s| serde_json::from_str(s).ok()),
             out_mib: p.limits.out_mib,
             sha256: p.sha256.clone(),
+            tier: p.tier().into(),
             timeout_s: p.limits.timeout.as_secs(),
             wit_version: p.wit_version.clone(),
         }

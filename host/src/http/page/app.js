@@ -437,6 +437,7 @@ function fillDeployers(block) {
       h("dl", { class: "fields" },
         h("dt", {}, "sha256"), h("dd", { class: "mono", title: d.sha256 }, d.sha256.slice(0, 16) + "…"),
         h("dt", {}, "WIT"), h("dd", {}, d.wit_version),
+        h("dt", {}, "Code"), h("dd", { title: "baseline: compiled in seconds, optimized code follows in the background" }, d.tier),
         h("dt", {}, "Allowed hosts"), h("dd", {}, d.allowed_hosts.length ? d.allowed_hosts.join(", ") : "none"),
         h("dt", {}, "Env vars"), h("dd", { class: "mono" }, d.env.length ? d.env.join(", ") : "none"),
         h("dt", {}, "Memory"), h("dd", {}, `${d.memory_mib} MiB`),
