@@ -3,17 +3,20 @@
 //! Every figure is printed beside a baseline measured in the same run, on
 //! the same files: the machine is shared and noisy, so ratios mean more
 //! than absolute times. Sections: `fetch` (one large file, many files),
-//! `resume`, `reverify`, `plugin`, `api`, `memory`, `capped` (one file from
+//! `resume`, `reverify`, `plugin` (plugin calls in Rust, Python and
+//! JavaScript, instances pooled or not), `api`, `memory`, `capped` (one file from
 //! a source that caps each connection's rate), `store` (a model from an
 //! S3-compatible server), `load` (`/healthz` and memory while deployers
 //! misbehave or read large models; `--berth LABEL=PATH` adds another build
 //! of berth to compare, `--load-secs N`), `quota` (how far a deployer gets
-//! past its out-dir quota); all by default. Data goes
+//! past its out-dir quota), `dropin` (from a plugin dropped into the folder
+//! to its first deployment, cold); all by default. Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
 mod capped;
 mod data;
+mod dropin;
 mod fetch;
 mod load;
 #[path = "../../tests/moto/moto.rs"]
@@ -56,8 +59,9 @@ pub struct Ctx {
     pub load_secs: u64,
 }
 
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "load", "quota",
+    "dropin",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -142,6 +146,7 @@ fn main() -> anyhow::Result<()> {
                 "store" => store::model(&ctx).await?,
                 "load" => load::run(&ctx).await?,
                 "quota" => quota::overshoot(&ctx).await?,
+                "dropin" => dropin::run(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
         }

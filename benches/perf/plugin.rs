@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use berth::runtime::{Compiler, DeployCall, LogReporter, Manifest, Runtime};
+use berth::runtime::{Compiler, DeployCall, Engines, LogReporter, Manifest, Runtime};
 use tokio_util::sync::CancellationToken;
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
@@ -170,87 +170,164 @@ fn figure((p50, p99): (f64, f64)) -> String {
     format!("median {} · p99 {}", micros(p50), micros(p99))
 }
 
+/// A plugin of 4a, with options its check-options accepts.
+struct Subject {
+    label: &'static str,
+    path: std::path::PathBuf,
+    options: &'static str,
+}
+
+/// One deployer per language: the no-op Rust test plugin and the Python
+/// and JavaScript examples.
+fn subjects() -> [Subject; 3] {
+    let example = |name: &str| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../plugins/{name}.wasm"))
+    };
+    [
+        Subject {
+            label: "misbehave (Rust)",
+            path: plugin_path(),
+            options: OPTIONS,
+        },
+        Subject {
+            label: "model-card (Python)",
+            path: example("model-card"),
+            options: "{}",
+        },
+        Subject {
+            label: "safetensors-check (JavaScript)",
+            path: example("safetensors-check"),
+            options: "{}",
+        },
+    ]
+}
+
 pub async fn calls(ctx: &Ctx) -> anyhow::Result<()> {
-    let path = plugin_path();
-    let wasm = std::fs::read(&path)
-        .with_context(|| format!("cannot read {} (run scripts/build-plugins)", path.display()))?;
     let model_dir = ctx.out_dir.join("plugin/model");
     let out_dir = ctx.out_dir.join("plugin/out");
     std::fs::create_dir_all(&model_dir)?;
     std::fs::create_dir_all(&out_dir)?;
+    let cache = berth::runtime::CodeCache::new(ctx.out_dir.join("plugin/cache"));
     let calls = ctx.calls;
-
-    let runtime = Runtime::new(Default::default(), None, Compiler::Optimized)?;
-    let plugin = runtime
-        .load("misbehave", wasm.clone(), Manifest::default())
-        .await
-        .map_err(anyhow::Error::msg)?;
     let model = crate::fetch::model(ctx, "none", &[]);
     let reporter = Arc::new(LogReporter::new("misbehave", Some(1)));
     let cancel = CancellationToken::new();
-    let check = time(calls, || async {
-        runtime
-            .check_options(&plugin, OPTIONS)
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))
-    })
-    .await?;
-    let deploy = time(calls, || async {
-        let call = DeployCall {
-            deploy_id: 1,
-            model: &model,
-            model_dir: &model_dir,
-            out_dir: &out_dir,
-            options_json: OPTIONS,
-        };
-        runtime
-            .deploy(&plugin, call, reporter.clone(), &cancel)
-            .await
-            .map(drop)
-            .map_err(|e| anyhow::anyhow!("{e}"))
-    })
-    .await?;
 
-    let on_demand = Bench::new(&wasm, false)?;
-    let pooling = Bench::new(&wasm, true)?;
+    let mut table = Table::new(&format!(
+        "4a. plugin calls through berth::runtime (optimized code, a fresh instance per call), {calls} sequential calls each"
+    ));
+    let ratio = |base: (f64, f64), ours: (f64, f64)| {
+        format!("{:.2}× the median of on-demand", ours.0 / base.0)
+    };
+    let mut misbehave_wasm = Vec::new();
+    for subject in subjects() {
+        let wasm = std::fs::read(&subject.path).with_context(|| {
+            format!(
+                "cannot read {} (run scripts/build-plugins)",
+                subject.path.display()
+            )
+        })?;
+        let mut before = None;
+        for pool in [None, Some(Engines::DEFAULT_POOL)] {
+            let engines = Engines {
+                compiler: Compiler::Optimized,
+                pool,
+            };
+            let runtime = Runtime::new(Default::default(), Some(cache.clone()), engines)?;
+            let plugin = runtime
+                .load("subject", wasm.clone(), Manifest::default())
+                .await
+                .map_err(anyhow::Error::msg)?;
+            let describe = time(calls, || async {
+                runtime
+                    .describe(&plugin)
+                    .await
+                    .map(drop)
+                    .map_err(|e| anyhow::anyhow!("{e}"))
+            })
+            .await?;
+            let check = time(calls, || async {
+                runtime
+                    .check_options(&plugin, subject.options)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{e}"))
+            })
+            .await?;
+            let deploy = if subject.path == plugin_path() {
+                Some(
+                    time(calls, || async {
+                        let call = DeployCall {
+                            deploy_id: 1,
+                            model: &model,
+                            model_dir: &model_dir,
+                            out_dir: &out_dir,
+                            options_json: OPTIONS,
+                        };
+                        runtime
+                            .deploy(&plugin, call, reporter.clone(), &cancel)
+                            .await
+                            .map(drop)
+                            .map_err(|e| anyhow::anyhow!("{e}"))
+                    })
+                    .await?,
+                )
+            } else {
+                None
+            };
+            let figures = [
+                ("instantiate + describe", Some(describe)),
+                ("instantiate + check-options", Some(check)),
+                ("instantiate + no-op deploy", deploy),
+            ];
+            match before {
+                None => {
+                    for (call, figure_of) in figures {
+                        if let Some(f) = figure_of {
+                            let what = format!("{}: {call}, on demand", subject.label);
+                            table.row(&what, figure(f), "before: memory mapped per call".into());
+                        }
+                    }
+                    before = Some(figures);
+                }
+                Some(base) => {
+                    for ((call, figure_of), (_, base_of)) in figures.into_iter().zip(base) {
+                        if let (Some(f), Some(b)) = (figure_of, base_of) {
+                            let what = format!("{}: {call}, pooled", subject.label);
+                            table.row(&what, figure(f), ratio(b, f));
+                        }
+                    }
+                }
+            }
+        }
+        if subject.path == plugin_path() {
+            misbehave_wasm = wasm;
+        }
+    }
+
+    // The floor: wasmtime alone, with the runtime's engine settings.
+    let on_demand = Bench::new(&misbehave_wasm, false)?;
+    let pooling = Bench::new(&misbehave_wasm, true)?;
     let describe_on_demand = time(calls, || on_demand.describe()).await?;
     let describe_pooling = time(calls, || pooling.describe()).await?;
     let deploy_on_demand = time(calls, || on_demand.deploy(&model_dir, &out_dir)).await?;
     let deploy_pooling = time(calls, || pooling.deploy(&model_dir, &out_dir)).await?;
-
-    let ratio = |base: (f64, f64), ours: (f64, f64)| {
-        format!("{:.2}× the median of on-demand", ours.0 / base.0)
-    };
-    let mut table = Table::new(&format!(
-        "4a. plugin call overhead, {calls} sequential calls each"
-    ));
     table.row(
-        "runtime: instantiate + check-options",
-        figure(check),
-        "berth::runtime as the server runs it".into(),
-    );
-    table.row(
-        "runtime: instantiate + no-op deploy",
-        figure(deploy),
-        "berth::runtime, fresh WASI sandbox per call".into(),
-    );
-    table.row(
-        "engine, on-demand: instantiate + describe",
+        "engine alone, on-demand: instantiate + describe",
         figure(describe_on_demand),
-        "baseline".into(),
+        "the floor (misbehave)".into(),
     );
     table.row(
-        "engine, pooling: instantiate + describe",
+        "engine alone, pooling: instantiate + describe",
         figure(describe_pooling),
         ratio(describe_on_demand, describe_pooling),
     );
     table.row(
-        "engine, on-demand: instantiate + no-op deploy",
+        "engine alone, on-demand: instantiate + no-op deploy",
         figure(deploy_on_demand),
-        "baseline".into(),
+        "the floor (misbehave)".into(),
     );
     table.row(
-        "engine, pooling: instantiate + no-op deploy",
+        "engine alone, pooling: instantiate + no-op deploy",
         figure(deploy_pooling),
         ratio(deploy_on_demand, deploy_pooling),
     );

@@ -17,7 +17,9 @@ use crate::events::Events;
 use crate::fetch::{Access, Fetcher, Split};
 use crate::http::{ApiContext, Webhook};
 use crate::pipeline::{Pipeline, Stop, interrupted, remove_failed_output};
-use crate::runtime::{CodeCache, Compiler, Limits, Origin, PluginSet, Runtime, folder_names};
+use crate::runtime::{
+    CodeCache, Compiler, Engines, Limits, Origin, PluginSet, Runtime, folder_names,
+};
 use crate::trust::Trust;
 use crate::watch::Watcher;
 
@@ -106,6 +108,13 @@ pub struct ServeArgs {
     /// (for testing). Compiled code is cached for each tier.
     #[arg(long, env = "BERTH_COMPILER", default_value_t = Compiler::Tiered)]
     compiler: Compiler,
+    /// Plugin instances (calls under way) that can exist at once, in a pool
+    /// reserved up front and reused from call to call, which makes a fresh
+    /// sandbox cheap; further calls wait for a free one. 0 maps each
+    /// instance afresh instead (for hosts that limit address space: each
+    /// pooled instance reserves about 16 GiB of it, never memory).
+    #[arg(long, env = "BERTH_INSTANCE_POOL", default_value_t = Engines::DEFAULT_POOL)]
+    instance_pool: u32,
     /// POST every deployment event as JSON to this URL.
     #[arg(long, env = "BERTH_WEBHOOK_URL")]
     webhook_url: Option<String>,
@@ -391,7 +400,11 @@ fn prepare_deployers(
         out_mib: args.out_mib,
     };
     let cache = Some(CodeCache::new(args.cache_dir()));
-    let runtime = Arc::new(Runtime::new(limits, cache, args.compiler)?.trust(trust));
+    let engines = Engines {
+        compiler: args.compiler,
+        pool: (args.instance_pool > 0).then_some(args.instance_pool),
+    };
+    let runtime = Arc::new(Runtime::new(limits, cache, engines)?.trust(trust));
     let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
     let names = folder_names(&args.plugins_dir);
     let deployers = Deployers::loading(runtime.clone(), args.plugins_dir.clone(), names);

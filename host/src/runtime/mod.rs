@@ -26,6 +26,7 @@ mod wit;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -48,7 +49,7 @@ pub use plugins::{PluginSet, Rejection, check_name, folder_names};
 pub(crate) use report::one_line;
 pub use report::{GuestLevel, LogReporter, Reporter};
 pub use sandbox::{MODEL_DIR, OUT_DIR};
-pub use tier::{Compiler, Tier};
+pub use tier::{Compiler, Engines, Tier};
 
 /// How often the engine's epoch advances: the granularity of deadlines and
 /// of noticing a cancellation while the guest computes.
@@ -138,6 +139,9 @@ pub struct Runtime {
     connector: connect::Connector,
     ticker_stop: Arc<AtomicBool>,
     guests: GuestThreads,
+    /// One permit per instance the pool holds (`Engines::pool`): a call
+    /// past them waits for one instead of failing to instantiate.
+    slots: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Drop for Runtime {
@@ -159,12 +163,15 @@ impl Runtime {
     pub fn new(
         defaults: Limits,
         cache: Option<CodeCache>,
-        compiler: Compiler,
+        engines: Engines,
     ) -> anyhow::Result<Self> {
-        let optimized = Arc::new(Backend::new(Tier::Optimized)?);
+        let Engines { compiler, pool } = engines;
+        let optimized = Arc::new(Backend::new(Tier::Optimized, pool)?);
         let baseline = match compiler {
             Compiler::Optimized => None,
-            Compiler::Tiered | Compiler::Baseline => Some(Arc::new(Backend::new(Tier::Baseline)?)),
+            Compiler::Tiered | Compiler::Baseline => {
+                Some(Arc::new(Backend::new(Tier::Baseline, pool)?))
+            }
         };
         let optimizer = match compiler {
             Compiler::Tiered => Some(Optimizer::start(optimized.clone(), cache.clone())?),
@@ -198,6 +205,7 @@ impl Runtime {
             connector: connect::Connector::new(&Trust::default()),
             ticker_stop,
             guests: GuestThreads::new()?,
+            slots: pool.map(|n| Arc::new(tokio::sync::Semaphore::new(n as usize))),
         })
     }
 
@@ -309,6 +317,13 @@ impl Runtime {
             ),
             _ => (plugin.limits.timeout.min(QUESTION_LIMIT), None),
         };
+        let slot = match &self.slots {
+            Some(slots) => tokio::select! {
+                slot = slots.clone().acquire_owned() => Some(slot.expect("the semaphore is never closed")),
+                _ = cancel.cancelled() => return Err(CallError::Cancelled),
+            },
+            None => None,
+        };
         let out_dir = mounts.as_ref().map(|m| m.out_dir.to_path_buf());
         let quota = plugin.limits.out_mib.saturating_mul(1 << 20);
         let stderr = GuestOutput::stderr(reporter.clone());
@@ -337,12 +352,26 @@ impl Runtime {
         });
         let plugin_ask = code.pre.ask(store, question);
 
-        // Runs on the guest threads, off the runtime that serves HTTP; the
-        // store is dropped there too, freeing the guest's memory.
-        let mut work = self.guests.spawn(async move {
+        let mut ask = Box::pin(async move {
             let (answer, store) = plugin_ask.await;
-            (answer, store.data().memory.exhausted)
+            let exhausted = store.data().memory.exhausted;
+            // The instance's slot is free once its store is gone.
+            drop(store);
+            drop(slot);
+            (answer, exhausted)
         });
+        // A question has no mounts, so nothing in it blocks a thread: its
+        // first slice (at most one epoch tick of guest code) runs here,
+        // and most end within it, sparing the two thread hops of a move
+        // to the guest threads.
+        if out_dir.is_none()
+            && let Poll::Ready((answer, out_of_memory)) = futures::poll!(&mut ask)
+        {
+            return answer.map_err(|e| classify(e, out_of_memory, plugin, limit, &stderr));
+        }
+        // The rest runs on the guest threads, off the runtime that serves
+        // HTTP; the store is dropped there too, freeing the guest's memory.
+        let mut work = self.guests.spawn(ask);
         let watched = out_dir.clone();
         let over_quota = async move {
             match watched {

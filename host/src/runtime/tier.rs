@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock, Weak};
 use std::time::Instant;
 
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Engine, Strategy};
+use wasmtime::{Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Strategy};
 
 use super::cache::CodeCache;
 use super::state::State;
@@ -76,6 +76,37 @@ impl std::fmt::Display for Compiler {
     }
 }
 
+/// How a runtime's engines compile plugins and allocate their instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Engines {
+    pub compiler: Compiler,
+    /// How many plugin instances may exist at once, in a pool reserved
+    /// up front; `None` maps each instance's memory afresh (on demand).
+    pub pool: Option<u32>,
+}
+
+impl Engines {
+    /// Instances one server keeps in its pool by default (`--instance-pool`).
+    pub const DEFAULT_POOL: u32 = 256;
+
+    /// Optimized code only, pooled: what the command-line tools use.
+    pub fn optimized() -> Self {
+        Self {
+            compiler: Compiler::Optimized,
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for Engines {
+    fn default() -> Self {
+        Self {
+            compiler: Compiler::Tiered,
+            pool: Some(Self::DEFAULT_POOL),
+        }
+    }
+}
+
 /// One compiler's engine and the linker bound to it: a component compiled
 /// by an engine only runs in stores of that engine.
 pub(crate) struct Backend {
@@ -85,13 +116,16 @@ pub(crate) struct Backend {
 }
 
 impl Backend {
-    pub(crate) fn new(tier: Tier) -> anyhow::Result<Self> {
+    pub(crate) fn new(tier: Tier, pool: Option<u32>) -> anyhow::Result<Self> {
         let mut config = wasmtime::Config::new();
         config.epoch_interruption(true);
         config.strategy(match tier {
             Tier::Baseline => Strategy::Winch,
             Tier::Optimized => Strategy::Cranelift,
         });
+        if let Some(instances) = pool {
+            config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(instances)));
+        }
         let engine = Engine::new(&config)?;
         let mut linker = Linker::new(&engine);
         sandbox::add_to_linker(&mut linker)?;
@@ -125,6 +159,39 @@ impl Backend {
             )
         })
     }
+}
+
+/// The instance pool of an engine: memories, tables, stacks and instance
+/// records for `instances` plugin instances at once, reserved up front
+/// (address space only) and reused, so a call maps nothing and a slot's
+/// memory is reset to the plugin's initial image by copying back only the
+/// pages the last call dirtied (Linux's `PAGEMAP_SCAN`), which stay
+/// resident: a Python or JavaScript guest, whose initialised interpreter
+/// is a memory image of tens of MiB, takes no page faults for them again.
+fn pooling(instances: u32) -> PoolingAllocationConfig {
+    let keep: usize = std::env::var("BERTH_EXPERIMENT_KEEP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(instances)
+        // Limits per component that the example plugins stay far below: a
+        // componentize-py component has a dozen core instances.
+        .total_core_instances(instances.saturating_mul(16))
+        .max_core_instances_per_component(64)
+        .total_memories(instances.saturating_mul(4))
+        .max_memories_per_component(8)
+        .total_tables(instances.saturating_mul(16))
+        .max_tables_per_component(32)
+        .table_elements(1 << 18)
+        .total_stacks(instances)
+        // wasm32's largest memory; the plugin's budget (`memory`) is what
+        // bounds its growth.
+        .max_memory_size(4 << 30)
+        .linear_memory_keep_resident(keep << 20)
+        .table_keep_resident(keep << 20)
+        .pagemap_scan(Enabled::Auto);
+    pool
 }
 
 /// A plugin's code as calls find it: each call takes the code current when

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use berth::model::{ModelFile, TrainedModel};
 use berth::runtime::{
-    CallError, CodeCache, Compiler, DeployCall, Deployed, GuestLevel, Limits, LogReporter,
+    CallError, CodeCache, Compiler, DeployCall, Deployed, Engines, GuestLevel, Limits, LogReporter,
     Manifest, Origin, Plugin, Reporter, Runtime, Tier, caps,
 };
 use serde_json::{Value, json};
@@ -561,7 +561,7 @@ async fn compiled_code_is_cached_and_a_damaged_entry_is_rebuilt() {
         Runtime::new(
             Limits::default(),
             Some(CodeCache::new(cache_dir.path())),
-            COMPILER,
+            engines(),
         )
         .unwrap()
     };
@@ -669,6 +669,14 @@ where
     }
 }
 
+/// The server's engines, compiling with this module's `COMPILER`.
+fn engines() -> Engines {
+    Engines {
+        compiler: COMPILER,
+        ..Engines::default()
+    }
+}
+
 /// The tier this module's runtime compiles with.
 fn tier() -> Tier {
     match COMPILER {
@@ -678,7 +686,7 @@ fn tier() -> Tier {
 }
 
 fn runtime() -> Runtime {
-    Runtime::new(Limits::default(), None, COMPILER).expect("the runtime starts")
+    Runtime::new(Limits::default(), None, engines()).expect("the runtime starts")
 }
 
 pub(super) async fn load(runtime: &Runtime, path: &Path) -> Plugin {

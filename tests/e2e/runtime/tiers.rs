@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use berth::runtime::{CodeCache, Compiler, Limits, Origin, Runtime, Tier};
+use berth::runtime::{CodeCache, Compiler, Engines, Limits, Origin, Runtime, Tier};
 use serde_json::json;
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
@@ -20,13 +20,13 @@ const OPTIMIZE_GUARD: Duration = Duration::from_secs(90);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_serves_baseline_code_at_once_and_optimized_code_when_ready() {
     let cache = TempDir::new().unwrap();
+    // Instances mapped on demand here, pooled in the other runtime tests.
     let runtime = |compiler| {
-        Runtime::new(
-            Limits::default(),
-            Some(CodeCache::new(cache.path())),
+        let engines = Engines {
             compiler,
-        )
-        .unwrap()
+            pool: None,
+        };
+        Runtime::new(Limits::default(), Some(CodeCache::new(cache.path())), engines).unwrap()
     };
     let tiered = runtime(Compiler::Tiered);
     let model = small_model();

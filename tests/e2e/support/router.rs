@@ -21,7 +21,7 @@ use berth::events::Events;
 use berth::fetch::Fetcher;
 use berth::http::ApiContext;
 use berth::pipeline::Pipeline;
-use berth::runtime::{CodeCache, Compiler, Limits, Runtime};
+use berth::runtime::{CodeCache, Engines, Limits, Runtime};
 
 use super::events::Subscription;
 use super::server::{Backend, fresh_postgres_database};
@@ -60,7 +60,7 @@ impl App {
         let runtime = Runtime::new(
             Limits::default(),
             Some(CodeCache::new(plugins::shared_cache())),
-            Compiler::Optimized,
+            Engines::optimized(),
         )
         .unwrap();
         // 20: `serve`'s default --max-deployers.
@@ -105,7 +105,7 @@ impl App {
     /// reached `names` yet (and serves nothing).
     pub async fn start_still_loading(names: &[&str]) -> Self {
         let temp = tempfile::tempdir().unwrap();
-        let runtime = Runtime::new(Limits::default(), None, Compiler::Optimized).unwrap();
+        let runtime = Runtime::new(Limits::default(), None, Engines::optimized()).unwrap();
         let deployers = Arc::new(Deployers::loading(
             Arc::new(runtime),
             temp.path().join("plugins"),

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use clap::Args;
 
-use crate::runtime::{CodeCache, Compiler, Origin, Plugin, Runtime};
+use crate::runtime::{CodeCache, Engines, Origin, Plugin, Runtime};
 
 #[derive(Debug, Args)]
 pub struct CacheArgs {
@@ -55,7 +55,7 @@ pub fn runtime(cache: Option<&Path>) -> anyhow::Result<Runtime> {
     Runtime::new(
         Default::default(),
         cache.map(CodeCache::new),
-        Compiler::Optimized,
+        Engines::optimized(),
     )
 }
 
