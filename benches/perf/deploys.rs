@@ -39,16 +39,19 @@ struct Rounds {
     latencies: Vec<f64>,
     /// The server's CPU seconds per request.
     cpu: Vec<f64>,
+    /// The disks' flush requests per request (see `syncs`).
+    flushes: Vec<f64>,
 }
 
 impl Rounds {
     fn figure(&self) -> String {
         format!(
-            "{:.0}/s · p50 {} · p99 {} · CPU {:.2} ms/deploy",
+            "{:.0}/s · p50 {} · p99 {} · CPU {:.2} ms/deploy · {:.1} flushes/deploy",
             median(&self.rates),
             secs(median(&self.latencies)),
             secs(percentile(&self.latencies, 99.0)),
             median(&self.cpu) * 1e3,
+            median(&self.flushes),
         )
     }
 }
@@ -105,13 +108,17 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
             let floor = &mut subject.rounds[0];
             floor.rates.push(rate);
             floor.cpu.push((cpu_of(pid) - cpu) / total as f64);
+            floor.flushes.push(0.0);
             floor.latencies.extend(latencies);
             for (at, &in_flight) in ctx.in_flight.iter().enumerate() {
                 // One client at a time is slow: fewer requests.
                 let total = if in_flight == 1 { total / 4 } else { total };
-                let cpu = cpu_of(pid);
+                let (cpu, flushes) = (cpu_of(pid), syncs());
                 let (rate, latencies) = load_at(total, in_flight, || server.deploy(id)).await?;
                 let figures = &mut subject.rounds[at + 1];
+                figures
+                    .flushes
+                    .push((syncs() - flushes) as f64 / total as f64);
                 figures.rates.push(rate);
                 figures.cpu.push((cpu_of(pid) - cpu) / total as f64);
                 figures.latencies.extend(latencies);
@@ -144,7 +151,10 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
     for subject in &subjects {
         table.row(
             &format!("{}: GET /healthz, 16 in flight", subject.label),
-            subject.rounds[0].figure().replace("/deploy", "/request"),
+            subject.rounds[0]
+                .figure()
+                .replace(" · 0.0 flushes/deploy", "")
+                .replace("/deploy", "/request"),
             "the HTTP floor".into(),
         );
         for (at, &in_flight) in ctx.in_flight.iter().enumerate() {
@@ -153,8 +163,9 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 &format!("{}: deployments, {in_flight} in flight", subject.label),
                 figures.figure(),
                 format!(
-                    "{:.1}% of the commit bound",
-                    100.0 * median(&figures.rates) / single
+                    "{:.0} flushes/s: {:.0}% of the commit bound",
+                    median(&figures.rates) * median(&figures.flushes),
+                    100.0 * median(&figures.rates) * median(&figures.flushes) / single
                 ),
             );
         }
