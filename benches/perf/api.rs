@@ -165,7 +165,7 @@ impl Server {
             .context("the registered model has no id")
     }
 
-    async fn deploy(&self, model_id: i64) -> anyhow::Result<()> {
+    pub async fn deploy(&self, model_id: i64) -> anyhow::Result<()> {
         let mut request = self
             .client
             .post(format!("{}/v1/models/{model_id}/deployments", self.url))
@@ -180,7 +180,7 @@ impl Server {
         Ok(())
     }
 
-    async fn healthz(&self) -> anyhow::Result<()> {
+    pub async fn healthz(&self) -> anyhow::Result<()> {
         let response = self
             .client
             .get(format!("{}/healthz", self.url))
@@ -223,6 +223,20 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
+    load_at(total, CONCURRENCY, request).await
+}
+
+/// Runs `total` requests with `in_flight` at a time; returns requests per
+/// second and each request's latency.
+pub async fn load_at<F, Fut>(
+    total: usize,
+    in_flight: usize,
+    request: F,
+) -> anyhow::Result<(f64, Vec<f64>)>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
     let started = Instant::now();
     let latencies: Vec<anyhow::Result<f64>> = futures::stream::iter(0..total)
         .map(|_| {
@@ -233,7 +247,7 @@ where
                 Ok(t.elapsed().as_secs_f64())
             }
         })
-        .buffer_unordered(CONCURRENCY)
+        .buffer_unordered(in_flight)
         .collect()
         .await;
     let elapsed = started.elapsed().as_secs_f64();

@@ -111,7 +111,10 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let mut table = Table::new(
         "11. from dropping a plugin into the folder to its first completed deployment, cold",
     );
-    for (deployer, language) in [("model-card", "Python"), ("safetensors-check", "JavaScript")] {
+    for (deployer, language) in [
+        ("model-card", "Python"),
+        ("safetensors-check", "JavaScript"),
+    ] {
         let name = format!("dropin-before-{deployer}");
         let (server, id) = start_with_model(ctx, &name, &BEFORE).await?;
         let dropped = Instant::now();

@@ -9,13 +9,17 @@
 //! S3-compatible server), `load` (`/healthz` and memory while deployers
 //! misbehave or read large models; `--berth LABEL=PATH` adds another build
 //! of berth to compare, `--load-secs N`), `quota` (how far a deployer gets
-//! past its out-dir quota), `dropin` (from a plugin dropped into the folder
-//! to its first deployment, cold); all by default. Data goes
+//! past its out-dir quota), `deploys` (synchronous deployments at 1, 16
+//! and 100 in flight on SQLite and on each `--pg LABEL=URL`, beside the
+//! disk's synced-commit bound; every `--berth` build), `dropin` (from a
+//! plugin dropped into the folder to its first deployment, cold); all by
+//! default. Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
 mod capped;
 mod data;
+mod deploys;
 mod dropin;
 mod fetch;
 mod load;
@@ -57,18 +61,25 @@ pub struct Ctx {
     pub builds: Vec<(String, PathBuf)>,
     /// How long each load runs, seconds.
     pub load_secs: u64,
+    /// PostgreSQL servers the deployments benchmark also runs on, by
+    /// label: an admin URL, where it makes a database per server.
+    pub pg: Vec<(String, String)>,
+    /// The deployments benchmark's concurrencies (`--in-flight N`, again
+    /// for more): 1, 16 and 100 unless given.
+    pub in_flight: Vec<usize>,
 }
 
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "load", "quota",
-    "dropin",
+    "deploys", "dropin",
 ];
 
 fn main() -> anyhow::Result<()> {
     let mut sections = Vec::new();
     let (mut rounds, mut big_gib, mut model_gib, mut calls, mut keep) = (3, 1, 4, 2000, false);
     let (mut capped_gib, mut rss_gib, mut cap_mbps) = (2, 4, 50);
-    let (mut builds, mut load_secs) = (Vec::new(), 20);
+    let (mut builds, mut load_secs, mut pg) = (Vec::new(), 20, Vec::new());
+    let mut in_flight = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut number = |name: &str| -> anyhow::Result<u64> {
@@ -90,6 +101,12 @@ fn main() -> anyhow::Result<()> {
             "--berth" => builds.push(load::build(
                 &args.next().context("--berth needs LABEL=PATH")?,
             )?),
+            "--in-flight" => in_flight.push(number("--in-flight")? as usize),
+            "--pg" => {
+                let arg = args.next().context("--pg needs LABEL=URL")?;
+                let (label, url) = arg.split_once('=').context("--pg takes LABEL=URL")?;
+                pg.push((label.to_string(), url.to_string()));
+            }
             "--keep" => keep = true,
             section if SECTIONS.contains(&section) => sections.push(section.to_string()),
             other => anyhow::bail!(
@@ -127,6 +144,12 @@ fn main() -> anyhow::Result<()> {
         cap_mbps,
         builds,
         load_secs,
+        pg,
+        in_flight: if in_flight.is_empty() {
+            vec![1, 16, 100]
+        } else {
+            in_flight
+        },
     };
     machine();
 
@@ -146,6 +169,7 @@ fn main() -> anyhow::Result<()> {
                 "store" => store::model(&ctx).await?,
                 "load" => load::run(&ctx).await?,
                 "quota" => quota::overshoot(&ctx).await?,
+                "deploys" => deploys::run(&ctx).await?,
                 "dropin" => dropin::run(&ctx).await?,
                 _ => unreachable!("checked above"),
             }

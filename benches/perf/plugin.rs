@@ -180,9 +180,8 @@ struct Subject {
 /// One deployer per language: the no-op Rust test plugin and the Python
 /// and JavaScript examples.
 fn subjects() -> [Subject; 3] {
-    let example = |name: &str| {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../plugins/{name}.wasm"))
-    };
+    let example =
+        |name: &str| Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../plugins/{name}.wasm"));
     [
         Subject {
             label: "misbehave (Rust)",

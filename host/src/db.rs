@@ -117,7 +117,14 @@ impl sqlx::migrate::MigrationSource<'static> for Migrations {
 
 #[derive(Clone)]
 pub struct Db {
+    /// Reads, and on PostgreSQL writes too.
     pool: AnyPool,
+    /// Writes. On SQLite a pool of one connection: SQLite has one writer
+    /// at a time, and writers that queue here wait their turn in order,
+    /// where writers on several connections would meet the write lock
+    /// and sleep in SQLite's busy handler (1, 2, 5, 10… ms) between
+    /// tries. On PostgreSQL the same pool as reads.
+    writer: AnyPool,
 }
 
 /// A deployment about to start.
@@ -160,8 +167,27 @@ impl Db {
         } else {
             format!("{url}{}mode=rwc", if url.contains('?') { '&' } else { '?' })
         };
-        let pool = AnyPoolOptions::new()
-            .max_connections(if postgres { 16 } else { 8 })
+        let pool = Self::pool(&url, postgres, if postgres { 16 } else { 8 }).await?;
+        let migrations = if postgres {
+            POSTGRES_MIGRATIONS
+        } else {
+            SQLITE_MIGRATIONS
+        };
+        sqlx::migrate::Migrator::new(migrations)
+            .await?
+            .run(&pool)
+            .await?;
+        let writer = if postgres {
+            pool.clone()
+        } else {
+            Self::pool(&url, postgres, 1).await?
+        };
+        Ok(Self { pool, writer })
+    }
+
+    async fn pool(url: &str, postgres: bool, connections: u32) -> Result<AnyPool> {
+        Ok(AnyPoolOptions::new()
+            .max_connections(connections)
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if !postgres {
@@ -180,25 +206,15 @@ impl Db {
                     Ok(())
                 })
             })
-            .connect(&url)
-            .await?;
-        let migrations = if postgres {
-            POSTGRES_MIGRATIONS
-        } else {
-            SQLITE_MIGRATIONS
-        };
-        sqlx::migrate::Migrator::new(migrations)
-            .await?
-            .run(&pool)
-            .await?;
-        Ok(Self { pool })
+            .connect(url)
+            .await?)
     }
 
     /// Records a model and its files in one transaction; `id` and
     /// `created_at` of the argument are ignored.
     pub async fn insert_model(&self, model: &TrainedModel) -> Result<TrainedModel> {
         let created_at = now();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         let insert = sqlx::query(
             "INSERT INTO models (name, job_id, base_model, model_size, dataset, num_examples, \
              num_train_steps, final_loss, params, source, created_at, created_by) \
@@ -298,18 +314,20 @@ impl Db {
     pub async fn delete_model(&self, id: i64) -> Result<bool> {
         let deleted = sqlx::query("DELETE FROM models WHERE id = $1")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(deleted.rows_affected() > 0)
     }
 
-    /// Records a deployment as running. `out_dir` is derived from the new id.
+    /// Records a deployment as running, in `phase`. `out_dir` is derived
+    /// from the new id.
     pub async fn insert_deployment(
         &self,
         new: NewDeployment<'_>,
+        phase: Phase,
         out_dir: OutDirOf<'_>,
     ) -> Result<Deployment> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         let row = sqlx::query(
             "INSERT INTO deployments (model_id, deployer, options, status, phase, dir, out_dir, \
              details, server_id, created_at, created_by) \
@@ -318,9 +336,9 @@ impl Db {
         .bind(new.model_id)
         .bind(new.deployer)
         .bind(new.options_json)
-        // Where every deployment starts, recorded with it so that a kill
-        // before the first progress update still finds a phase.
-        .bind(Phase::Fetching.as_str())
+        // Recorded with the row so that a kill before the first progress
+        // update still finds a phase.
+        .bind(phase.as_str())
         .bind(new.dir)
         .bind(new.server_id)
         .bind(now())
@@ -328,15 +346,16 @@ impl Db {
         .fetch_one(&mut *tx)
         .await?;
         let id: i64 = row.try_get(0)?;
-        sqlx::query("UPDATE deployments SET out_dir = $1 WHERE id = $2")
-            .bind(out_dir(id))
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        let row = sqlx::query(&format!(
+            "UPDATE deployments SET out_dir = $1 WHERE id = $2 RETURNING {DEPLOYMENT_COLUMNS}"
+        ))
+        .bind(out_dir(id))
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+        let deployment = deployment_row(&row)?;
         tx.commit().await?;
-        self.deployment(id)
-            .await?
-            .ok_or_else(|| Error::Corrupt(format!("deployment {id} vanished after insert")))
+        Ok(deployment)
     }
 
     /// Ends a running deployment. A deployment that already ended (or whose
@@ -356,11 +375,11 @@ impl Db {
             ),
             Outcome::Failed { error } => (Status::Failed, None, "{}", Some(error.as_str())),
         };
-        let updated = sqlx::query(
+        let updated = sqlx::query(&format!(
             "UPDATE deployments SET status = $1, ref = $2, details = $3, error = $4, \
              duration_ms = $5, completed_at = $6, phase = NULL, logs = $7, progress = $8 \
-             WHERE id = $9 AND status = 'running'",
-        )
+             WHERE id = $9 AND status = 'running' RETURNING {DEPLOYMENT_COLUMNS}"
+        ))
         .bind(status.as_str())
         .bind(reference)
         .bind(details)
@@ -370,12 +389,12 @@ impl Db {
         .bind(ending.logs)
         .bind(progress)
         .bind(id)
-        .execute(&self.pool)
+        .fetch_all(&self.writer)
         .await?;
-        if updated.rows_affected() == 0 {
-            return Err(Error::NotRunning(id));
+        match updated.first() {
+            Some(row) => deployment_row(row),
+            None => Err(Error::NotRunning(id)),
         }
-        self.deployment(id).await?.ok_or(Error::NotRunning(id))
     }
 
     /// Records where a running deployment stands; a no-op once it ended.
@@ -393,7 +412,7 @@ impl Db {
         .bind(phase.as_str())
         .bind(progress)
         .bind(id)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(())
     }
@@ -450,12 +469,13 @@ impl Db {
         .bind(error(None))
         .bind(now())
         .bind(server_id)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.writer)
         .await?;
         rows.iter().map(|row| Ok(row.try_get("out_dir")?)).collect()
     }
 
     pub async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 }

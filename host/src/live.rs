@@ -71,7 +71,8 @@ impl Running {
             state: Mutex::new(State {
                 phase: Phase::Fetching,
                 progress: Progress::default(),
-                dirty: true,
+                // The row was recorded with this phase and no progress.
+                dirty: false,
                 lines: VecDeque::new(),
                 bytes: 0,
                 dropped: 0,
@@ -199,8 +200,7 @@ mod tests {
     #[test]
     fn updates_are_reported_once_and_the_first_cancel_reason_wins() {
         let running = Running::new(1, "p", CancellationToken::new());
-        assert!(running.take_update().is_some());
-        assert!(running.take_update().is_none());
+        assert!(running.take_update().is_none(), "nothing new at the start");
         running.progress(1, 2, "half");
         let (phase, progress) = running.take_update().unwrap();
         assert_eq!(

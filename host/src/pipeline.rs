@@ -149,6 +149,9 @@ pub struct Request<'a> {
 struct Started {
     deployment: Deployment,
     model: TrainedModel,
+    /// The model's directory when its files were already verified at
+    /// start: the row was recorded `deploying` and nothing is fetched.
+    verified: Option<PathBuf>,
     plugin: Arc<Plugin>,
     running: Arc<Running>,
 }
@@ -289,6 +292,15 @@ impl Pipeline {
             })?;
 
         let dir = self.fetcher.dir_of(&model.job_id);
+        // An unchanged model needs no fetch: its row starts `deploying`,
+        // one write fewer than a phase recorded after the fetch, and a
+        // kill from here on reads "interrupted while deploying" as it
+        // would once the deployer started.
+        let verified = self.fetcher.verified(&model);
+        let phase = match verified {
+            Some(_) => Phase::Deploying,
+            None => Phase::Fetching,
+        };
         let out_root = self.out_root.clone();
         let deployment = self
             .db
@@ -301,6 +313,7 @@ impl Pipeline {
                     server_id: &self.server_id,
                     created_by,
                 },
+                phase,
                 &move |id| out_root.join(id.to_string()).display().to_string(),
             )
             .await?;
@@ -309,6 +322,12 @@ impl Pipeline {
             deployer,
             self.shutdown.child_token(),
         ));
+        if verified.is_some() {
+            let bytes = model.files.iter().map(|f| f.size_bytes).sum();
+            let files = model.files.len();
+            fetch::Observer::fetched(&*running, bytes, bytes, files, files);
+            running.set_phase(Phase::Deploying);
+        }
         self.live.insert(running.clone());
         metrics::deployment_started();
         self.events.publish(Event::DeploymentStarted {
@@ -319,6 +338,7 @@ impl Pipeline {
         Ok(Started {
             deployment,
             model,
+            verified,
             plugin,
             running,
         })
@@ -387,6 +407,7 @@ impl Pipeline {
         let Started {
             deployment,
             model,
+            verified,
             plugin,
             running,
         } = started;
@@ -400,7 +421,10 @@ impl Pipeline {
             )
             .in_current_span(),
         );
-        let outcome = match self.carry_out(&deployment, &model, &plugin, &running).await {
+        let outcome = match self
+            .carry_out(&deployment, &model, verified, &plugin, &running)
+            .await
+        {
             Ok(outcome) => outcome,
             Err(error) => Outcome::Failed { error },
         };
@@ -478,31 +502,18 @@ impl Pipeline {
         &self,
         deployment: &Deployment,
         model: &TrainedModel,
+        verified: Option<PathBuf>,
         plugin: &Plugin,
         running: &Arc<Running>,
     ) -> Result<Outcome, String> {
         let cancel = running.token();
-        let clock = Instant::now();
-        let fetched = self.fetcher.fetch(model, running.clone(), cancel).await;
-        metrics::fetch_ended(fetched.is_ok(), clock.elapsed());
-        let model_dir = fetched.map_err(|e| match e {
-            fetch::Error::Cancelled => self.cancelled(running),
-            e => format!("fetching model {}: {e}", model.id),
-        })?;
-        running.set_phase(Phase::Deploying);
-        // Recorded before the deployer starts rather than at the next
-        // progress tick: a server killed from here on fails the row as
-        // interrupted while deploying when it starts again.
-        if let Err(e) = self
-            .db
-            .update_progress(running.deploy_id, Phase::Deploying, &running.snapshot())
-            .await
-        {
-            tracing::warn!(
-                deploy_id = running.deploy_id,
-                "could not record the phase: {e}"
-            );
-        }
+        let model_dir = match verified {
+            Some(dir) => {
+                metrics::fetch_ended(true, Duration::ZERO);
+                dir
+            }
+            None => self.fetch(model, running).await?,
+        };
         let out_dir = PathBuf::from(&deployment.out_dir);
         std::fs::create_dir_all(&out_dir).map_err(|e| {
             format!(
@@ -534,6 +545,35 @@ impl Pipeline {
                 self.full_volume(&out_dir)
             )),
         }
+    }
+
+    /// Fetches the model, then records the deploying phase.
+    async fn fetch(&self, model: &TrainedModel, running: &Arc<Running>) -> Result<PathBuf, String> {
+        let clock = Instant::now();
+        let fetched = self
+            .fetcher
+            .fetch(model, running.clone(), running.token())
+            .await;
+        metrics::fetch_ended(fetched.is_ok(), clock.elapsed());
+        let model_dir = fetched.map_err(|e| match e {
+            fetch::Error::Cancelled => self.cancelled(running),
+            e => format!("fetching model {}: {e}", model.id),
+        })?;
+        running.set_phase(Phase::Deploying);
+        // Recorded before the deployer starts rather than at the next
+        // progress tick: a server killed from here on fails the row as
+        // interrupted while deploying when it starts again.
+        if let Err(e) = self
+            .db
+            .update_progress(running.deploy_id, Phase::Deploying, &running.snapshot())
+            .await
+        {
+            tracing::warn!(
+                deploy_id = running.deploy_id,
+                "could not record the phase: {e}"
+            );
+        }
+        Ok(model_dir)
     }
 
     /// What a deployer cannot say: WASI hands a guest a bare I/O error
@@ -586,7 +626,10 @@ pub async fn remove_failed_output(out_dir: PathBuf) {
 /// stream at most every `PROGRESS_EVERY`, so a fast fetch cannot flood
 /// subscribers. Aborted when the deployment ends.
 async fn report_progress(db: Db, events: Events, running: Arc<Running>, model_id: i64) {
-    let mut tick = tokio::time::interval(PROGRESS_EVERY);
+    // The first tick one period after the start: the row and the started
+    // event were written with the state this would report at once.
+    let mut tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
     loop {
         tick.tick().await;
         let Some((phase, progress)) = running.take_update() else {

@@ -23,6 +23,7 @@ use crate::support::{bytes, eventually, model, on_both_backends, sha256_hex, tre
 on_both_backends!(
     kill_9_at_random_moments_loses_no_byte_and_no_record,
     a_kill_as_the_deployer_starts_fails_the_row_as_deploying,
+    a_fetched_model_is_deploying_from_its_insert_and_a_kill_says_so,
 );
 
 /// Trials per backend unless `BERTH_CRASH_TRIALS` says otherwise: enough
@@ -251,6 +252,42 @@ async fn a_kill_as_the_deployer_starts_fails_the_row_as_deploying(backend: Backe
         assert!(std::time::Instant::now() < deadline, "no output directory");
         std::thread::sleep(Duration::from_millis(1));
     }
+    berth.kill9();
+    berth.restart();
+    let (_, row) = berth
+        .get(&format!("/v1/deployments/{}", started["id"]))
+        .await;
+    assert_eq!(row["status"], "failed");
+    assert_eq!(row["error"], DEPLOYING);
+}
+
+/// A model already fetched and verified is not fetched again: its row is
+/// inserted `deploying`, with no later write of the phase, so a kill right
+/// after the answer, whether or not the deployer started yet, fails it as
+/// interrupted while deploying. A model not fetched yet starts `fetching`.
+async fn a_fetched_model_is_deploying_from_its_insert_and_a_kill_says_so(backend: Backend) {
+    let files = FileServer::start().await;
+    let mut berth = Berth::start(backend).await;
+    let id = berth
+        .register(&model(&files, "job-insert", &model_files(0)))
+        .await;
+    let first = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "ok" }))
+        .await;
+    assert_eq!(first["phase"], "fetching", "{first}");
+    let path = format!("/v1/deployments/{}", first["id"]);
+    eventually(
+        || "the first deployment completes".to_string(),
+        async || {
+            let (_, row) = berth.get(&path).await;
+            (row["status"] == "completed").then_some(())
+        },
+    )
+    .await;
+    let started = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 600_000 }))
+        .await;
+    assert_eq!(started["phase"], "deploying", "{started}");
     berth.kill9();
     berth.restart();
     let (_, row) = berth

@@ -26,7 +26,12 @@ async fn a_plugin_serves_baseline_code_at_once_and_optimized_code_when_ready() {
             compiler,
             pool: None,
         };
-        Runtime::new(Limits::default(), Some(CodeCache::new(cache.path())), engines).unwrap()
+        Runtime::new(
+            Limits::default(),
+            Some(CodeCache::new(cache.path())),
+            engines,
+        )
+        .unwrap()
     };
     let tiered = runtime(Compiler::Tiered);
     let model = small_model();
