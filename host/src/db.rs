@@ -5,8 +5,10 @@
 
 use std::time::SystemTime;
 
+use futures::future::BoxFuture;
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, Row};
+use sqlx::{AnyConnection, AnyPool, Row};
+use tokio_util::sync::CancellationToken;
 
 use crate::model::{Deployment, ModelFile, Outcome, Phase, Progress, Status, TrainedModel};
 
@@ -26,6 +28,10 @@ pub enum Error {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database holds a value berth cannot read: {0}")]
     Corrupt(String),
+    /// Another write of the same group commit failed, so this one was not
+    /// made either; nothing of it is stored and it may be tried again.
+    #[error("the database did not take the write: {0}")]
+    Unwritten(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -119,12 +125,138 @@ impl sqlx::migrate::MigrationSource<'static> for Migrations {
 pub struct Db {
     /// Reads, and on PostgreSQL writes too.
     pool: AnyPool,
-    /// Writes. On SQLite a pool of one connection: SQLite has one writer
-    /// at a time, and writers that queue here wait their turn in order,
-    /// where writers on several connections would meet the write lock
-    /// and sleep in SQLite's busy handler (1, 2, 5, 10… ms) between
-    /// tries. On PostgreSQL the same pool as reads.
-    writer: AnyPool,
+    /// On SQLite, every write: see `Committer`.
+    committer: Option<Committer>,
+}
+
+/// Group commit, for SQLite. SQLite has one writer at a time and syncs
+/// each commit to disk, so writes made one by one wait for each other's
+/// syncs (and, on several connections, sleep in its busy handler). Here
+/// one task owns the only writing connection; each write queues to it,
+/// and the task runs every write that is waiting in one transaction, each
+/// in a savepoint of its own (a write that fails leaves the others
+/// intact), and answers each caller only after the COMMIT: a write is as
+/// durable as before when its caller hears back, and one sync carries
+/// many. PostgreSQL groups concurrent commits itself.
+#[derive(Clone)]
+struct Committer {
+    jobs: tokio::sync::mpsc::UnboundedSender<Job>,
+    /// Cancelled by `Db::close`: the task hands its connection back.
+    closing: CancellationToken,
+    /// The task's connection's pool, to close.
+    pool: AnyPool,
+}
+
+/// One write, as the committer runs it.
+type Job = Box<dyn for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Ran> + Send>;
+
+/// A write that ran, before the commit decides its fate.
+struct Ran {
+    ok: bool,
+    no_room: bool,
+    /// Answers the caller: with its own outcome, unless the transaction
+    /// did not commit (the reason given).
+    answer: Box<dyn FnOnce(Option<&Unwritten>) + Send>,
+}
+
+/// Why a group of writes did not commit.
+#[derive(Clone)]
+struct Unwritten {
+    no_room: bool,
+    message: String,
+}
+
+impl Unwritten {
+    fn error(&self) -> Error {
+        let cause = sqlx::Error::Protocol(self.message.clone());
+        if self.no_room {
+            Error::NoRoom(cause)
+        } else {
+            Error::Unwritten(self.message.clone())
+        }
+    }
+}
+
+/// The most writes one transaction carries.
+const GROUP: usize = 64;
+
+impl Committer {
+    fn start(mut conn: sqlx::pool::PoolConnection<sqlx::Any>, pool: AnyPool) -> Self {
+        let (jobs, mut queue) = tokio::sync::mpsc::unbounded_channel::<Job>();
+        let closing = CancellationToken::new();
+        let stop = closing.clone();
+        tokio::spawn(async move {
+            let mut group = Vec::with_capacity(GROUP);
+            loop {
+                let received = tokio::select! {
+                    received = queue.recv_many(&mut group, GROUP) => received,
+                    _ = stop.cancelled() => 0,
+                };
+                if received == 0 {
+                    return;
+                }
+                commit_group(&mut conn, std::mem::take(&mut group)).await;
+            }
+        });
+        Self {
+            jobs,
+            closing,
+            pool,
+        }
+    }
+}
+
+/// Runs `jobs` in one transaction and answers each. A job left unrun (the
+/// transaction broke) is dropped, which tells its caller it was not made.
+async fn commit_group(conn: &mut AnyConnection, jobs: Vec<Job>) {
+    async fn run(conn: &mut AnyConnection, sql: &str) -> std::result::Result<(), sqlx::Error> {
+        sqlx::query(sql).execute(conn).await.map(drop)
+    }
+    if let Err(e) = run(conn, "BEGIN IMMEDIATE").await {
+        tracing::warn!(
+            "could not begin a transaction for {} writes: {e}",
+            jobs.len()
+        );
+        return;
+    }
+    let mut ran = Vec::with_capacity(jobs.len());
+    let mut broken = None;
+    for job in jobs {
+        if let Err(e) = run(conn, "SAVEPOINT one_write").await {
+            broken = Some(e);
+            break;
+        }
+        let outcome = job(conn).await;
+        let ended = if outcome.ok {
+            run(conn, "RELEASE one_write").await
+        } else {
+            // SQLite may have rolled the whole transaction back itself (a
+            // full disk): then this fails and the group is given up.
+            match run(conn, "ROLLBACK TO one_write").await {
+                Ok(()) => run(conn, "RELEASE one_write").await,
+                Err(e) => Err(e),
+            }
+        };
+        ran.push(outcome);
+        if let Err(e) = ended {
+            broken = Some(e);
+            break;
+        }
+    }
+    let committed = match broken {
+        Some(e) => Err(e),
+        None => run(conn, "COMMIT").await,
+    };
+    let unwritten = committed.err().map(|e| Unwritten {
+        no_room: no_room(&e) || ran.iter().any(|r| r.no_room),
+        message: e.to_string(),
+    });
+    if unwritten.is_some() {
+        let _ = run(conn, "ROLLBACK").await;
+    }
+    for outcome in ran {
+        (outcome.answer)(unwritten.as_ref());
+    }
 }
 
 /// A deployment about to start.
@@ -144,9 +276,6 @@ pub struct Ending<'a> {
     pub progress: &'a Progress,
     pub logs: &'a str,
 }
-
-/// The `out_dir` of a deployment depends on its id, known only after insert.
-pub type OutDirOf<'a> = &'a (dyn Fn(i64) -> String + Send + Sync);
 
 pub fn now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
@@ -177,12 +306,13 @@ impl Db {
             .await?
             .run(&pool)
             .await?;
-        let writer = if postgres {
-            pool.clone()
+        let committer = if postgres {
+            None
         } else {
-            Self::pool(&url, postgres, 1).await?
+            let writer = Self::pool(&url, postgres, 1).await?;
+            Some(Committer::start(writer.acquire().await?, writer))
         };
-        Ok(Self { pool, writer })
+        Ok(Self { pool, committer })
     }
 
     async fn pool(url: &str, postgres: bool, connections: u32) -> Result<AnyPool> {
@@ -213,62 +343,13 @@ impl Db {
     /// Records a model and its files in one transaction; `id` and
     /// `created_at` of the argument are ignored.
     pub async fn insert_model(&self, model: &TrainedModel) -> Result<TrainedModel> {
-        let created_at = now();
-        let mut tx = self.writer.begin().await?;
-        let insert = sqlx::query(
-            "INSERT INTO models (name, job_id, base_model, model_size, dataset, num_examples, \
-             num_train_steps, final_loss, params, source, created_at, created_by) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id",
-        )
-        .bind(&model.name)
-        .bind(&model.job_id)
-        .bind(&model.base_model)
-        .bind(&model.model_size)
-        .bind(&model.dataset)
-        .bind(to_i64(model.num_examples))
-        .bind(to_i64(model.num_train_steps));
-        // sqlx 0.8's Any driver sends a NULL f64 to PostgreSQL as a `real`
-        // and a NULL f32 as a `double precision` (the two are swapped). The
-        // connection caches the statement with the first parameter types it
-        // saw, so a `real` NULL made every later loss on that connection
-        // fail; a NULL f32 keeps the statement `double precision`.
-        let insert = match model.final_loss {
-            Some(loss) => insert.bind(loss),
-            None => insert.bind(None::<f32>),
-        };
-        let inserted = insert
-            .bind(&model.params_json)
-            .bind(&model.source)
-            .bind(&created_at)
-            .bind(&model.created_by)
-            .fetch_one(&mut *tx)
-            .await;
-        let id: i64 = match inserted {
-            Ok(row) => row.try_get(0)?,
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                return Err(Error::DuplicateJob(model.job_id.clone()));
-            }
-            Err(e) => return Err(e.into()),
-        };
-        for (position, file) in model.files.iter().enumerate() {
-            sqlx::query(
-                "INSERT INTO model_files (model_id, position, path, size_bytes, sha256) \
-                 VALUES ($1, $2, $3, $4, $5)",
-            )
-            .bind(id)
-            .bind(position as i64)
-            .bind(&file.path)
-            .bind(to_i64(file.size_bytes))
-            .bind(&file.sha256)
-            .execute(&mut *tx)
+        let mut model = model.clone();
+        model.created_at = now();
+        let recorded = model.clone();
+        model.id = self
+            .write(move |conn| Box::pin(insert_model(conn, recorded)))
             .await?;
-        }
-        tx.commit().await?;
-        Ok(TrainedModel {
-            id,
-            created_at,
-            ..model.clone()
-        })
+        Ok(model)
     }
 
     pub async fn models(&self) -> Result<Vec<TrainedModel>> {
@@ -312,11 +393,16 @@ impl Db {
     /// Deletes a model with its files' records and its deployments. Returns
     /// false if there was no such model.
     pub async fn delete_model(&self, id: i64) -> Result<bool> {
-        let deleted = sqlx::query("DELETE FROM models WHERE id = $1")
-            .bind(id)
-            .execute(&self.writer)
-            .await?;
-        Ok(deleted.rows_affected() > 0)
+        self.write(move |conn| {
+            Box::pin(async move {
+                let deleted = sqlx::query("DELETE FROM models WHERE id = $1")
+                    .bind(id)
+                    .execute(conn)
+                    .await?;
+                Ok(deleted.rows_affected() > 0)
+            })
+        })
+        .await
     }
 
     /// Records a deployment as running, in `phase`. `out_dir` is derived
@@ -325,37 +411,43 @@ impl Db {
         &self,
         new: NewDeployment<'_>,
         phase: Phase,
-        out_dir: OutDirOf<'_>,
+        out_dir: impl Fn(i64) -> String + Send + 'static,
     ) -> Result<Deployment> {
-        let mut tx = self.writer.begin().await?;
-        let row = sqlx::query(
-            "INSERT INTO deployments (model_id, deployer, options, status, phase, dir, out_dir, \
-             details, server_id, created_at, created_by) \
-             VALUES ($1, $2, $3, 'running', $4, $5, '', '{}', $6, $7, $8) RETURNING id",
-        )
-        .bind(new.model_id)
-        .bind(new.deployer)
-        .bind(new.options_json)
-        // Recorded with the row so that a kill before the first progress
-        // update still finds a phase.
-        .bind(phase.as_str())
-        .bind(new.dir)
-        .bind(new.server_id)
-        .bind(now())
-        .bind(new.created_by)
-        .fetch_one(&mut *tx)
-        .await?;
-        let id: i64 = row.try_get(0)?;
-        let row = sqlx::query(&format!(
-            "UPDATE deployments SET out_dir = $1 WHERE id = $2 RETURNING {DEPLOYMENT_COLUMNS}"
-        ))
-        .bind(out_dir(id))
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await?;
-        let deployment = deployment_row(&row)?;
-        tx.commit().await?;
-        Ok(deployment)
+        let model_id = new.model_id;
+        let [deployer, options, dir, server_id] =
+            [new.deployer, new.options_json, new.dir, new.server_id].map(str::to_string);
+        let created_by = new.created_by.map(str::to_string);
+        self.write(move |conn| {
+            Box::pin(async move {
+                let row = sqlx::query(
+                    "INSERT INTO deployments (model_id, deployer, options, status, phase, dir, \
+                     out_dir, details, server_id, created_at, created_by) \
+                     VALUES ($1, $2, $3, 'running', $4, $5, '', '{}', $6, $7, $8) RETURNING id",
+                )
+                .bind(model_id)
+                .bind(deployer)
+                .bind(options)
+                // Recorded with the row so that a kill before the first
+                // progress update still finds a phase.
+                .bind(phase.as_str())
+                .bind(dir)
+                .bind(server_id)
+                .bind(now())
+                .bind(created_by)
+                .fetch_one(&mut *conn)
+                .await?;
+                let id: i64 = row.try_get(0)?;
+                let row = sqlx::query(&format!(
+                    "UPDATE deployments SET out_dir = $1 WHERE id = $2 RETURNING {DEPLOYMENT_COLUMNS}"
+                ))
+                .bind(out_dir(id))
+                .bind(id)
+                .fetch_one(&mut *conn)
+                .await?;
+                deployment_row(&row)
+            })
+        })
+        .await
     }
 
     /// Ends a running deployment. A deployment that already ended (or whose
@@ -375,26 +467,37 @@ impl Db {
             ),
             Outcome::Failed { error } => (Status::Failed, None, "{}", Some(error.as_str())),
         };
-        let updated = sqlx::query(&format!(
-            "UPDATE deployments SET status = $1, ref = $2, details = $3, error = $4, \
-             duration_ms = $5, completed_at = $6, phase = NULL, logs = $7, progress = $8 \
-             WHERE id = $9 AND status = 'running' RETURNING {DEPLOYMENT_COLUMNS}"
-        ))
-        .bind(status.as_str())
-        .bind(reference)
-        .bind(details)
-        .bind(error)
-        .bind(ending.duration_ms)
-        .bind(now())
-        .bind(ending.logs)
-        .bind(progress)
-        .bind(id)
-        .fetch_all(&self.writer)
-        .await?;
-        match updated.first() {
-            Some(row) => deployment_row(row),
-            None => Err(Error::NotRunning(id)),
-        }
+        let (reference, details, error) = (
+            reference.map(str::to_string),
+            details.to_string(),
+            error.map(str::to_string),
+        );
+        let (duration_ms, logs) = (ending.duration_ms, ending.logs.to_string());
+        self.write(move |conn| {
+            Box::pin(async move {
+                let updated = sqlx::query(&format!(
+                    "UPDATE deployments SET status = $1, ref = $2, details = $3, error = $4, \
+                     duration_ms = $5, completed_at = $6, phase = NULL, logs = $7, progress = $8 \
+                     WHERE id = $9 AND status = 'running' RETURNING {DEPLOYMENT_COLUMNS}"
+                ))
+                .bind(status.as_str())
+                .bind(reference)
+                .bind(details)
+                .bind(error)
+                .bind(duration_ms)
+                .bind(now())
+                .bind(logs)
+                .bind(progress)
+                .bind(id)
+                .fetch_all(conn)
+                .await?;
+                match updated.first() {
+                    Some(row) => deployment_row(row),
+                    None => Err(Error::NotRunning(id)),
+                }
+            })
+        })
+        .await
     }
 
     /// Records where a running deployment stands; a no-op once it ended.
@@ -404,17 +507,22 @@ impl Db {
     pub async fn update_progress(&self, id: i64, phase: Phase, progress: &Progress) -> Result<()> {
         let progress =
             serde_json::to_string(progress).map_err(|e| Error::Corrupt(e.to_string()))?;
-        sqlx::query(
-            "UPDATE deployments SET phase = CASE phase WHEN $1 THEN phase ELSE $2 END, \
-             progress = $3 WHERE id = $4 AND status = 'running'",
-        )
-        .bind(Phase::Deploying.as_str())
-        .bind(phase.as_str())
-        .bind(progress)
-        .bind(id)
-        .execute(&self.writer)
-        .await?;
-        Ok(())
+        self.write(move |conn| {
+            Box::pin(async move {
+                sqlx::query(
+                    "UPDATE deployments SET phase = CASE phase WHEN $1 THEN phase ELSE $2 END, \
+                     progress = $3 WHERE id = $4 AND status = 'running'",
+                )
+                .bind(Phase::Deploying.as_str())
+                .bind(phase.as_str())
+                .bind(progress)
+                .bind(id)
+                .execute(conn)
+                .await?;
+                Ok(())
+            })
+        })
+        .await
     }
 
     /// The guest's log lines of an ended deployment.
@@ -456,28 +564,142 @@ impl Db {
         server_id: &str,
         error: impl Fn(Option<Phase>) -> String,
     ) -> Result<Vec<String>> {
-        let rows = sqlx::query(
-            "UPDATE deployments SET status = 'failed', \
-             error = CASE phase WHEN $1 THEN $2 WHEN $3 THEN $4 ELSE $5 END, \
-             completed_at = $6, phase = NULL \
-             WHERE server_id = $7 AND status = 'running' RETURNING out_dir",
-        )
-        .bind(Phase::Fetching.as_str())
-        .bind(error(Some(Phase::Fetching)))
-        .bind(Phase::Deploying.as_str())
-        .bind(error(Some(Phase::Deploying)))
-        .bind(error(None))
-        .bind(now())
-        .bind(server_id)
-        .fetch_all(&self.writer)
-        .await?;
-        rows.iter().map(|row| Ok(row.try_get("out_dir")?)).collect()
+        let errors = [
+            error(Some(Phase::Fetching)),
+            error(Some(Phase::Deploying)),
+            error(None),
+        ];
+        let server_id = server_id.to_string();
+        self.write(move |conn| {
+            Box::pin(async move {
+                let [fetching, deploying, unknown] = errors;
+                let rows = sqlx::query(
+                    "UPDATE deployments SET status = 'failed', \
+                     error = CASE phase WHEN $1 THEN $2 WHEN $3 THEN $4 ELSE $5 END, \
+                     completed_at = $6, phase = NULL \
+                     WHERE server_id = $7 AND status = 'running' RETURNING out_dir",
+                )
+                .bind(Phase::Fetching.as_str())
+                .bind(fetching)
+                .bind(Phase::Deploying.as_str())
+                .bind(deploying)
+                .bind(unknown)
+                .bind(now())
+                .bind(server_id)
+                .fetch_all(conn)
+                .await?;
+                rows.iter().map(|row| Ok(row.try_get("out_dir")?)).collect()
+            })
+        })
+        .await
     }
 
     pub async fn close(&self) {
-        self.writer.close().await;
+        if let Some(committer) = &self.committer {
+            committer.closing.cancel();
+            committer.pool.close().await;
+        }
         self.pool.close().await;
     }
+
+    /// Makes one write, in a transaction of its own on PostgreSQL and in
+    /// the committer's group on SQLite; returns once it is committed.
+    async fn write<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<T>> + Send + 'static,
+    {
+        let Some(committer) = &self.committer else {
+            let mut tx = self.pool.begin().await?;
+            let value = work(&mut tx).await?;
+            tx.commit().await?;
+            return Ok(value);
+        };
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let job = job(move |conn| {
+            Box::pin(async move {
+                let outcome = work(conn).await;
+                Ran {
+                    ok: outcome.is_ok(),
+                    no_room: matches!(outcome, Err(Error::NoRoom(_))),
+                    answer: Box::new(move |unwritten: Option<&Unwritten>| {
+                        let _ = answer.send(match (outcome, unwritten) {
+                            (Ok(_), Some(unwritten)) => Err(unwritten.error()),
+                            (outcome, _) => outcome,
+                        });
+                    }),
+                }
+            })
+        });
+        let not_made = || Error::Unwritten("the server is closing its database".into());
+        committer.jobs.send(job).map_err(|_| not_made())?;
+        answered.await.unwrap_or_else(|_| {
+            Err(Error::Unwritten(
+                "another write in its transaction broke it; nothing was stored".into(),
+            ))
+        })
+    }
+}
+
+/// The statements of `Db::insert_model`.
+async fn insert_model(conn: &mut AnyConnection, model: TrainedModel) -> Result<i64> {
+    let insert = sqlx::query(
+        "INSERT INTO models (name, job_id, base_model, model_size, dataset, num_examples, \
+         num_train_steps, final_loss, params, source, created_at, created_by) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id",
+    )
+    .bind(&model.name)
+    .bind(&model.job_id)
+    .bind(&model.base_model)
+    .bind(&model.model_size)
+    .bind(&model.dataset)
+    .bind(to_i64(model.num_examples))
+    .bind(to_i64(model.num_train_steps));
+    // sqlx 0.8's Any driver sends a NULL f64 to PostgreSQL as a `real`
+    // and a NULL f32 as a `double precision` (the two are swapped). The
+    // connection caches the statement with the first parameter types it
+    // saw, so a `real` NULL made every later loss on that connection
+    // fail; a NULL f32 keeps the statement `double precision`.
+    let insert = match model.final_loss {
+        Some(loss) => insert.bind(loss),
+        None => insert.bind(None::<f32>),
+    };
+    let inserted = insert
+        .bind(&model.params_json)
+        .bind(&model.source)
+        .bind(&model.created_at)
+        .bind(&model.created_by)
+        .fetch_one(&mut *conn)
+        .await;
+    let id: i64 = match inserted {
+        Ok(row) => row.try_get(0)?,
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+            return Err(Error::DuplicateJob(model.job_id.clone()));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    for (position, file) in model.files.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO model_files (model_id, position, path, size_bytes, sha256) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(id)
+        .bind(position as i64)
+        .bind(&file.path)
+        .bind(to_i64(file.size_bytes))
+        .bind(&file.sha256)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(id)
+}
+
+/// Fixes a closure's signature as a `Job`'s.
+fn job<F>(f: F) -> Job
+where
+    F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Ran> + Send + 'static,
+{
+    Box::new(f)
 }
 
 /// Sizes and counts are u64 in the domain and BIGINT in both databases;
@@ -545,6 +767,98 @@ fn deployment_row(row: &AnyRow) -> Result<Deployment> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn model(job_id: &str) -> TrainedModel {
+        TrainedModel {
+            id: 0,
+            name: job_id.into(),
+            job_id: job_id.into(),
+            base_model: "b".into(),
+            model_size: "8B".into(),
+            dataset: "d".into(),
+            num_examples: 1,
+            num_train_steps: 1,
+            final_loss: None,
+            params_json: "{}".into(),
+            source: "file:///{job_id}/{path}".into(),
+            files: vec![ModelFile {
+                path: "a.bin".into(),
+                size_bytes: 1,
+                sha256: None,
+            }],
+            created_at: String::new(),
+            created_by: None,
+        }
+    }
+
+    /// Writes made at once share the committer's transactions; one that
+    /// fails (a duplicate job id, a deployment of a model that does not
+    /// exist) fails alone, with its own error, and the others are stored.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_made_at_once_commit_together_and_fail_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let db = Db::connect(&url).await.unwrap();
+        let mut writes = tokio::task::JoinSet::new();
+        for i in 0..40 {
+            let db = db.clone();
+            writes.spawn(async move {
+                match i % 4 {
+                    0 => ("duplicate", db.insert_model(&model("same")).await.err()),
+                    1 => {
+                        let new = NewDeployment {
+                            model_id: 999_999,
+                            deployer: "d",
+                            options_json: "{}",
+                            dir: "/m",
+                            server_id: "s",
+                            created_by: None,
+                        };
+                        let inserted = db
+                            .insert_deployment(new, Phase::Fetching, |id| format!("/out/{id}"))
+                            .await;
+                        ("orphan", inserted.err())
+                    }
+                    _ => (
+                        "model",
+                        db.insert_model(&model(&format!("job-{i}"))).await.err(),
+                    ),
+                }
+            });
+        }
+        let mut errors = std::collections::BTreeMap::<&str, Vec<String>>::new();
+        while let Some(joined) = writes.join_next().await {
+            let (kind, error) = joined.unwrap();
+            errors
+                .entry(kind)
+                .or_default()
+                .extend(error.map(|e| e.to_string()));
+        }
+        assert!(errors["model"].is_empty(), "{errors:?}");
+        assert_eq!(
+            errors["duplicate"].len(),
+            9,
+            "one of ten is stored: {errors:?}"
+        );
+        assert!(
+            errors["duplicate"]
+                .iter()
+                .all(|e| e.contains("already registered")),
+            "{errors:?}"
+        );
+        assert_eq!(errors["orphan"].len(), 10, "{errors:?}");
+        assert!(
+            errors["orphan"].iter().all(|e| e.contains("FOREIGN KEY")),
+            "{errors:?}"
+        );
+        let stored = db.models().await.unwrap();
+        assert_eq!(stored.len(), 20 + 1);
+        assert!(stored.iter().all(|m| m.files.len() == 1));
+        db.close().await;
+        // Closed: the records are on disk for the next connection.
+        let again = Db::connect(&url).await.unwrap();
+        assert_eq!(again.models().await.unwrap().len(), 21);
+    }
 
     /// Every file of `migrations/<backend>/` is compiled in, under the
     /// version and description sqlx gives a file of that name, so databases

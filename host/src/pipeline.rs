@@ -314,7 +314,7 @@ impl Pipeline {
                     created_by,
                 },
                 phase,
-                &move |id| out_root.join(id.to_string()).display().to_string(),
+                move |id| out_root.join(id.to_string()).display().to_string(),
             )
             .await?;
         let running = Arc::new(Running::new(

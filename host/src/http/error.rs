@@ -62,6 +62,7 @@ impl From<db::Error> for Error {
         match e {
             db::Error::DuplicateJob(_) => Error::Conflict(e.to_string()),
             db::Error::NoRoom(_) => Error::Unavailable(no_room(&e)),
+            db::Error::Unwritten(_) => Error::Unavailable(e.to_string()),
             e => Error::Internal(e.to_string()),
         }
     }
@@ -78,6 +79,9 @@ impl From<StartError> for Error {
             | StartError::UnknownDeployer { .. }
             | StartError::BadOptions(_) => Error::BadRequest(e.to_string()),
             StartError::Record(e @ db::Error::NoRoom(_)) => Error::Unavailable(no_room(&e)),
+            StartError::Record(e @ db::Error::Unwritten(_)) => {
+                Error::Unavailable(format!("recording a deployment: {e}"))
+            }
             StartError::Record(e) => Error::Internal(format!("recording a deployment: {e}")),
         }
     }

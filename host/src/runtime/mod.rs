@@ -352,20 +352,27 @@ impl Runtime {
         });
         let plugin_ask = code.pre.ask(store, question);
 
+        let measured = out_dir.clone();
         let mut ask = Box::pin(async move {
             let (answer, store) = plugin_ask.await;
             let exhausted = store.data().memory.exhausted;
             // The instance's slot is free once its store is gone.
             drop(store);
             drop(slot);
-            (answer, exhausted)
+            // What it wrote just before returning, measured here: a guest
+            // thread may block, and the caller is spared a hop.
+            let held = match (&answer, measured) {
+                (Ok(_), Some(dir)) => quota::used(&dir),
+                _ => 0,
+            };
+            (answer, exhausted, held)
         });
         // A question has no mounts, so nothing in it blocks a thread: its
         // first slice (at most one epoch tick of guest code) runs here,
         // and most end within it, sparing the two thread hops of a move
         // to the guest threads.
         if out_dir.is_none()
-            && let Poll::Ready((answer, out_of_memory)) = futures::poll!(&mut ask)
+            && let Poll::Ready((answer, out_of_memory, _)) = futures::poll!(&mut ask)
         {
             return answer.map_err(|e| classify(e, out_of_memory, plugin, limit, &stderr));
         }
@@ -392,7 +399,7 @@ impl Runtime {
             _ = cancel.cancelled() => Err(CallError::Cancelled),
             _ = over_quota => Err(over(0)),
         };
-        let (answer, out_of_memory) = match ended {
+        let (answer, out_of_memory, held) = match ended {
             Ok(Ok(ended)) => ended,
             // A panic in the host's side of a call is the caller's, as it
             // was when the guest ran in the caller's task.
@@ -412,12 +419,8 @@ impl Runtime {
                 });
             }
         };
-        if answer.is_ok() {
-            // What it wrote just before returning was not measured yet.
-            let held = held(out_dir).await;
-            if held > quota {
-                return Err(over(held));
-            }
+        if answer.is_ok() && held > quota {
+            return Err(over(held));
         }
         match answer {
             Ok(answer) => Ok(answer),
