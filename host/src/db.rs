@@ -156,8 +156,10 @@ struct Ran {
     no_room: bool,
     /// Answers the caller: with its own outcome, unless the transaction
     /// did not commit (the reason given).
-    answer: Box<dyn FnOnce(Option<&Unwritten>) + Send>,
+    answer: Answer,
 }
+
+type Answer = Box<dyn FnOnce(Option<&Unwritten>) + Send>;
 
 /// Why a group of writes did not commit.
 #[derive(Clone)]
