@@ -80,22 +80,15 @@ async fn a_plugin_serves_baseline_code_at_once_and_optimized_code_when_ready() {
 
     // Both tiers were cached: a tiered start takes the optimized code, a
     // baseline-only start its own, neither compiling.
-    let again = load(
-        &runtime(Compiler::Tiered),
-        &plugins::test_plugin("misbehave"),
-    )
-    .await;
-    assert_eq!(
-        (again.origin, again.tier()),
-        (Origin::Cached, Tier::Optimized)
-    );
-    let baseline = load(
-        &runtime(Compiler::Baseline),
-        &plugins::test_plugin("misbehave"),
-    )
-    .await;
-    assert_eq!(
-        (baseline.origin, baseline.tier()),
-        (Origin::Cached, Tier::Baseline)
-    );
+    for (compiler, tier) in [
+        (Compiler::Tiered, Tier::Optimized),
+        (Compiler::Baseline, Tier::Baseline),
+    ] {
+        let again = load(&runtime(compiler), &plugins::test_plugin("misbehave")).await;
+        assert_eq!(
+            (again.origin, again.tier()),
+            (Origin::Cached, tier),
+            "{compiler}"
+        );
+    }
 }
