@@ -163,11 +163,13 @@ impl Backend {
 
 /// What a freed memory slot keeps resident: a call to a Python or
 /// JavaScript guest dirties a few MiB of its interpreter's heap, which the
-/// next call in the slot then reuses without page faults (4a: 0.6× the
-/// on-demand time for them, 0.2× for Rust; 0 MiB kept gave 1.0–1.25×).
-const KEEP_RESIDENT: usize = 64 << 20;
+/// next call in the slot then reuses without page faults (BENCHMARKS 4a:
+/// 0.4–0.7× the on-demand time for them, 0.2× for Rust, where nothing
+/// kept gave 0.9–1.25×). 64 MiB was no faster and held 0.5 GiB more
+/// under the worst-case load of section 9a.
+const KEEP_RESIDENT: usize = 32 << 20;
 /// Freed slots kept warm for their plugin: bounds what `KEEP_RESIDENT`
-/// holds while idle to 1 GiB at worst.
+/// holds while idle to 512 MiB at worst.
 const WARM_SLOTS: u32 = 16;
 
 /// The instance pool of an engine: memories, tables, stacks and instance
