@@ -110,7 +110,10 @@ fn model_files(ctx: &Ctx) -> anyhow::Result<Vec<DataFile>> {
     tensors.extend_from_slice(&[0; 8]);
     let mut listed = Vec::new();
     for (path, bytes) in [
-        ("adapter_config.json", br#"{"r": 8, "lora_alpha": 16}"#.to_vec()),
+        (
+            "adapter_config.json",
+            br#"{"r": 8, "lora_alpha": 16}"#.to_vec(),
+        ),
         ("adapter_model.safetensors", tensors),
     ] {
         std::fs::write(root.join(path), &bytes)?;

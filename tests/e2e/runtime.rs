@@ -4,7 +4,8 @@
 //! that poisons the host would be worse than the fault itself. Never mocks
 //! the engine and never reads the runtime's private state. Every case runs
 //! on both tiers of compiled code (`optimized::` Cranelift, `baseline::`
-//! Winch); `tiers` covers the swap from one to the other.
+//! Winch); `tiers` covers the swap from one to the other, `pool` the
+//! instance pool's limit.
 
 mod optimized {
     const COMPILER: berth::runtime::Compiler = berth::runtime::Compiler::Optimized;
@@ -16,4 +17,5 @@ mod baseline {
     include!("runtime/cases.rs");
 }
 
+mod pool;
 mod tiers;

@@ -1,0 +1,60 @@
+//! The instance pool: a call past its slots waits for one instead of
+//! failing, and a cancel ends the wait.
+
+use std::time::Duration;
+
+use berth::runtime::{CallError, Compiler, Engines, Limits, Runtime};
+use serde_json::json;
+use tempfile::TempDir;
+use tokio_util::sync::CancellationToken;
+
+use super::optimized::{deploy_call, load, log_reporter, small_model};
+use crate::support::plugins;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_the_pool_waits_for_a_slot_and_a_cancel_ends_the_wait() {
+    let engines = Engines {
+        compiler: Compiler::Optimized,
+        pool: Some(1),
+    };
+    let runtime = Runtime::new(Limits::default(), None, engines).unwrap();
+    let plugin = load(&runtime, &plugins::test_plugin("misbehave")).await;
+    let model = small_model();
+    let out = TempDir::new().unwrap();
+    let sleep = json!({"mode": "sleep", "ms": 3_000}).to_string();
+    let (never, cancel) = (CancellationToken::new(), CancellationToken::new());
+
+    // The only slot, taken for three seconds.
+    let holding = runtime.deploy(
+        &plugin,
+        deploy_call(&model, out.path(), 1, &sleep),
+        log_reporter(1),
+        &never,
+    );
+    tokio::pin!(holding);
+    let check = runtime.check_options(&plugin, r#"{"mode":"ok"}"#);
+    tokio::pin!(check);
+    tokio::select! {
+        ended = &mut holding => panic!("the sleeping deployment ended early: {ended:?}"),
+        checked = &mut check => panic!("check-options ran while the only slot was taken: {checked:?}"),
+        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+    }
+    // A deployment waiting for the slot is cancelled while it waits.
+    let out2 = TempDir::new().unwrap();
+    let ok = json!({"mode": "ok"}).to_string();
+    let waiting = runtime.deploy(
+        &plugin,
+        deploy_call(&model, out2.path(), 2, &ok),
+        log_reporter(2),
+        &cancel,
+    );
+    cancel.cancel();
+    assert_eq!(waiting.await.unwrap_err(), CallError::Cancelled);
+
+    holding
+        .await
+        .expect("the deployment holding the slot completes");
+    check
+        .await
+        .expect("check-options runs once the slot is free");
+}
