@@ -209,6 +209,27 @@ fn a_second_run_loads_the_plugin_from_the_users_cache() {
         );
     }
 
+    // Baseline code (Winch) is compiled and cached beside the optimized.
+    let baseline = ["--cache-dir", path(&flag), "--compiler", "baseline"];
+    let first = runs(&baseline);
+    assert!(
+        first.contains("plugin archive: compiled and loaded in "),
+        "{first}"
+    );
+    let entries = names_in(&flag);
+    assert_eq!(entries.len(), 4, "{entries:?}");
+    assert!(
+        entries
+            .iter()
+            .any(|e| e.starts_with(&format!("{sha256}-baseline-")) && e.ends_with(".cwasm")),
+        "{entries:?}"
+    );
+    let second = runs(&baseline);
+    assert!(
+        second.contains("plugin archive: loaded from the compiled-code cache in "),
+        "{second}"
+    );
+
     let uncached = runs(&["--no-cache"]);
     assert!(
         uncached.contains("plugin archive: compiled and loaded in ")

@@ -87,7 +87,7 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             file,
             repeat,
             cache,
-        } => check(&file, repeat, cache.dir().as_deref()).await,
+        } => check(&file, repeat, &cache).await,
         PluginCommand::Run {
             file,
             dir,
@@ -112,7 +112,7 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
                 },
                 verbose: verbose || (!quiet && std::io::stderr().is_terminal()),
             };
-            run_once(run, cache.dir().as_deref()).await
+            run_once(run, &cache).await
         }
         PluginCommand::New(args) => scaffold::run(&args),
     }
@@ -127,14 +127,11 @@ fn plugin_name(file: &Path) -> anyhow::Result<&str> {
         .with_context(|| format!("{}: the file name is not valid UTF-8", file.display()))
 }
 
-async fn check(
-    file: &Path,
-    repeat: Option<usize>,
-    cache: Option<&Path>,
-) -> anyhow::Result<ExitCode> {
+async fn check(file: &Path, repeat: Option<usize>, code: &CacheArgs) -> anyhow::Result<ExitCode> {
     let name = plugin_name(file)?;
-    let runtime = cache::runtime(cache)?;
-    match cache::load(&runtime, file, name, cache).await {
+    let cache = code.dir();
+    let runtime = code.runtime(cache.as_deref())?;
+    match cache::load(&runtime, file, name, cache.as_deref()).await {
         Ok(plugin) => {
             println!("name:        {}", plugin.name);
             println!("description: {}", plugin.description);
@@ -215,7 +212,7 @@ struct RunArgs {
     verbose: bool,
 }
 
-async fn run_once(args: RunArgs, cache: Option<&Path>) -> anyhow::Result<ExitCode> {
+async fn run_once(args: RunArgs, code: &CacheArgs) -> anyhow::Result<ExitCode> {
     let RunArgs {
         file,
         dir,
@@ -236,8 +233,9 @@ async fn run_once(args: RunArgs, cache: Option<&Path>) -> anyhow::Result<ExitCod
         None => None,
     };
 
-    let runtime = cache::runtime(cache)?;
-    let mut plugin = cache::load(&runtime, file, name, cache)
+    let cache = code.dir();
+    let runtime = code.runtime(cache.as_deref())?;
+    let mut plugin = cache::load(&runtime, file, name, cache.as_deref())
         .await
         .map_err(|reason| anyhow::anyhow!("{}: {reason}", file.display()))?;
     plugin.limits.memory_mib = overrides.memory_mib.unwrap_or(plugin.limits.memory_mib);

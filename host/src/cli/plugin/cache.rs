@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use clap::Args;
 
-use crate::runtime::{CodeCache, Engines, Origin, Plugin, Runtime};
+use crate::runtime::{CodeCache, Compiler, Engines, Origin, Plugin, Runtime};
 
 #[derive(Debug, Args)]
 pub struct CacheArgs {
@@ -18,6 +18,12 @@ pub struct CacheArgs {
     /// Compiles the plugin without reading or writing the cache.
     #[arg(long)]
     no_cache: bool,
+    /// Which compiler makes the plugin's code: `optimized` (Cranelift, the
+    /// code a server settles on), or `baseline` (Winch: seconds instead of
+    /// tens of seconds for a Python or JavaScript plugin the first time,
+    /// slower code); each is cached.
+    #[arg(long, value_name = "COMPILER", default_value_t = Compiler::Optimized)]
+    compiler: Compiler,
 }
 
 impl CacheArgs {
@@ -50,13 +56,16 @@ fn user_cache_dir() -> Option<PathBuf> {
     xdg.or_else(home).map(|dir| dir.join("berth"))
 }
 
-/// A runtime with the server's defaults and this cache.
-pub fn runtime(cache: Option<&Path>) -> anyhow::Result<Runtime> {
-    Runtime::new(
-        Default::default(),
-        cache.map(CodeCache::new),
-        Engines::optimized(),
-    )
+impl CacheArgs {
+    /// A runtime with the server's defaults, this cache (`dir()`) and this
+    /// compiler.
+    pub fn runtime(&self, cache: Option<&Path>) -> anyhow::Result<Runtime> {
+        let engines = Engines {
+            compiler: self.compiler,
+            ..Engines::default()
+        };
+        Runtime::new(Default::default(), cache.map(CodeCache::new), engines)
+    }
 }
 
 /// Loads the plugin as the server would, and says on stderr whether its
