@@ -112,7 +112,8 @@ pub struct ServeArgs {
     /// reserved up front and reused from call to call, which makes a fresh
     /// sandbox cheap; further calls wait for a free one. 0 maps each
     /// instance afresh instead (for hosts that limit address space: each
-    /// pooled instance reserves about 16 GiB of it, never memory).
+    /// pooled instance reserves about 16 GiB of it per compiler, 32 GiB
+    /// when tiered, never memory).
     #[arg(long, env = "BERTH_INSTANCE_POOL", default_value_t = Engines::DEFAULT_POOL)]
     instance_pool: u32,
     /// POST every deployment event as JSON to this URL.
