@@ -190,7 +190,9 @@ impl Committer {
         tokio::spawn(async move {
             let mut group = Vec::with_capacity(GROUP);
             loop {
+                // Writes already queued are made before closing.
                 let received = tokio::select! {
+                    biased;
                     received = queue.recv_many(&mut group, GROUP) => received,
                     _ = stop.cancelled() => 0,
                 };
