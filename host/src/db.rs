@@ -162,7 +162,6 @@ struct Ran {
 type Answer = Box<dyn FnOnce(Option<&Unwritten>) + Send>;
 
 /// Why a group of writes did not commit.
-#[derive(Clone)]
 struct Unwritten {
     no_room: bool,
     message: String,

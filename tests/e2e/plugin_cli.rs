@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::support::bytes as noise;
+use crate::support::cli::{expect_success, lossy, path};
 use crate::support::{plugins, sha256_hex, tree, unpack};
 
 #[test]
@@ -509,18 +510,6 @@ enum Stream {
     Stderr,
 }
 
-/// Stdout of a run that exited 0.
-#[track_caller]
-fn expect_success(output: &Output) -> String {
-    let (stdout, stderr) = (lossy(&output.stdout), lossy(&output.stderr));
-    assert!(
-        output.status.success(),
-        "exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
-    );
-    stdout
-}
-
 /// The stream that should explain a run that exited 1.
 #[track_caller]
 fn expect_failure(output: &Output, stream: Stream) -> String {
@@ -534,14 +523,6 @@ fn expect_failure(output: &Output, stream: Stream) -> String {
         Stream::Stdout => stdout,
         Stream::Stderr => stderr,
     }
-}
-
-fn lossy(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn path(path: &Path) -> &str {
-    path.to_str().expect("temp paths are UTF-8")
 }
 
 /// A model directory named like a training job, with nested files, an

@@ -15,6 +15,7 @@ use std::process::{Command, Output};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+use crate::support::cli::{expect_success, lossy, path};
 use crate::support::tree;
 
 #[test]
@@ -271,23 +272,4 @@ fn berth_in(dir: &Path, args: &[&str]) -> Output {
         .env("BERTH_LOG", "warn")
         .output()
         .expect("the berth binary runs")
-}
-
-#[track_caller]
-fn expect_success(output: &Output) -> String {
-    let (stdout, stderr) = (lossy(&output.stdout), lossy(&output.stderr));
-    assert!(
-        output.status.success(),
-        "exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
-    );
-    stdout
-}
-
-fn lossy(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn path(path: &Path) -> &str {
-    path.to_str().expect("temp paths are UTF-8")
 }

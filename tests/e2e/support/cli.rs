@@ -1,0 +1,25 @@
+//! Running the `berth` binary as a command-line tool: what its runs said.
+
+use std::path::Path;
+use std::process::Output;
+
+/// Stdout of a run that exited 0.
+#[track_caller]
+pub fn expect_success(output: &Output) -> String {
+    let (stdout, stderr) = (lossy(&output.stdout), lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    stdout
+}
+
+pub fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A path as a command-line argument.
+pub fn path(path: &Path) -> &str {
+    path.to_str().expect("temp paths are UTF-8")
+}
