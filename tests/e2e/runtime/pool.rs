@@ -34,7 +34,10 @@ async fn a_call_past_the_pool_waits_for_a_slot_and_a_cancel_ends_the_wait() {
     tokio::pin!(holding);
     let check = runtime.check_options(&plugin, r#"{"mode":"ok"}"#);
     tokio::pin!(check);
+    // Biased: the deployment must be polled first so that it, not the
+    // question, takes the slot.
     tokio::select! {
+        biased;
         ended = &mut holding => panic!("the sleeping deployment ended early: {ended:?}"),
         checked = &mut check => panic!("check-options ran while the only slot was taken: {checked:?}"),
         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
