@@ -3,6 +3,7 @@
 //! (`$N` placeholders work on both); what differs between them lives in
 //! `migrations/sqlite/` and `migrations/postgres/`, applied at connect.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use futures::future::BoxFuture;
@@ -11,6 +12,10 @@ use sqlx::{AnyConnection, AnyPool, Row};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{Deployment, ModelFile, Outcome, Phase, Progress, Status, TrainedModel};
+
+mod notify;
+
+pub use notify::Topic;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -75,6 +80,11 @@ const SQLITE_MIGRATIONS: Migrations = Migrations(&[
         "created by",
         include_str!("../../migrations/sqlite/0003_created_by.sql"),
     ),
+    (
+        4,
+        "queue",
+        include_str!("../../migrations/sqlite/0004_queue.sql"),
+    ),
 ]);
 const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
     (
@@ -91,6 +101,11 @@ const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
         3,
         "created by",
         include_str!("../../migrations/postgres/0003_created_by.sql"),
+    ),
+    (
+        4,
+        "queue",
+        include_str!("../../migrations/postgres/0004_queue.sql"),
     ),
 ]);
 
@@ -127,6 +142,10 @@ pub struct Db {
     pool: AnyPool,
     /// On SQLite, every write: see `Committer`.
     committer: Option<Committer>,
+    /// What other servers on this database (and this one) said changed.
+    wakeups: Arc<notify::Wakeups>,
+    /// Cancelled by `close`: stops listening.
+    closing: CancellationToken,
 }
 
 /// Group commit, for SQLite. SQLite has one writer at a time and syncs
@@ -315,7 +334,44 @@ impl Db {
             let writer = Self::pool(&url, postgres, 1).await?;
             Some(Committer::start(writer.acquire().await?, writer))
         };
-        Ok(Self { pool, committer })
+        let wakeups = Arc::new(notify::Wakeups::new());
+        let closing = CancellationToken::new();
+        if postgres {
+            let (wakeups, stop) = (wakeups.clone(), closing.clone());
+            tokio::spawn(async move { wakeups.listen(&url, stop).await });
+        }
+        Ok(Self {
+            pool,
+            committer,
+            wakeups,
+            closing,
+        })
+    }
+
+    /// Whether this is PostgreSQL, where several servers may share the
+    /// records.
+    pub fn shared(&self) -> bool {
+        self.committer.is_none()
+    }
+
+    /// Tells every server on this database (this one included) that
+    /// `topic` changed. Made after the write it reports was committed.
+    pub async fn notify(&self, topic: Topic, payload: &str) -> Result<()> {
+        if self.shared() {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(topic.channel())
+                .bind(payload)
+                .execute(&self.pool)
+                .await?;
+        } else {
+            self.wakeups.deliver(topic, payload.to_string());
+        }
+        Ok(())
+    }
+
+    /// Hears what `notify` said from now on, from any server.
+    pub fn wakeups(&self, topic: Topic) -> tokio::sync::broadcast::Receiver<String> {
+        self.wakeups.subscribe(topic)
     }
 
     async fn pool(url: &str, postgres: bool, connections: u32) -> Result<AnyPool> {
@@ -598,6 +654,7 @@ impl Db {
     }
 
     pub async fn close(&self) {
+        self.closing.cancel();
         if let Some(committer) = &self.committer {
             committer.closing.cancel();
             committer.pool.close().await;

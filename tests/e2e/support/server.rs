@@ -42,6 +42,35 @@ pub struct Options {
     cache_dir: Option<PathBuf>,
     /// The data dir on a filesystem of its own of this many MiB.
     volume_mib: Option<u64>,
+    /// The database, models dir and plugins folder of several servers.
+    shared: Option<Shared>,
+}
+
+/// What several servers acting as one service share: one PostgreSQL
+/// database, one models volume and one plugins folder. Each server keeps
+/// its own data dir (its id, its out-dirs).
+#[derive(Clone)]
+pub struct Shared {
+    pub database_url: String,
+    pub models_dir: PathBuf,
+    pub plugins_dir: PathBuf,
+    _temp: Arc<tempfile::TempDir>,
+}
+
+impl Shared {
+    /// A fresh database on the test PostgreSQL server, and empty folders.
+    pub async fn new() -> Self {
+        let temp = Arc::new(tempfile::tempdir().unwrap());
+        let models_dir = temp.path().join("models");
+        let plugins_dir = temp.path().join("plugins");
+        std::fs::create_dir_all(&plugins_dir).unwrap();
+        Self {
+            database_url: fresh_postgres_database().await,
+            models_dir,
+            plugins_dir,
+            _temp: temp,
+        }
+    }
 }
 
 impl Options {
@@ -68,6 +97,23 @@ impl Options {
     /// Adds any file (a manifest `NAME.toml`, say) to the plugins folder.
     pub fn plugins_file(mut self, file: &str, contents: impl Into<Vec<u8>>) -> Self {
         self.files.push((file.to_string(), contents.into()));
+        self
+    }
+
+    /// Runs on `shared`'s database, models dir and plugins folder (the
+    /// backend must be PostgreSQL); plugins added here go into the shared
+    /// folder.
+    pub fn shared(mut self, shared: &Shared) -> Self {
+        assert_eq!(
+            self.backend,
+            Backend::Postgres,
+            "servers share a PostgreSQL database"
+        );
+        self.args.extend([
+            "--models-dir".to_string(),
+            shared.models_dir.display().to_string(),
+        ]);
+        self.shared = Some(shared.clone());
         self
     }
 
@@ -101,18 +147,22 @@ impl Options {
     async fn launch(self, wait_loaded: bool) -> Berth {
         let temp = Arc::new(tempfile::tempdir().unwrap());
         let data_dir = temp.path().join("data");
-        let plugins_dir = temp.path().join("plugins");
+        let plugins_dir = match &self.shared {
+            Some(shared) => shared.plugins_dir.clone(),
+            None => temp.path().join("plugins"),
+        };
         std::fs::create_dir_all(&plugins_dir).unwrap();
         let volume = self.volume_mib.map(|mib| Volume::mount(&data_dir, mib));
         for (name, wasm) in &self.plugins {
-            std::fs::copy(wasm, plugins_dir.join(format!("{name}.wasm"))).unwrap();
+            place(wasm, &plugins_dir.join(format!("{name}.wasm")));
         }
         for (file, contents) in &self.files {
             std::fs::write(plugins_dir.join(file), contents).unwrap();
         }
-        let database_url = match self.backend {
-            Backend::Sqlite => format!("sqlite://{}", data_dir.join("berth.db").display()),
-            Backend::Postgres => fresh_postgres_database().await,
+        let database_url = match (&self.shared, self.backend) {
+            (Some(shared), _) => shared.database_url.clone(),
+            (None, Backend::Sqlite) => format!("sqlite://{}", data_dir.join("berth.db").display()),
+            (None, Backend::Postgres) => fresh_postgres_database().await,
         };
         let mut args = self.args;
         if let Some(dir) = &self.cache_dir {
@@ -137,6 +187,18 @@ impl Options {
             client: reqwest::Client::new(),
         }
     }
+}
+
+/// Puts a plugin into a folder other servers may be watching: unchanged
+/// if it is there already, else whole at once (a temp name, a rename).
+fn place(wasm: &Path, at: &Path) {
+    let bytes = std::fs::read(wasm).unwrap();
+    if std::fs::read(at).is_ok_and(|there| there == bytes) {
+        return;
+    }
+    let temp = at.with_extension("wasm.part");
+    std::fs::write(&temp, bytes).unwrap();
+    std::fs::rename(temp, at).unwrap();
 }
 
 /// A small tmpfs mounted for one test server, unmounted when dropped.
@@ -194,6 +256,7 @@ impl Berth {
             env: Vec::new(),
             cache_dir: Some(plugins::shared_cache()),
             volume_mib: None,
+            shared: None,
         }
     }
 
