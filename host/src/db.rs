@@ -14,8 +14,10 @@ use tokio_util::sync::CancellationToken;
 use crate::model::{Deployment, ModelFile, Outcome, Phase, Progress, Status, TrainedModel};
 
 mod notify;
+mod queue;
 
 pub use notify::Topic;
+pub use queue::{Beat, CancelAsked, Runnable};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -287,7 +289,8 @@ pub struct NewDeployment<'a> {
     pub deployer: &'a str,
     pub options_json: &'a str,
     pub dir: &'a str,
-    pub server_id: &'a str,
+    /// The sha256 of the deployer's `.wasm` that checked the options.
+    pub plugin_sha256: &'a str,
     pub created_by: Option<&'a str>,
 }
 
@@ -306,7 +309,8 @@ pub fn now() -> String {
 const MODEL_COLUMNS: &str = "id, name, job_id, base_model, model_size, dataset, num_examples, \
      num_train_steps, final_loss, params, source, created_at, created_by";
 const DEPLOYMENT_COLUMNS: &str = "id, model_id, deployer, options, status, phase, progress, dir, \
-     out_dir, ref, details, error, duration_ms, created_at, completed_at, created_by";
+     out_dir, ref, details, error, duration_ms, created_at, completed_at, created_by, plugin_sha256, \
+     server_id, started_at";
 
 impl Db {
     /// Connects (creating a SQLite file if missing) and applies migrations.
@@ -464,35 +468,32 @@ impl Db {
         .await
     }
 
-    /// Records a deployment as running, in `phase`. `out_dir` is derived
-    /// from the new id.
+    /// Records a deployment as queued, for a server that has its deployer
+    /// at `new.plugin_sha256` to claim. `out_dir` is derived from the new
+    /// id.
     pub async fn insert_deployment(
         &self,
         new: NewDeployment<'_>,
-        phase: Phase,
         out_dir: impl Fn(i64) -> String + Send + 'static,
     ) -> Result<Deployment> {
         let model_id = new.model_id;
-        let [deployer, options, dir, server_id] =
-            [new.deployer, new.options_json, new.dir, new.server_id].map(str::to_string);
+        let [deployer, options, dir, plugin_sha256] =
+            [new.deployer, new.options_json, new.dir, new.plugin_sha256].map(str::to_string);
         let created_by = new.created_by.map(str::to_string);
         self.write(move |conn| {
             Box::pin(async move {
                 let row = sqlx::query(
-                    "INSERT INTO deployments (model_id, deployer, options, status, phase, dir, \
-                     out_dir, details, server_id, created_at, created_by) \
-                     VALUES ($1, $2, $3, 'running', $4, $5, '', '{}', $6, $7, $8) RETURNING id",
+                    "INSERT INTO deployments (model_id, deployer, options, status, dir, \
+                     out_dir, details, server_id, created_at, created_by, plugin_sha256) \
+                     VALUES ($1, $2, $3, 'queued', $4, '', '{}', '', $5, $6, $7) RETURNING id",
                 )
                 .bind(model_id)
                 .bind(deployer)
                 .bind(options)
-                // Recorded with the row so that a kill before the first
-                // progress update still finds a phase.
-                .bind(phase.as_str())
                 .bind(dir)
-                .bind(server_id)
                 .bind(now())
                 .bind(created_by)
+                .bind(plugin_sha256)
                 .fetch_one(&mut *conn)
                 .await?;
                 let id: i64 = row.try_get(0)?;
@@ -821,6 +822,9 @@ fn deployment_row(row: &AnyRow) -> Result<Deployment> {
         created_at: row.try_get("created_at")?,
         completed_at: row.try_get("completed_at")?,
         created_by: row.try_get("created_by")?,
+        plugin_sha256: row.try_get("plugin_sha256")?,
+        server: Some(row.try_get::<String, _>("server_id")?).filter(|s| !s.is_empty()),
+        started_at: row.try_get("started_at")?,
     })
 }
 
@@ -871,12 +875,10 @@ mod tests {
                             deployer: "d",
                             options_json: "{}",
                             dir: "/m",
-                            server_id: "s",
+                            plugin_sha256: "ab",
                             created_by: None,
                         };
-                        let inserted = db
-                            .insert_deployment(new, Phase::Fetching, |id| format!("/out/{id}"))
-                            .await;
+                        let inserted = db.insert_deployment(new, |id| format!("/out/{id}")).await;
                         ("orphan", inserted.err())
                     }
                     _ => (

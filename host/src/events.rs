@@ -9,6 +9,13 @@ use crate::model::{Phase, Progress};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// Recorded, waiting for a server with room.
+    DeploymentQueued {
+        deploy_id: i64,
+        model_id: i64,
+        deployer: String,
+    },
+    /// Claimed by a server, which runs it.
     DeploymentStarted {
         deploy_id: i64,
         model_id: i64,
@@ -50,6 +57,7 @@ impl Event {
     /// The event's type, as SSE `event:` names it.
     pub fn kind(&self) -> &'static str {
         match self {
+            Event::DeploymentQueued { .. } => "deployment.queued",
             Event::DeploymentStarted { .. } => "deployment.started",
             Event::DeploymentProgress { .. } => "deployment.progress",
             Event::DeploymentCompleted { .. } => "deployment.completed",
@@ -77,6 +85,13 @@ impl Default for Events {
 impl Events {
     pub fn publish(&self, event: Event) {
         match &event {
+            Event::DeploymentQueued {
+                deploy_id,
+                model_id,
+                deployer,
+            } => {
+                tracing::info!(deploy_id, model_id, deployer, "deployment queued");
+            }
             Event::DeploymentStarted {
                 deploy_id,
                 model_id,

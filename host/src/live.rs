@@ -33,6 +33,15 @@ impl Live {
         self.running.lock().expect("live lock").remove(&deploy_id);
     }
 
+    pub fn all(&self) -> Vec<Arc<Running>> {
+        self.running
+            .lock()
+            .expect("live lock")
+            .values()
+            .cloned()
+            .collect()
+    }
+
     pub fn get(&self, deploy_id: i64) -> Option<Arc<Running>> {
         self.running
             .lock()
@@ -95,6 +104,10 @@ impl Running {
     /// Marks the deployment's row as final.
     pub fn finish(&self) {
         self.finished.cancel();
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished.is_cancelled()
     }
 
     /// Resolves once the deployment's outcome is recorded.

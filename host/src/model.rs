@@ -62,6 +62,8 @@ impl TrainedModel {
 /// Where a deployment stands. Only `Running` changes, once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
+    /// Recorded, waiting for a server with room to claim it.
+    Queued,
     Running,
     Completed,
     Failed,
@@ -70,14 +72,21 @@ pub enum Status {
 impl Status {
     pub fn as_str(self) -> &'static str {
         match self {
+            Status::Queued => "queued",
             Status::Running => "running",
             Status::Completed => "completed",
             Status::Failed => "failed",
         }
     }
 
+    /// Completed or failed: the row will not change again.
+    pub fn is_final(self) -> bool {
+        matches!(self, Status::Completed | Status::Failed)
+    }
+
     pub fn parse(text: &str) -> Option<Self> {
         match text {
+            "queued" => Some(Status::Queued),
             "running" => Some(Status::Running),
             "completed" => Some(Status::Completed),
             "failed" => Some(Status::Failed),
@@ -111,6 +120,12 @@ pub struct Deployment {
     pub completed_at: Option<String>,
     /// The name of the API token that asked for it (none without tokens).
     pub created_by: Option<String>,
+    /// The sha256 of the deployer's `.wasm` it runs: the version asked for.
+    pub plugin_sha256: Option<String>,
+    /// The id of the server that runs (or ran) it; none while queued.
+    pub server: Option<String>,
+    /// When a server claimed it.
+    pub started_at: Option<String>,
 }
 
 /// How a deployment ended.

@@ -4,15 +4,16 @@
 //! publish the event. Every step is owned by its own module; this file only
 //! sequences them and turns their errors into the deployment's error text.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::db::{self, Db, Ending, NewDeployment};
+use crate::db::{self, Beat, CancelAsked, Db, Ending, NewDeployment, Runnable, Topic};
 use crate::deployers::Deployers;
 use crate::events::{Event, Events};
 use crate::fetch::{self, Fetcher};
@@ -59,6 +60,59 @@ pub fn interrupted(phase: Option<Phase>, stop: Stop) -> String {
     format!("interrupted{doing}: the server stopped before it finished{cause}")
 }
 
+/// The error recorded for a deployment whose owner stopped renewing its
+/// lease: `owner` names the server.
+pub fn lost(owner: &str, phase: Option<Phase>) -> String {
+    let doing = match phase {
+        Some(Phase::Fetching) => " while fetching the model",
+        Some(Phase::Deploying) => " while deploying",
+        None => "",
+    };
+    format!(
+        "lost{doing}: berth server {owner} stopped renewing its lease on this deployment (killed, frozen or cut off from the database?)"
+    )
+}
+
+/// The error recorded for a queued deployment no live server can run.
+fn unrunnable(deployer: &str, sha256: &str, waited: Duration) -> String {
+    format!(
+        "no berth server could run it: none has deployer {deployer} at sha256 {sha256} loaded, \
+         and none took it within {} (--queue-timeout-s); load that version of the deployer \
+         on a server, or deploy again with the version the servers have",
+        crate::human::duration(waited)
+    )
+}
+
+/// How servers share the queue.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueSettings {
+    /// Deployments this server runs at once; the rest wait, in order.
+    pub max_running: usize,
+    /// How long a server's claim on a running deployment lasts unless
+    /// renewed; renewed every third of it.
+    pub lease: Duration,
+    /// How long a deployment nobody can run stays queued.
+    pub queue_timeout: Duration,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        Self {
+            max_running: 32,
+            lease: Duration::from_secs(15),
+            queue_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// How often a server with room looks at the queue without being woken:
+/// a wake-up can be lost, and a plugin loaded later makes rows runnable.
+const QUEUE_POLL: Duration = Duration::from_secs(1);
+
+/// How long a cancel waits for the deployment's row to end before it
+/// answers that the cancel was accepted.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
+
 /// Options larger than this are refused before anything else happens.
 pub const MAX_OPTIONS_BYTES: usize = 64 * 1024;
 
@@ -99,6 +153,11 @@ pub struct Pipeline {
     fetcher: Fetcher,
     /// Identifies this server process's rows among replicas.
     server_id: String,
+    /// How people know this server: its host and address.
+    server_name: String,
+    queue: QueueSettings,
+    /// One permit per deployment this server may run at once.
+    room: Arc<tokio::sync::Semaphore>,
     /// Deployment out-dirs live under here, one per deployment id.
     out_root: PathBuf,
     /// Cancelled when the server stops: every running deployment is
@@ -107,6 +166,9 @@ pub struct Pipeline {
     /// Every deployment task, so a stop can wait for their rows.
     tasks: TaskTracker,
     live: Live,
+    /// The request span of each deployment queued here and not claimed
+    /// yet: a deployment claimed here logs under its request's id.
+    spans: std::sync::Mutex<HashMap<i64, (Instant, tracing::Span)>>,
     /// Bytes of the data volume new deployments leave free.
     reserve: u64,
 }
@@ -118,8 +180,6 @@ pub enum CancelError {
     Unknown(i64),
     #[error("deployment {id} already ended ({status}); only a running deployment can be cancelled")]
     Ended { id: i64, status: &'static str },
-    #[error("deployment {0} is running on another berth server; send the cancel there")]
-    Elsewhere(i64),
     #[error("{0}")]
     Record(#[from] db::Error),
 }
@@ -145,7 +205,7 @@ pub struct Request<'a> {
     pub created_by: Option<&'a str>,
 }
 
-/// A recorded, running deployment, ready to be carried out.
+/// A claimed deployment, ready to be carried out.
 struct Started {
     deployment: Deployment,
     model: TrainedModel,
@@ -156,13 +216,31 @@ struct Started {
     running: Arc<Running>,
 }
 
-/// Cancels a deployment when dropped, unless it ended first: what an
-/// attached run holds, so a client that leaves cancels its work.
-struct CancelOnDrop(Arc<Running>);
+/// Cancels a deployment when dropped, unless disarmed once it ended: what
+/// an attached run holds, so a client that leaves cancels its work,
+/// wherever it runs.
+struct CancelOnDrop {
+    pipeline: Arc<Pipeline>,
+    deploy_id: Option<i64>,
+}
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        self.0.cancel("cancelled: the client disconnected");
+        let Some(id) = self.deploy_id else {
+            return;
+        };
+        let pipeline = self.pipeline.clone();
+        self.pipeline.tasks.spawn(async move {
+            if let Err(e) = pipeline
+                .ask_cancel(id, "cancelled: the client disconnected")
+                .await
+            {
+                tracing::warn!(
+                    deploy_id = id,
+                    "could not cancel the deployment of a client that left: {e}"
+                );
+            }
+        });
     }
 }
 
@@ -175,18 +253,40 @@ impl Pipeline {
         server_id: String,
         out_root: PathBuf,
     ) -> Self {
+        let queue = QueueSettings::default();
         Self {
             db,
             events,
             deployers,
             fetcher,
+            server_name: server_id.clone(),
             server_id,
+            queue,
+            room: Arc::new(tokio::sync::Semaphore::new(queue.max_running)),
             out_root,
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
             live: Live::default(),
+            spans: Default::default(),
             reserve: 0,
         }
+    }
+
+    /// How this server shares the queue, and the name other servers'
+    /// records give it.
+    pub fn queue(mut self, settings: QueueSettings, server_name: String) -> Self {
+        self.room = Arc::new(tokio::sync::Semaphore::new(settings.max_running.max(1)));
+        self.queue = settings;
+        self.server_name = server_name;
+        self
+    }
+
+    /// Starts serving the queue: claiming deployments while there is
+    /// room, keeping leases, hearing cancels, ending what nobody will
+    /// finish. Both tasks end when the server stops.
+    pub fn start_workers(self: &Arc<Self>) {
+        tokio::spawn(self.clone().serve_queue().in_current_span());
+        tokio::spawn(self.clone().keep_leases().in_current_span());
     }
 
     /// Refuses new deployments while the volume of the out-dirs (the data
@@ -197,46 +297,71 @@ impl Pipeline {
         self
     }
 
-    /// Records the deployment and carries it out while the caller waits;
-    /// the answer is the stored row once it ended. The work runs in a task
-    /// of its own so that it always records its outcome: if the caller's
-    /// future is dropped (a client disconnected), the deployment is
-    /// cancelled, not abandoned.
+    /// Queues the deployment and waits until it ended, wherever it ran;
+    /// the answer is the stored row. If the caller's future is dropped (a
+    /// client disconnected), the deployment is cancelled, not abandoned.
     pub async fn run_attached(
         self: &Arc<Self>,
         request: Request<'_>,
     ) -> Result<Deployment, RunError> {
-        let started = self.start(request).await?;
-        let _cancel_on_drop = CancelOnDrop(started.running.clone());
-        let pipeline = self.clone();
-        // The task carries the request's span, so the deployment's log
-        // lines carry its request id.
-        self.tasks
-            .spawn(async move { pipeline.run(started).await }.in_current_span())
-            .await
-            .map_err(|e| RunError::Crashed(e.to_string()))?
-            .map_err(RunError::Record)
+        // Heard from before the insert, so a fast end is not missed.
+        let mut ended = self.db.wakeups(Topic::Ended);
+        let queued = self.start(request).await?;
+        let mut cancel_on_drop = CancelOnDrop {
+            pipeline: self.clone(),
+            deploy_id: Some(queued.id),
+        };
+        let stored = self.wait_ended(queued.id, &mut ended, None).await?;
+        if stored.status.is_final() {
+            cancel_on_drop.deploy_id = None;
+        }
+        Ok(stored)
     }
 
-    /// Records the deployment and carries it out in the background; the
-    /// answer is the running row.
+    /// Queues the deployment for a server with room; the answer is the
+    /// queued row.
     pub async fn run_detached(
         self: &Arc<Self>,
         request: Request<'_>,
     ) -> Result<Deployment, StartError> {
-        let started = self.start(request).await?;
-        let deployment = started.deployment.clone();
-        let pipeline = self.clone();
-        // Outlives the response, and still carries the request's span.
-        self.tasks.spawn(
-            async move {
-                if let Err(e) = pipeline.run(started).await {
-                    tracing::error!("recording the end of a background deployment: {e}");
-                }
+        self.start(request).await
+    }
+
+    /// Reads deployment `id` until it ended (woken by `ended`, or on a
+    /// tick), at most for `limit`; returns the last row read. A server
+    /// that stops meanwhile cancels it, since the caller goes too.
+    async fn wait_ended(
+        &self,
+        id: i64,
+        ended: &mut tokio::sync::broadcast::Receiver<String>,
+        limit: Option<Duration>,
+    ) -> Result<Deployment, db::Error> {
+        let deadline = limit.map(|limit| tokio::time::Instant::now() + limit);
+        let mut stopped = false;
+        loop {
+            let row = self
+                .db
+                .deployment(id)
+                .await?
+                .ok_or(db::Error::NotRunning(id))?;
+            if row.status.is_final() || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                return Ok(row);
             }
-            .in_current_span(),
-        );
-        Ok(deployment)
+            if self.shutdown.is_cancelled() && !stopped {
+                stopped = true;
+                self.ask_cancel(id, &interrupted(row.phase, Stop::Graceful))
+                    .await?;
+                continue;
+            }
+            let until = deadline
+                .unwrap_or_else(|| tokio::time::Instant::now() + QUEUE_POLL)
+                .min(tokio::time::Instant::now() + QUEUE_POLL);
+            tokio::select! {
+                _ = self.shutdown.cancelled(), if !stopped => {}
+                _ = tokio::time::sleep_until(until) => {}
+                _ = heard_of(ended, id) => {}
+            }
+        }
     }
 
     fn check_reserve(&self) -> Result<(), StartError> {
@@ -255,7 +380,7 @@ impl Pipeline {
     }
 
     /// Steps 1–3: nothing is recorded unless all checks pass.
-    async fn start(&self, request: Request<'_>) -> Result<Started, StartError> {
+    async fn start(&self, request: Request<'_>) -> Result<Deployment, StartError> {
         let Request {
             model_id,
             deployer,
@@ -292,15 +417,6 @@ impl Pipeline {
             })?;
 
         let dir = self.fetcher.dir_of(&model.job_id);
-        // An unchanged model needs no fetch: its row starts `deploying`,
-        // one write fewer than a phase recorded after the fetch, and a
-        // kill from here on reads "interrupted while deploying" as it
-        // would once the deployer started.
-        let verified = self.fetcher.verified(&model);
-        let phase = match verified {
-            Some(_) => Phase::Deploying,
-            None => Phase::Fetching,
-        };
         let out_root = self.out_root.clone();
         let deployment = self
             .db
@@ -310,60 +426,300 @@ impl Pipeline {
                     deployer,
                     options_json,
                     dir: &dir.display().to_string(),
-                    server_id: &self.server_id,
+                    plugin_sha256: &plugin.sha256,
                     created_by,
                 },
-                phase,
                 move |id| out_root.join(id.to_string()).display().to_string(),
             )
             .await?;
+        self.spans
+            .lock()
+            .expect("spans lock")
+            .insert(deployment.id, (Instant::now(), tracing::Span::current()));
+        self.events.publish(Event::DeploymentQueued {
+            deploy_id: deployment.id,
+            model_id,
+            deployer: deployer.to_string(),
+        });
+        self.wake(Topic::Queue, deployment.id).await;
+        Ok(deployment)
+    }
+
+    /// Tells every server (this one included) that `topic` changed for
+    /// deployment `id`. A wake-up that cannot be sent is only a delay:
+    /// everyone also looks on a tick.
+    async fn wake(&self, topic: Topic, id: i64) {
+        if let Err(e) = self.db.notify(topic, &id.to_string()).await {
+            tracing::warn!(deploy_id = id, "could not wake the other servers: {e}");
+        }
+    }
+
+    /// Takes queued deployments while this server has room, until it
+    /// stops: each claimed one runs in a task of its own holding one of
+    /// `--max-running` permits.
+    pub async fn serve_queue(self: Arc<Self>) {
+        let mut queued = self.db.wakeups(Topic::Queue);
+        loop {
+            let permit = tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => return,
+                permit = self.room.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            };
+            match self.claim().await {
+                Ok(Some(started)) => {
+                    let span = self.request_span(started.deployment.id);
+                    let pipeline = self.clone();
+                    self.tasks.spawn(
+                        async move {
+                            let _permit = permit;
+                            if let Err(e) = pipeline.run(started).await {
+                                tracing::error!("recording the end of a deployment: {e}");
+                            }
+                        }
+                        .instrument(span),
+                    );
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("could not take a deployment from the queue: {e}"),
+            }
+            drop(permit);
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = queued.recv() => {}
+                _ = tokio::time::sleep(QUEUE_POLL) => {}
+            }
+        }
+    }
+
+    /// The span of the request that queued deployment `id`, if it was
+    /// this server's; entries of deployments other servers claimed are
+    /// forgotten once they could no longer be waiting.
+    fn request_span(&self, id: i64) -> tracing::Span {
+        let mut spans = self.spans.lock().expect("spans lock");
+        let timeout = self.queue.queue_timeout;
+        spans.retain(|_, (queued, _)| queued.elapsed() < timeout);
+        match spans.remove(&id) {
+            Some((_, span)) => span,
+            None => tracing::info_span!("deployment", deploy_id = id),
+        }
+    }
+
+    /// Claims the oldest queued deployment this server can run and makes
+    /// it live here.
+    async fn claim(&self) -> Result<Option<Started>, db::Error> {
+        let plugins = self.deployers.current();
+        let runnable = runnable(&plugins.deployers);
+        let lease_until = unix_ms() + millis(self.queue.lease);
+        let Some(deployment) = self
+            .db
+            .claim(&self.server_id, &runnable, lease_until)
+            .await?
+        else {
+            return Ok(None);
+        };
         let running = Arc::new(Running::new(
             deployment.id,
-            deployer,
+            &deployment.deployer,
             self.shutdown.child_token(),
         ));
+        self.live.insert(running.clone());
+        let plugin = plugins
+            .deployers
+            .get(&deployment.deployer)
+            .cloned()
+            .expect("a deployment is claimed by the key of a plugin of this set");
+        let Some(model) = self.db.model(deployment.model_id).await? else {
+            // Deleted meanwhile, and its deployments with it.
+            self.live.remove(deployment.id);
+            running.finish();
+            return Ok(None);
+        };
+        // An unchanged model needs no fetch: the row says deploying from
+        // here on, so a kill reads "interrupted while deploying" as it
+        // would once the deployer started.
+        let verified = self.fetcher.verified(&model);
         if verified.is_some() {
             let bytes = model.files.iter().map(|f| f.size_bytes).sum();
             let files = model.files.len();
             fetch::Observer::fetched(&*running, bytes, bytes, files, files);
             running.set_phase(Phase::Deploying);
+            running.take_update();
+            self.db
+                .update_progress(deployment.id, Phase::Deploying, &running.snapshot())
+                .await?;
         }
-        self.live.insert(running.clone());
-        metrics::deployment_started();
-        self.events.publish(Event::DeploymentStarted {
-            deploy_id: deployment.id,
-            model_id,
-            deployer: deployer.to_string(),
-        });
-        Ok(Started {
+        Ok(Some(Started {
             deployment,
             model,
             verified,
             plugin,
             running,
-        })
+        }))
     }
 
-    /// Cancels a deployment running in this process.
+    /// Keeps this server's leases, hears cancels asked on other servers,
+    /// and ends what nobody will finish: deployments whose owner's lease
+    /// ran out, and queued ones no live server can run. Runs until the
+    /// server stops.
+    pub async fn keep_leases(self: Arc<Self>) {
+        let mut cancels = self.db.wakeups(Topic::Cancel);
+        let mut tick = tokio::time::interval(self.queue.lease / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => break,
+                heard = cancels.recv() => {
+                    let id = heard.ok().and_then(|p| p.parse::<i64>().ok());
+                    if let Some(running) = id.and_then(|id| self.live.get(id)) {
+                        self.hear_cancel(&running).await;
+                    } else if id.is_none() {
+                        // Missed some: the next beat reads every cancel.
+                        tick.reset_immediately();
+                    }
+                }
+                _ = tick.tick() => {
+                    if let Err(e) = self.beat().await {
+                        tracing::warn!("could not renew this server's leases: {e}");
+                    }
+                    if let Err(e) = self.sweep().await {
+                        tracing::warn!("could not end deployments nobody will finish: {e}");
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.db.leave(&self.server_id).await {
+            tracing::debug!("could not remove this server from the servers list: {e}");
+        }
+    }
+
+    async fn hear_cancel(&self, running: &Running) {
+        match self.db.cancel_reason(running.deploy_id).await {
+            Ok(Some(reason)) => running.cancel(&reason),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(
+                deploy_id = running.deploy_id,
+                "could not read the cancel asked for a deployment: {e}"
+            ),
+        }
+    }
+
+    /// Renews the leases; a deployment of this server whose row it no
+    /// longer owns (failed by another server after a lapse) is stopped.
+    async fn beat(&self) -> Result<(), db::Error> {
+        let now_ms = unix_ms();
+        let owned = self
+            .db
+            .beat(Beat {
+                server_id: self.server_id.clone(),
+                name: self.server_name.clone(),
+                runnable: runnable(&self.deployers.current().deployers),
+                now_ms,
+                lease_until: now_ms + millis(self.queue.lease),
+            })
+            .await?;
+        let mut kept = std::collections::HashSet::new();
+        for (id, cancel) in owned {
+            kept.insert(id);
+            if let (Some(reason), Some(running)) = (cancel, self.live.get(id)) {
+                running.cancel(&reason);
+            }
+        }
+        for running in self.live.all() {
+            if !kept.contains(&running.deploy_id) && !running.is_finished() {
+                running.cancel(
+                    "cancelled: this server lost its claim on the deployment (its lease ran out and another server ended it, or its record was deleted)",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails the deployments of servers that stopped renewing their
+    /// leases, and queued ones no live server can run.
+    async fn sweep(&self) -> Result<(), db::Error> {
+        let now_ms = unix_ms();
+        let mut ended = self.db.fail_expired(now_ms, lost).await?;
+        let waited = self.queue.queue_timeout;
+        let queued_before =
+            humantime::format_rfc3339_millis(SystemTime::now() - waited).to_string();
+        // Alive: renewed within the last three beats.
+        let alive_since = now_ms - millis(self.queue.lease);
+        ended.extend(
+            self.db
+                .fail_unrunnable(queued_before, alive_since, move |deployer, sha| {
+                    unrunnable(deployer, sha, waited)
+                })
+                .await?,
+        );
+        for row in ended {
+            tracing::warn!(deploy_id = row.id, "{}", row.error.as_deref().unwrap_or(""));
+            self.publish_end(&row, 0);
+            self.wake(Topic::Ended, row.id).await;
+        }
+        Ok(())
+    }
+
+    /// Publishes how a deployment ended, from its stored row.
+    fn publish_end(&self, row: &Deployment, duration_ms: i64) {
+        let (deploy_id, model_id, deployer) = (row.id, row.model_id, row.deployer.clone());
+        self.events.publish(match (&row.reference, &row.error) {
+            (Some(reference), _) if row.status == Status::Completed => Event::DeploymentCompleted {
+                deploy_id,
+                model_id,
+                deployer,
+                duration_ms,
+                reference: reference.clone(),
+            },
+            (_, error) => Event::DeploymentFailed {
+                deploy_id,
+                model_id,
+                deployer,
+                duration_ms,
+                error: error.clone().unwrap_or_default(),
+            },
+        });
+    }
+
+    /// Cancels a deployment, whichever server runs it: a queued one ends
+    /// at once; a running one is stopped by its owner, and the answer is
+    /// its row once it ended (or, after `CANCEL_WAIT`, still running: the
+    /// cancel is recorded and will be carried out).
     pub async fn cancel(&self, deploy_id: i64) -> Result<Deployment, CancelError> {
-        let Some(running) = self.live.get(deploy_id) else {
-            return match self.db.deployment(deploy_id).await? {
-                None => Err(CancelError::Unknown(deploy_id)),
-                Some(d) if d.status == Status::Running => Err(CancelError::Elsewhere(deploy_id)),
-                Some(d) => Err(CancelError::Ended {
-                    id: deploy_id,
-                    status: d.status.as_str(),
-                }),
-            };
-        };
-        running.cancel("cancelled");
-        // The guest stops within a tick; wait for the row so the answer
-        // shows the outcome (bounded: a stuck host call has its own limit).
-        let _ = tokio::time::timeout(Duration::from_secs(10), running.finished()).await;
-        self.db
-            .deployment(deploy_id)
-            .await?
-            .ok_or(CancelError::Unknown(deploy_id))
+        let mut ended = self.db.wakeups(Topic::Ended);
+        match self.ask_cancel(deploy_id, "cancelled").await? {
+            CancelAsked::Unknown => Err(CancelError::Unknown(deploy_id)),
+            CancelAsked::Ended(status) => Err(CancelError::Ended {
+                id: deploy_id,
+                status: status.as_str(),
+            }),
+            CancelAsked::Dequeued(row) => Ok(row),
+            CancelAsked::Running { .. } => Ok(self
+                .wait_ended(deploy_id, &mut ended, Some(CANCEL_WAIT))
+                .await?),
+        }
+    }
+
+    /// Records a cancel and makes it reach the deployment: ended here if
+    /// it was queued, stopped here if it runs here, else its owner is
+    /// woken.
+    async fn ask_cancel(&self, deploy_id: i64, reason: &str) -> Result<CancelAsked, db::Error> {
+        let asked = self
+            .db
+            .request_cancel(deploy_id, reason, &format!("{reason} before it started"))
+            .await?;
+        match &asked {
+            CancelAsked::Dequeued(row) => {
+                self.publish_end(row, 0);
+                self.wake(Topic::Ended, deploy_id).await;
+            }
+            CancelAsked::Running { .. } => match self.live.get(deploy_id) {
+                Some(running) => running.cancel(reason),
+                None => self.wake(Topic::Cancel, deploy_id).await,
+            },
+            CancelAsked::Unknown | CancelAsked::Ended(_) => {}
+        }
+        Ok(asked)
     }
 
     /// Stops the server's work: every running deployment is interrupted
@@ -411,6 +767,12 @@ impl Pipeline {
             plugin,
             running,
         } = started;
+        metrics::deployment_started();
+        self.events.publish(Event::DeploymentStarted {
+            deploy_id: deployment.id,
+            model_id: deployment.model_id,
+            deployer: deployment.deployer.clone(),
+        });
         let clock = Instant::now();
         let reporter = self.tasks.spawn(
             report_progress(
@@ -445,23 +807,8 @@ impl Pipeline {
         metrics::deployment_ended(&deployment.deployer, &outcome, took);
         running.finish();
         let stored = stored?;
-        let (deploy_id, model_id, deployer) = (stored.id, stored.model_id, stored.deployer.clone());
-        self.events.publish(match outcome {
-            Outcome::Completed { reference, .. } => Event::DeploymentCompleted {
-                deploy_id,
-                model_id,
-                deployer,
-                duration_ms,
-                reference,
-            },
-            Outcome::Failed { error } => Event::DeploymentFailed {
-                deploy_id,
-                model_id,
-                deployer,
-                duration_ms,
-                error,
-            },
-        });
+        self.publish_end(&stored, duration_ms);
+        self.wake(Topic::Ended, stored.id).await;
         Ok(stored)
     }
 
@@ -601,6 +948,40 @@ impl Pipeline {
             None => "cancelled".to_string(),
         }
     }
+}
+
+/// Resolves when `ended` tells of deployment `id`, or of something this
+/// server may have missed (an empty payload, wake-ups it fell behind on).
+async fn heard_of(ended: &mut tokio::sync::broadcast::Receiver<String>, id: i64) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match ended.recv().await {
+            Ok(payload) if !payload.is_empty() && payload.parse::<i64>() != Ok(id) => {}
+            Err(RecvError::Closed) => std::future::pending().await,
+            _ => return,
+        }
+    }
+}
+
+/// The keys of the deployers this server can run.
+fn runnable(deployers: &std::collections::BTreeMap<String, Arc<Plugin>>) -> Runnable {
+    Runnable(
+        deployers
+            .values()
+            .map(|p| Runnable::key(&p.name, &p.sha256))
+            .collect(),
+    )
+}
+
+fn unix_ms() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    millis(since)
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// A failed deployment's output is half made and nobody's product: it is

@@ -248,8 +248,14 @@ async fn the_gauges_follow_the_plugins_folder_and_running_deployments() {
     let running = berth
         .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 60000 }))
         .await;
-    let now = scrape(berth.client(), &metrics).await;
-    assert_eq!(now.value("berth_deployments_running", &[]), 1.0);
+    eventually(
+        || "the deployment to be claimed and counted running".to_string(),
+        async || {
+            let now = scrape(berth.client(), &metrics).await;
+            (now.value("berth_deployments_running", &[]) == 1.0).then_some(())
+        },
+    )
+    .await;
     let (status, cancelled) = berth
         .post(
             &format!("/v1/deployments/{}/cancel", running["id"]),

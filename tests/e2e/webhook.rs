@@ -71,7 +71,14 @@ async fn a_receiver_gets_every_deployment_event_signed() {
         .iter()
         .filter(|k| *k != "deployment.progress")
         .collect();
-    assert_eq!(lifecycle, ["deployment.started", "deployment.completed"]);
+    assert_eq!(
+        lifecycle,
+        [
+            "deployment.queued",
+            "deployment.started",
+            "deployment.completed"
+        ]
+    );
     for (headers, body) in received.lock().unwrap().iter() {
         let signature = headers["x-berth-signature"].to_str().unwrap();
         assert_eq!(

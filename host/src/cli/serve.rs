@@ -16,7 +16,7 @@ use crate::deployers::Deployers;
 use crate::events::Events;
 use crate::fetch::{Access, Fetcher, Split};
 use crate::http::{ApiContext, Webhook};
-use crate::pipeline::{Pipeline, Stop, interrupted, remove_failed_output};
+use crate::pipeline::{Pipeline, QueueSettings, Stop, interrupted, remove_failed_output};
 use crate::runtime::{
     CodeCache, Compiler, Engines, Limits, Origin, PluginSet, Runtime, folder_names,
 };
@@ -116,6 +116,27 @@ pub struct ServeArgs {
     /// when tiered, never memory).
     #[arg(long, env = "BERTH_INSTANCE_POOL", default_value_t = Engines::DEFAULT_POOL)]
     instance_pool: u32,
+    /// Deployments this server runs at once; the rest wait in the queue,
+    /// in order, for this server or another one on the same database.
+    #[arg(long, env = "BERTH_MAX_RUNNING", default_value_t = 32,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    max_running: u16,
+    /// How long, in milliseconds, this server's claim on a deployment it
+    /// runs lasts unless renewed (every third of it). When it runs out
+    /// (the server was killed, froze or lost the database), any server
+    /// fails the deployment naming this one.
+    #[arg(long, env = "BERTH_LEASE_MS", default_value_t = 15_000,
+          value_parser = clap::value_parser!(u64).range(300..))]
+    lease_ms: u64,
+    /// How long, in seconds, a deployment that no live server can run
+    /// (none has its deployer at the version asked for) stays queued
+    /// before it fails saying so.
+    #[arg(long, env = "BERTH_QUEUE_TIMEOUT_S", default_value_t = 300)]
+    queue_timeout_s: u64,
+    /// This server's name in other servers' records and messages (a
+    /// deployment lost with it names it). Default: HOST:PORT.
+    #[arg(long, env = "BERTH_SERVER_NAME")]
+    server_name: Option<String>,
     /// POST every deployment event as JSON to this URL.
     #[arg(long, env = "BERTH_WEBHOOK_URL")]
     webhook_url: Option<String>,
@@ -184,6 +205,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         })
         .access(access)
         .reserve(args.min_free_mib << 20);
+    // Bound now so that the server's name can carry its port; accepting
+    // starts at the end.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let server_name = match &args.server_name {
+        Some(name) => name.clone(),
+        None => format!("{}:{}", host_name(), listener.local_addr()?.port()),
+    };
+    let queue = QueueSettings {
+        max_running: usize::from(args.max_running),
+        lease: Duration::from_millis(args.lease_ms),
+        queue_timeout: Duration::from_secs(args.queue_timeout_s),
+    };
     let pipeline = Arc::new(
         Pipeline::new(
             db.clone(),
@@ -193,8 +228,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             server_id,
             args.data_dir.join("out"),
         )
-        .reserve(args.min_free_mib << 20),
+        .reserve(args.min_free_mib << 20)
+        .queue(queue, server_name),
     );
+    pipeline.start_workers();
     // Listening comes first: the deployers appear one by one as they
     // compile (seconds each for Python and JavaScript), /readyz tells when
     // all are in, and only then does the watcher take over the folder.
@@ -223,9 +260,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     });
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
     if let Some(addr) = args.metrics_listen {
         serve_metrics(addr, pipeline.stopping().clone()).await?;
     }
@@ -488,6 +522,15 @@ async fn stop_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// The machine's name, for the server's default name.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
 }
 
 /// This server's identity among replicas sharing a database, kept in the

@@ -32,7 +32,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
     request_body = DeployBody,
     responses(
         (status = OK, description = "The deployment completed", body = json::Deployment),
-        (status = ACCEPTED, description = "With `wait=false`: the deployment is running", body = json::Deployment),
+        (status = ACCEPTED, description = "With `wait=false`: the deployment is queued, for a server with room to run", body = json::Deployment),
         (status = BAD_REQUEST, description = "A bad id, body or parameter, an unknown deployer, or options its schema refuses", body = ErrorBody),
         (status = NOT_FOUND, description = "No such model", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
@@ -72,8 +72,8 @@ async fn deploy(
         created_by: created_by.as_deref(),
     };
     if params.wait == Some(false) {
-        let running = ctx.pipeline.run_detached(request).await?;
-        return Ok((StatusCode::ACCEPTED, Json(running.into())));
+        let queued = ctx.pipeline.run_detached(request).await?;
+        return Ok((StatusCode::ACCEPTED, Json(queued.into())));
     }
     let stored = ctx.pipeline.run_attached(request).await?;
     let status = match stored.status {
@@ -128,26 +128,34 @@ async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<json::De
     }
 }
 
-/// Stops a running deployment; answers with the row once it has ended.
+/// Stops a queued or running deployment, on whichever server runs it;
+/// answers with the row once it has ended (200), or with the row still
+/// running if it did not end within 10 s (202: the cancel is recorded and
+/// its server carries it out).
 #[utoipa::path(post, path = "/v1/deployments/{id}/cancel", operation_id = "cancel_deployment", tag = "deployments",
     params(("id" = i64, Path, minimum = 1, example = 1, description = "The deployment's id")),
     responses(
         (status = OK, description = "The deployment, failed: cancelled", body = json::Deployment),
+        (status = ACCEPTED, description = "The cancel is recorded; the deployment had not ended yet", body = json::Deployment),
         (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),
         (status = NOT_FOUND, description = "No such deployment", body = ErrorBody),
-        (status = CONFLICT, description = "It has ended already, or runs on another server", body = ErrorBody),
+        (status = CONFLICT, description = "It has ended already", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The records could not be read or written", body = ErrorBody),
     ))]
 async fn cancel(
     State(ctx): State<ApiContext>,
     Id(id): Id,
-) -> Result<Json<json::Deployment>, Error> {
+) -> Result<(StatusCode, Json<json::Deployment>), Error> {
     match ctx.pipeline.cancel(id).await {
-        Ok(deployment) => Ok(Json(deployment.into())),
-        Err(e @ CancelError::Unknown(_)) => Err(Error::NotFound(e.to_string())),
-        Err(e @ (CancelError::Ended { .. } | CancelError::Elsewhere(_))) => {
-            Err(Error::Conflict(e.to_string()))
+        Ok(deployment) => {
+            let status = match deployment.status.is_final() {
+                true => StatusCode::OK,
+                false => StatusCode::ACCEPTED,
+            };
+            Ok((status, Json(deployment.into())))
         }
+        Err(e @ CancelError::Unknown(_)) => Err(Error::NotFound(e.to_string())),
+        Err(e @ CancelError::Ended { .. }) => Err(Error::Conflict(e.to_string())),
         Err(CancelError::Record(e)) => Err(e.into()),
     }
 }

@@ -265,6 +265,7 @@ impl From<Vec<TrainedModel>> for Models {
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
+    Queued,
     Running,
     Completed,
     Failed,
@@ -273,6 +274,7 @@ pub enum Status {
 impl From<model::Status> for Status {
     fn from(status: model::Status) -> Self {
         match status {
+            model::Status::Queued => Status::Queued,
             model::Status::Running => Status::Running,
             model::Status::Completed => Status::Completed,
             model::Status::Failed => Status::Failed,
@@ -343,11 +345,20 @@ pub struct Deployment {
     /// While running: what it is doing.
     #[schema(required = true)]
     pub phase: Option<Phase>,
+    /// The sha256 of the deployer's `.wasm` it runs: the version asked for.
+    #[schema(required = true)]
+    pub plugin_sha256: Option<String>,
     pub progress: Progress,
     /// What the deployer made (a URL, a path, an id); null unless completed.
     #[serde(rename = "ref")]
     #[schema(required = true)]
     pub reference: Option<String>,
+    /// The id of the berth server that runs (or ran) it; null while queued.
+    #[schema(required = true)]
+    pub server: Option<String>,
+    /// When a server claimed it; null while queued.
+    #[schema(format = DateTime, required = true)]
+    pub started_at: Option<String>,
     pub status: Status,
 }
 
@@ -367,8 +378,11 @@ impl From<model::Deployment> for Deployment {
             options: object(&d.options_json),
             out_dir: d.out_dir,
             phase: d.phase.map(Phase::from),
+            plugin_sha256: d.plugin_sha256,
             progress: d.progress.into(),
             reference: d.reference,
+            server: d.server,
+            started_at: d.started_at,
             status: d.status.into(),
         }
     }
@@ -556,7 +570,12 @@ pub enum EventData {
 
 pub fn event(event: &Event) -> EventData {
     match event.clone() {
-        Event::DeploymentStarted {
+        Event::DeploymentQueued {
+            deploy_id,
+            model_id,
+            deployer,
+        }
+        | Event::DeploymentStarted {
             deploy_id,
             model_id,
             deployer,
@@ -699,6 +718,9 @@ mod tests {
             created_at: "2026-12-01T10:00:01.000Z".into(),
             completed_at: None,
             created_by: Some("ci".into()),
+            plugin_sha256: Some("cd".repeat(32)),
+            server: Some("5e4a1d2c3b4a5968".into()),
+            started_at: Some("2026-12-01T10:00:01.250Z".into()),
         }
     }
 
@@ -717,7 +739,7 @@ mod tests {
         );
         check(
             Deployment::from(running()),
-            r#"{"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","created_by":"ci","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2},"ref":null,"status":"running"}"#,
+            r#"{"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","created_by":"ci","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2},"ref":null,"server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"running"}"#,
         );
         let completed = model::Deployment {
             status: model::Status::Completed,

@@ -87,6 +87,7 @@ impl App {
             "router-test".to_string(),
             temp.path().join("out"),
         ));
+        pipeline.start_workers();
         let app = berth::http::app(ApiContext {
             db,
             events,

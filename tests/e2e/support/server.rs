@@ -371,7 +371,7 @@ impl Berth {
             .await
     }
 
-    /// Starts a deployment in the background (`?wait=false`): its running
+    /// Starts a deployment in the background (`?wait=false`): its queued
     /// row, asserting the 202.
     pub async fn deploy_detached(&self, model_id: i64, deployer: &str, options: Value) -> Value {
         let body = serde_json::json!({ "deployer": deployer, "options": options });
@@ -382,7 +382,7 @@ impl Berth {
             )
             .await;
         assert_eq!(status, StatusCode::ACCEPTED, "{running}");
-        assert_eq!(running["status"], "running", "{running}");
+        assert_eq!(running["status"], "queued", "{running}");
         running
     }
 

@@ -1,0 +1,324 @@
+//! The deployment queue that servers sharing a database take work from:
+//! claims, leases, cancels asked on any server, and the sweeps that end
+//! what nobody will finish. Every statement keeps its `WHERE status = …`
+//! guard, so two servers racing for one row cannot both move it.
+
+use std::collections::HashSet;
+
+use sqlx::Row;
+
+use super::{DEPLOYMENT_COLUMNS, Db, Error, Result, deployment_row, now};
+use crate::model::{Deployment, Phase, Status};
+
+/// What a server can run: `deployer@sha256` of each loaded deployer. A
+/// queued deployment is claimed only by a server holding its key, so a
+/// server mid-rollout never runs another version than the one asked for.
+pub struct Runnable(pub Vec<String>);
+
+impl Runnable {
+    pub fn key(deployer: &str, sha256: &str) -> String {
+        format!("{deployer}@{sha256}")
+    }
+}
+
+/// A server's heartbeat: it is alive, can run these, and keeps the leases
+/// of its running deployments until `lease_until` (Unix milliseconds).
+pub struct Beat {
+    pub server_id: String,
+    pub name: String,
+    pub runnable: Runnable,
+    pub now_ms: i64,
+    pub lease_until: i64,
+}
+
+/// What asking to cancel a deployment did.
+#[derive(Debug)]
+pub enum CancelAsked {
+    Unknown,
+    /// It had ended already.
+    Ended(Status),
+    /// It was still queued: it is failed now, nothing ran.
+    Dequeued(Deployment),
+    /// It runs on `server`, which was asked to stop it.
+    Running {
+        server: String,
+    },
+}
+
+impl Db {
+    /// Takes the oldest queued deployment this server can run, if any:
+    /// it becomes `running` here, fetching, leased until `lease_until`.
+    pub async fn claim(
+        &self,
+        server_id: &str,
+        runnable: &Runnable,
+        lease_until: i64,
+    ) -> Result<Option<Deployment>> {
+        if runnable.0.is_empty() {
+            return Ok(None);
+        }
+        let keys = runnable.0.clone();
+        let server_id = server_id.to_string();
+        // Other servers skip the row this transaction holds instead of
+        // waiting for it. SQLite has one writer (one server): nothing to
+        // skip.
+        let skip_locked = if self.shared() {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        self.write(move |conn| {
+            Box::pin(async move {
+                let placeholders = (1..=keys.len())
+                    .map(|i| format!("${i}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let sql = format!(
+                    "SELECT id FROM deployments WHERE status = 'queued' \
+                     AND deployer || '@' || plugin_sha256 IN ({placeholders}) \
+                     ORDER BY id LIMIT 1{skip_locked}"
+                );
+                let mut query = sqlx::query(&sql);
+                for key in keys {
+                    query = query.bind(key);
+                }
+                let Some(row) = query.fetch_optional(&mut *conn).await? else {
+                    return Ok(None);
+                };
+                let id: i64 = row.try_get(0)?;
+                let row = sqlx::query(&format!(
+                    "UPDATE deployments SET status = 'running', server_id = $1, lease_until = $2, \
+                     phase = $3, started_at = $4 WHERE id = $5 AND status = 'queued' \
+                     RETURNING {DEPLOYMENT_COLUMNS}"
+                ))
+                .bind(server_id)
+                .bind(lease_until)
+                .bind(Phase::Fetching.as_str())
+                .bind(now())
+                .bind(id)
+                .fetch_one(&mut *conn)
+                .await?;
+                deployment_row(&row).map(Some)
+            })
+        })
+        .await
+    }
+
+    /// Records that the server is alive and what it can run, and renews
+    /// the leases of its running deployments. Returns the deployments it
+    /// still owns, each with the cancel asked for it, if any.
+    pub async fn beat(&self, beat: Beat) -> Result<Vec<(i64, Option<String>)>> {
+        let deployers =
+            serde_json::to_string(&beat.runnable.0).map_err(|e| Error::Corrupt(e.to_string()))?;
+        self.write(move |conn| {
+            Box::pin(async move {
+                sqlx::query(
+                    "INSERT INTO servers (id, name, seen_ms, deployers) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (id) DO UPDATE SET name = excluded.name, \
+                     seen_ms = excluded.seen_ms, deployers = excluded.deployers",
+                )
+                .bind(&beat.server_id)
+                .bind(&beat.name)
+                .bind(beat.now_ms)
+                .bind(deployers)
+                .execute(&mut *conn)
+                .await?;
+                let rows = sqlx::query(
+                    "UPDATE deployments SET lease_until = $1 \
+                     WHERE server_id = $2 AND status = 'running' RETURNING id, cancel",
+                )
+                .bind(beat.lease_until)
+                .bind(&beat.server_id)
+                .fetch_all(&mut *conn)
+                .await?;
+                rows.iter()
+                    .map(|row| Ok((row.try_get("id")?, row.try_get("cancel")?)))
+                    .collect()
+            })
+        })
+        .await
+    }
+
+    /// Says the server left: it stops counting as one that can run what
+    /// is queued.
+    pub async fn leave(&self, server_id: &str) -> Result<()> {
+        let server_id = server_id.to_string();
+        self.write(move |conn| {
+            Box::pin(async move {
+                sqlx::query("DELETE FROM servers WHERE id = $1")
+                    .bind(server_id)
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    /// Fails the running deployments whose owner stopped renewing their
+    /// lease before `now_ms`, each with `error(owner, phase)`; `owner`
+    /// is the server's name and id.
+    pub async fn fail_expired(
+        &self,
+        now_ms: i64,
+        error: impl Fn(&str, Option<Phase>) -> String + Send + 'static,
+    ) -> Result<Vec<Deployment>> {
+        let skip_locked = if self.shared() {
+            " FOR UPDATE OF d SKIP LOCKED"
+        } else {
+            ""
+        };
+        self.write(move |conn| {
+            Box::pin(async move {
+                let expired = sqlx::query(&format!(
+                    "SELECT d.id, d.phase, d.server_id, s.name FROM deployments d \
+                     LEFT JOIN servers s ON s.id = d.server_id \
+                     WHERE d.status = 'running' AND d.lease_until < $1{skip_locked}"
+                ))
+                .bind(now_ms)
+                .fetch_all(&mut *conn)
+                .await?;
+                let mut failed = Vec::new();
+                for row in &expired {
+                    let id: i64 = row.try_get("id")?;
+                    let phase: Option<String> = row.try_get("phase")?;
+                    let server: String = row.try_get("server_id")?;
+                    let owner = match row.try_get::<Option<String>, _>("name")? {
+                        Some(name) => format!("{name} ({server})"),
+                        None => server,
+                    };
+                    let message = error(&owner, phase.as_deref().and_then(Phase::parse));
+                    failed.extend(end_with(conn, id, "running", &message).await?);
+                }
+                Ok(failed)
+            })
+        })
+        .await
+    }
+
+    /// Fails the deployments queued before `queued_before` (RFC 3339)
+    /// that no server seen since `alive_since_ms` can run, each with
+    /// `error(deployer, sha256)`.
+    pub async fn fail_unrunnable(
+        &self,
+        queued_before: String,
+        alive_since_ms: i64,
+        error: impl Fn(&str, &str) -> String + Send + 'static,
+    ) -> Result<Vec<Deployment>> {
+        let skip_locked = if self.shared() {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        self.write(move |conn| {
+            Box::pin(async move {
+                let servers = sqlx::query("SELECT deployers FROM servers WHERE seen_ms >= $1")
+                    .bind(alive_since_ms)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                let mut runnable = HashSet::new();
+                for row in &servers {
+                    let keys: String = row.try_get("deployers")?;
+                    let keys: Vec<String> = serde_json::from_str(&keys)
+                        .map_err(|e| Error::Corrupt(format!("servers.deployers: {e}")))?;
+                    runnable.extend(keys);
+                }
+                let waiting = sqlx::query(&format!(
+                    "SELECT id, deployer, plugin_sha256 FROM deployments \
+                     WHERE status = 'queued' AND created_at < $1 ORDER BY id{skip_locked}"
+                ))
+                .bind(queued_before)
+                .fetch_all(&mut *conn)
+                .await?;
+                let mut failed = Vec::new();
+                for row in &waiting {
+                    let id: i64 = row.try_get("id")?;
+                    let deployer: String = row.try_get("deployer")?;
+                    let sha256: String = row
+                        .try_get::<Option<String>, _>("plugin_sha256")?
+                        .unwrap_or_default();
+                    if runnable.contains(&Runnable::key(&deployer, &sha256)) {
+                        continue;
+                    }
+                    let message = error(&deployer, &sha256);
+                    failed.extend(end_with(conn, id, "queued", &message).await?);
+                }
+                Ok(failed)
+            })
+        })
+        .await
+    }
+
+    /// Asks for a deployment to stop, whichever server runs it: a queued
+    /// one is failed with `dequeued` at once; a running one gets `reason`
+    /// recorded (the first asked wins) for its owner to act on.
+    pub async fn request_cancel(
+        &self,
+        id: i64,
+        reason: &str,
+        dequeued: &str,
+    ) -> Result<CancelAsked> {
+        let (reason, dequeued) = (reason.to_string(), dequeued.to_string());
+        self.write(move |conn| {
+            Box::pin(async move {
+                if let Some(row) = end_with(conn, id, "queued", &dequeued).await? {
+                    return Ok(CancelAsked::Dequeued(row));
+                }
+                let running = sqlx::query(
+                    "UPDATE deployments SET cancel = COALESCE(cancel, $1) \
+                     WHERE id = $2 AND status = 'running' RETURNING server_id",
+                )
+                .bind(reason)
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await?;
+                if let Some(row) = running {
+                    return Ok(CancelAsked::Running {
+                        server: row.try_get("server_id")?,
+                    });
+                }
+                let row = sqlx::query("SELECT status FROM deployments WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                let Some(row) = row else {
+                    return Ok(CancelAsked::Unknown);
+                };
+                let status: String = row.try_get("status")?;
+                Status::parse(&status)
+                    .map(CancelAsked::Ended)
+                    .ok_or_else(|| Error::Corrupt(format!("status = {status:?}")))
+            })
+        })
+        .await
+    }
+
+    /// The cancel asked for a deployment, if any.
+    pub async fn cancel_reason(&self, id: i64) -> Result<Option<String>> {
+        let row = sqlx::query("SELECT cancel FROM deployments WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get("cancel")).transpose()?.flatten())
+    }
+}
+
+/// Fails deployment `id` with `error` if it is still `status`.
+async fn end_with(
+    conn: &mut sqlx::AnyConnection,
+    id: i64,
+    status: &str,
+    error: &str,
+) -> Result<Option<Deployment>> {
+    let row = sqlx::query(&format!(
+        "UPDATE deployments SET status = 'failed', error = $1, completed_at = $2, phase = NULL \
+         WHERE id = $3 AND status = $4 RETURNING {DEPLOYMENT_COLUMNS}"
+    ))
+    .bind(error)
+    .bind(now())
+    .bind(id)
+    .bind(status)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref().map(deployment_row).transpose()
+}
