@@ -693,7 +693,7 @@ impl Pipeline {
                 id: deploy_id,
                 status: status.as_str(),
             }),
-            CancelAsked::Dequeued(row) => Ok(row),
+            CancelAsked::Dequeued(row) => Ok(*row),
             CancelAsked::Running { .. } => Ok(self
                 .wait_ended(deploy_id, &mut ended, Some(CANCEL_WAIT))
                 .await?),

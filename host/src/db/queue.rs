@@ -38,7 +38,7 @@ pub enum CancelAsked {
     /// It had ended already.
     Ended(Status),
     /// It was still queued: it is failed now, nothing ran.
-    Dequeued(Deployment),
+    Dequeued(Box<Deployment>),
     /// It runs on `server`, which was asked to stop it.
     Running {
         server: String,
@@ -262,7 +262,7 @@ impl Db {
         self.write(move |conn| {
             Box::pin(async move {
                 if let Some(row) = end_with(conn, id, "queued", &dequeued).await? {
-                    return Ok(CancelAsked::Dequeued(row));
+                    return Ok(CancelAsked::Dequeued(Box::new(row)));
                 }
                 let running = sqlx::query(
                     "UPDATE deployments SET cancel = COALESCE(cancel, $1) \
