@@ -469,24 +469,20 @@ impl Db {
     }
 
     /// Records a deployment as queued, for a server that has its deployer
-    /// at `new.plugin_sha256` to claim. `out_dir` is derived from the new
-    /// id.
-    pub async fn insert_deployment(
-        &self,
-        new: NewDeployment<'_>,
-        out_dir: impl Fn(i64) -> String + Send + 'static,
-    ) -> Result<Deployment> {
+    /// at `new.plugin_sha256` to claim (and to give it an out-dir).
+    pub async fn insert_deployment(&self, new: NewDeployment<'_>) -> Result<Deployment> {
         let model_id = new.model_id;
         let [deployer, options, dir, plugin_sha256] =
             [new.deployer, new.options_json, new.dir, new.plugin_sha256].map(str::to_string);
         let created_by = new.created_by.map(str::to_string);
         self.write(move |conn| {
             Box::pin(async move {
-                let row = sqlx::query(
+                let row = sqlx::query(&format!(
                     "INSERT INTO deployments (model_id, deployer, options, status, dir, \
                      out_dir, details, server_id, created_at, created_by, plugin_sha256) \
-                     VALUES ($1, $2, $3, 'queued', $4, '', '{}', '', $5, $6, $7) RETURNING id",
-                )
+                     VALUES ($1, $2, $3, 'queued', $4, '', '{{}}', '', $5, $6, $7) \
+                     RETURNING {DEPLOYMENT_COLUMNS}"
+                ))
                 .bind(model_id)
                 .bind(deployer)
                 .bind(options)
@@ -494,15 +490,7 @@ impl Db {
                 .bind(now())
                 .bind(created_by)
                 .bind(plugin_sha256)
-                .fetch_one(&mut *conn)
-                .await?;
-                let id: i64 = row.try_get(0)?;
-                let row = sqlx::query(&format!(
-                    "UPDATE deployments SET out_dir = $1 WHERE id = $2 RETURNING {DEPLOYMENT_COLUMNS}"
-                ))
-                .bind(out_dir(id))
-                .bind(id)
-                .fetch_one(&mut *conn)
+                .fetch_one(conn)
                 .await?;
                 deployment_row(&row)
             })
@@ -878,7 +866,7 @@ mod tests {
                             plugin_sha256: "ab",
                             created_by: None,
                         };
-                        let inserted = db.insert_deployment(new, |id| format!("/out/{id}")).await;
+                        let inserted = db.insert_deployment(new).await;
                         ("orphan", inserted.err())
                     }
                     _ => (

@@ -417,20 +417,16 @@ impl Pipeline {
             })?;
 
         let dir = self.fetcher.dir_of(&model.job_id);
-        let out_root = self.out_root.clone();
         let deployment = self
             .db
-            .insert_deployment(
-                NewDeployment {
-                    model_id,
-                    deployer,
-                    options_json,
-                    dir: &dir.display().to_string(),
-                    plugin_sha256: &plugin.sha256,
-                    created_by,
-                },
-                move |id| out_root.join(id.to_string()).display().to_string(),
-            )
+            .insert_deployment(NewDeployment {
+                model_id,
+                deployer,
+                options_json,
+                dir: &dir.display().to_string(),
+                plugin_sha256: &plugin.sha256,
+                created_by,
+            })
             .await?;
         self.spans
             .lock()
@@ -511,9 +507,11 @@ impl Pipeline {
         let plugins = self.deployers.current();
         let runnable = runnable(&plugins.deployers);
         let lease_until = unix_ms() + millis(self.queue.lease);
+        let out_root = self.out_root.clone();
+        let out_dir = move |id: i64| out_root.join(id.to_string()).display().to_string();
         let Some(deployment) = self
             .db
-            .claim(&self.server_id, &runnable, lease_until)
+            .claim(&self.server_id, &runnable, lease_until, out_dir)
             .await?
         else {
             return Ok(None);

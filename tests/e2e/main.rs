@@ -9,6 +9,7 @@ mod api;
 mod artifacts;
 mod auth;
 mod client;
+mod cluster;
 mod config;
 mod crash;
 mod deploy;

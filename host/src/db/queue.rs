@@ -47,12 +47,14 @@ pub enum CancelAsked {
 
 impl Db {
     /// Takes the oldest queued deployment this server can run, if any:
-    /// it becomes `running` here, fetching, leased until `lease_until`.
+    /// it becomes `running` here, fetching, leased until `lease_until`,
+    /// writing into `out_dir(id)` on this server's disk.
     pub async fn claim(
         &self,
         server_id: &str,
         runnable: &Runnable,
         lease_until: i64,
+        out_dir: impl Fn(i64) -> String + Send + 'static,
     ) -> Result<Option<Deployment>> {
         if runnable.0.is_empty() {
             return Ok(None);
@@ -88,13 +90,14 @@ impl Db {
                 let id: i64 = row.try_get(0)?;
                 let row = sqlx::query(&format!(
                     "UPDATE deployments SET status = 'running', server_id = $1, lease_until = $2, \
-                     phase = $3, started_at = $4 WHERE id = $5 AND status = 'queued' \
+                     phase = $3, started_at = $4, out_dir = $5 WHERE id = $6 AND status = 'queued' \
                      RETURNING {DEPLOYMENT_COLUMNS}"
                 ))
                 .bind(server_id)
                 .bind(lease_until)
                 .bind(Phase::Fetching.as_str())
                 .bind(now())
+                .bind(out_dir(id))
                 .bind(id)
                 .fetch_one(&mut *conn)
                 .await?;

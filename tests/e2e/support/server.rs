@@ -44,6 +44,8 @@ pub struct Options {
     volume_mib: Option<u64>,
     /// The database, models dir and plugins folder of several servers.
     shared: Option<Shared>,
+    /// With `shared`: a plugins folder of this server's own.
+    own_plugins: bool,
 }
 
 /// What several servers acting as one service share: one PostgreSQL
@@ -117,6 +119,12 @@ impl Options {
         self
     }
 
+    /// Keeps a plugins folder of its own while sharing the rest.
+    pub fn own_plugins(mut self) -> Self {
+        self.own_plugins = true;
+        self
+    }
+
     /// Puts the data dir (the SQLite database, models, out-dirs) on a
     /// tmpfs of `mib` MiB, so the test can fill it: needs root.
     pub fn data_volume_mib(mut self, mib: u64) -> Self {
@@ -148,8 +156,8 @@ impl Options {
         let temp = Arc::new(tempfile::tempdir().unwrap());
         let data_dir = temp.path().join("data");
         let plugins_dir = match &self.shared {
-            Some(shared) => shared.plugins_dir.clone(),
-            None => temp.path().join("plugins"),
+            Some(shared) if !self.own_plugins => shared.plugins_dir.clone(),
+            _ => temp.path().join("plugins"),
         };
         std::fs::create_dir_all(&plugins_dir).unwrap();
         let volume = self.volume_mib.map(|mib| Volume::mount(&data_dir, mib));
@@ -257,11 +265,20 @@ impl Berth {
             cache_dir: Some(plugins::shared_cache()),
             volume_mib: None,
             shared: None,
+            own_plugins: false,
         }
     }
 
     pub fn data_dir(&self) -> &Path {
         &self.launch.data_dir
+    }
+
+    /// The id this server records as the owner of what it runs.
+    pub fn server_id(&self) -> String {
+        std::fs::read_to_string(self.data_dir().join("server-id"))
+            .unwrap()
+            .trim()
+            .to_string()
     }
 
     pub fn plugins_dir(&self) -> &Path {

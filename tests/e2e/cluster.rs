@@ -1,0 +1,366 @@
+//! Several `berth serve` processes on one PostgreSQL database, one models
+//! volume and one plugins folder, acting as one service: every deployment
+//! runs exactly once on a server with room, a killed server's deployments
+//! fail by lease, a cancel reaches the owner from any server, and a
+//! deployment runs only where its deployer's version is loaded.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::support::files::FileServer;
+use crate::support::plugins;
+use crate::support::server::{Backend, Berth, Shared};
+use crate::support::{bytes, eventually, model};
+
+/// Short enough that a test sees a lease run out; a tick is a third.
+const LEASE_MS: u64 = 1500;
+
+async fn servers(shared: &Shared, count: usize, args: &[&str]) -> Vec<Berth> {
+    let mut started = Vec::new();
+    for _ in 0..count {
+        let options = args
+            .iter()
+            .fold(Berth::options(Backend::Postgres).shared(shared), |o, a| {
+                o.arg(a)
+            });
+        started.push(options.start().await);
+    }
+    started
+}
+
+/// Every row of every model, by id.
+async fn rows(berth: &Berth, models: &[i64]) -> BTreeMap<i64, Value> {
+    let mut all = BTreeMap::new();
+    for model in models {
+        let (status, list) = berth
+            .get(&format!("/v1/models/{model}/deployments?limit=500"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{list}");
+        for row in list["deployments"].as_array().unwrap() {
+            all.insert(row["id"].as_i64().unwrap(), row.clone());
+        }
+    }
+    all
+}
+
+fn is_final(row: &Value) -> bool {
+    row["status"] == "completed" || row["status"] == "failed"
+}
+
+/// The most of `rows` that overlapped in time, by their claim and end.
+fn most_at_once<'a>(rows: impl Iterator<Item = &'a Value>) -> usize {
+    let mut edges = Vec::new();
+    for row in rows {
+        let at = |field: &str| {
+            humantime::parse_rfc3339(row[field].as_str().unwrap())
+                .unwrap_or_else(|e| panic!("{field} of {row}: {e}"))
+        };
+        // An end sorts before a start at the same instant: a permit is
+        // handed back before the next claim takes it.
+        edges.push((at("started_at"), 1, 1i64));
+        edges.push((at("completed_at"), 0, -1));
+    }
+    edges.sort();
+    let (mut now, mut most) = (0i64, 0i64);
+    for (_, _, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_deployments_over_three_servers_each_run_once() {
+    const MAX_RUNNING: usize = 3;
+    let files = FileServer::start().await;
+    let shared = Shared::new().await;
+    let max = MAX_RUNNING.to_string();
+    let berths = servers(&shared, 3, &["--max-running", &max]).await;
+    let mut models = Vec::new();
+    for m in 0..5u64 {
+        let job = format!("job-cluster-{m}");
+        let contents = [
+            ("adapter_config.json", bytes(m, 300)),
+            ("adapter_model.safetensors", bytes(m + 100, 256 * 1024)),
+        ];
+        models.push(berths[0].register(&model(&files, &job, &contents)).await);
+    }
+
+    let mut asked = Vec::new();
+    for i in 0..200 {
+        let berth = &berths[i % 3];
+        let model_id = models[i % 5];
+        let (deployer, options) = match i % 2 {
+            0 => ("archive", json!({})),
+            _ => ("misbehave", json!({ "mode": "sleep", "ms": 20 })),
+        };
+        let queued = berth.deploy_detached(model_id, deployer, options).await;
+        asked.push(queued["id"].as_i64().unwrap());
+    }
+    let done = eventually(
+        || "all 200 deployments end".to_string(),
+        async || {
+            let all = rows(&berths[1], &models).await;
+            (all.len() == 200 && all.values().all(is_final)).then_some(all)
+        },
+    )
+    .await;
+    assert_eq!(
+        done.keys().copied().collect::<BTreeSet<_>>(),
+        asked.iter().copied().collect::<BTreeSet<_>>()
+    );
+    let failed: Vec<&Value> = done
+        .values()
+        .filter(|r| r["status"] != "completed")
+        .collect();
+    assert!(failed.is_empty(), "every deployment completes: {failed:?}");
+
+    // From the deployers' side: each deployment's output exists under
+    // exactly one server's out-dirs, the one its row names.
+    let ids: Vec<String> = berths.iter().map(Berth::server_id).collect();
+    for (id, row) in &done {
+        let holders: Vec<&String> = berths
+            .iter()
+            .zip(&ids)
+            .filter(|(b, _)| b.data_dir().join("out").join(id.to_string()).is_dir())
+            .map(|(_, server)| server)
+            .collect();
+        assert_eq!(
+            holders,
+            [row["server"].as_str().unwrap()],
+            "deployment {id}: {row}"
+        );
+        let out = berths[ids.iter().position(|s| *s == row["server"]).unwrap()]
+            .data_dir()
+            .join("out")
+            .join(id.to_string());
+        let written = std::fs::read_dir(&out).unwrap().count();
+        assert_eq!(written, 1, "one output file in {}", out.display());
+    }
+    // Every model file crossed the network once, for all three servers.
+    for m in 0..5 {
+        let job = format!("job-cluster-{m}");
+        for path in ["adapter_config.json", "adapter_model.safetensors"] {
+            assert_eq!(files.hits(&job, path), 1, "{job}/{path}");
+        }
+    }
+    for server in &ids {
+        let mine: Vec<&Value> = done.values().filter(|r| r["server"] == *server).collect();
+        assert!(!mine.is_empty(), "server {server} took part");
+        let most = most_at_once(mine.into_iter());
+        assert!(
+            most <= MAX_RUNNING,
+            "server {server} ran {most} at once, more than --max-running {MAX_RUNNING}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_servers_deployments_fail_by_lease_and_a_cancel_reaches_any_owner() {
+    let files = FileServer::start().await;
+    let shared = Shared::new().await;
+    let lease = LEASE_MS.to_string();
+    let mut berths = servers(&shared, 3, &["--max-running", "2", "--lease-ms", &lease]).await;
+    let contents = [("adapter_config.json", bytes(7, 300))];
+    let model_id = berths[0]
+        .register(&model(&files, "job-lease", &contents))
+        .await;
+    let sleep = json!({ "mode": "sleep", "ms": 600_000 });
+    let mut asked = Vec::new();
+    for i in 0..6 {
+        let queued = berths[i % 3]
+            .deploy_detached(model_id, "misbehave", sleep.clone())
+            .await;
+        asked.push(queued["id"].as_i64().unwrap());
+    }
+    // Two each: every server is full.
+    let running = eventually(
+        || "all six deployments run".to_string(),
+        async || {
+            let all = rows(&berths[0], &[model_id]).await;
+            all.values()
+                .all(|r| r["status"] == "running" && r["phase"] == "deploying")
+                .then_some(all)
+        },
+    )
+    .await;
+    let victim_id = berths[2].server_id();
+    let victims: Vec<i64> = running
+        .iter()
+        .filter(|(_, r)| r["server"] == victim_id.as_str())
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(victims.len(), 2, "{running:?}");
+
+    let port = berths[2].url.rsplit(':').next().unwrap().to_string();
+    let killed = Instant::now();
+    berths[2].kill9();
+    for id in &victims {
+        let row = eventually(
+            || format!("deployment {id} of the killed server fails"),
+            async || {
+                let (_, row) = berths[0].get(&format!("/v1/deployments/{id}")).await;
+                is_final(&row).then_some(row)
+            },
+        )
+        .await;
+        assert_eq!(row["status"], "failed", "{row}");
+        let error = row["error"].as_str().unwrap();
+        assert!(
+            error.starts_with("lost while deploying: berth server ")
+                && error.contains(&format!(":{port} ({victim_id})")),
+            "the error names the lost server and the phase: {error}"
+        );
+    }
+    // A lease plus a tick, with room for a loaded machine.
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_millis(LEASE_MS * 4 / 3) + Duration::from_secs(8),
+        "the lost deployments failed {took:?} after the kill"
+    );
+
+    // A cancel sent to a server that does not own the deployment.
+    let (owner_of, others): (Vec<i64>, Vec<i64>) = running
+        .iter()
+        .filter(|(id, _)| !victims.contains(id))
+        .map(|(id, _)| *id)
+        .partition(|id| running[id]["server"] == berths[0].server_id().as_str());
+    for (id, via) in owner_of
+        .iter()
+        .map(|id| (id, &berths[1]))
+        .chain(others.iter().map(|id| (id, &berths[0])))
+    {
+        assert_ne!(running[id]["server"], via.server_id().as_str());
+        let (status, row) = via
+            .post(&format!("/v1/deployments/{id}/cancel"), &json!({}))
+            .await;
+        assert_eq!(status, StatusCode::OK, "the owner stopped it: {row}");
+        assert_eq!(row["status"], "failed", "{row}");
+        assert_eq!(row["error"], "cancelled", "{row}");
+    }
+
+    // The survivors carry on.
+    let (status, row) = berths[1].deploy(model_id, "archive", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{row}");
+    assert_ne!(row["server"], victim_id.as_str());
+}
+
+/// Servers mid-rollout: two have deployer `extra` at one version, the
+/// third has another `extra` and never runs the first's deployments. A
+/// deployment of a version no live server has fails after the queue
+/// timeout, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_runs_only_where_its_deployer_version_is_loaded() {
+    let files = FileServer::start().await;
+    let shared = Shared::new().await;
+    let lease = LEASE_MS.to_string();
+    let args = [
+        "--lease-ms",
+        &lease,
+        "--queue-timeout-s",
+        "1",
+        "--max-running",
+        "1",
+    ];
+    let (archive, misbehave) = (
+        plugins::example("archive"),
+        plugins::test_plugin("misbehave"),
+    );
+    let mut berths = Vec::new();
+    for (extra, sleepy) in [(&archive, true), (&archive, false), (&misbehave, false)] {
+        let mut options = Berth::bare(Backend::Postgres)
+            .shared(&shared)
+            .own_plugins()
+            .plugin("extra", extra.clone());
+        if sleepy {
+            options = options.plugin("sleepy", misbehave.clone());
+        }
+        berths.push(args.iter().fold(options, |o, a| o.arg(a)).start().await);
+    }
+    let contents = [("adapter_config.json", bytes(9, 300))];
+    let model_id = berths[0]
+        .register(&model(&files, "job-rollout", &contents))
+        .await;
+    for _ in 0..12 {
+        berths[0]
+            .deploy_detached(model_id, "extra", json!({}))
+            .await;
+    }
+    let done = eventually(
+        || "the twelve deployments end".to_string(),
+        async || {
+            let all = rows(&berths[2], &[model_id]).await;
+            all.values().all(is_final).then_some(all)
+        },
+    )
+    .await;
+    let third = berths[2].server_id();
+    for row in done.values() {
+        assert_eq!(row["status"], "completed", "{row}");
+        assert_ne!(
+            row["server"],
+            third.as_str(),
+            "ran on the other version: {row}"
+        );
+    }
+
+    // Only the first server has that version now; it is busy, then lost
+    // with one of them queued.
+    berths[1].terminate();
+    let busy = berths[0]
+        .deploy_detached(
+            model_id,
+            "sleepy",
+            json!({ "mode": "sleep", "ms": 600_000 }),
+        )
+        .await;
+    let busy_path = format!("/v1/deployments/{}", busy["id"]);
+    eventually(
+        || "the first server is busy".to_string(),
+        async || {
+            let (_, row) = berths[0].get(&busy_path).await;
+            (row["status"] == "running").then_some(())
+        },
+    )
+    .await;
+    let stranded = berths[0]
+        .deploy_detached(model_id, "extra", json!({}))
+        .await;
+    berths[0].kill9();
+    let path = format!("/v1/deployments/{}", stranded["id"]);
+    let row = eventually(
+        || "the deployment nobody can run fails".to_string(),
+        async || {
+            let (_, row) = berths[2].get(&path).await;
+            is_final(&row).then_some(row)
+        },
+    )
+    .await;
+    assert_eq!(row["status"], "failed", "{row}");
+    assert_eq!(row["server"], Value::Null, "it never ran: {row}");
+    let error = row["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("no berth server could run it: none has deployer extra at sha256 ")
+            && error.contains(stranded["plugin_sha256"].as_str().unwrap())
+            && error.contains("--queue-timeout-s"),
+        "{error}"
+    );
+    let busy = eventually(
+        || "the running deployment of the lost server fails".to_string(),
+        async || {
+            let (_, row) = berths[2].get(&busy_path).await;
+            is_final(&row).then_some(row)
+        },
+    )
+    .await;
+    assert!(
+        busy["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("lost while deploying"),
+        "{busy}"
+    );
+}
