@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::model::{Deployment, ModelFile, Outcome, Phase, Progress, Status, TrainedModel};
 
+mod locks;
 mod notify;
 mod queue;
 

@@ -12,7 +12,9 @@ use serde_json::{Value, json};
 
 use crate::support::files::FileServer;
 use crate::support::plugins;
-use crate::support::server::{Backend, Berth, Shared};
+use berth::db::Db;
+
+use crate::support::server::{Backend, Berth, Shared, fresh_postgres_database};
 use crate::support::{bytes, eventually, model};
 
 /// Short enough that a test sees a lease run out; a tick is a third.
@@ -322,7 +324,7 @@ async fn a_deployment_runs_only_where_its_deployer_version_is_loaded() {
         || "the first server is busy".to_string(),
         async || {
             let (_, row) = berths[0].get(&busy_path).await;
-            (row["status"] == "running").then_some(())
+            (row["phase"] == "deploying").then_some(())
         },
     )
     .await;
@@ -363,4 +365,27 @@ async fn a_deployment_runs_only_where_its_deployer_version_is_loaded() {
             .starts_with("lost while deploying"),
         "{busy}"
     );
+}
+
+/// The lock that keeps servers on several machines from filling one
+/// model directory at once: one holder per key, released on drop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_advisory_lock_has_one_holder_at_a_time() {
+    let url = fresh_postgres_database().await;
+    let (a, b) = (
+        Db::connect(&url).await.unwrap(),
+        Db::connect(&url).await.unwrap(),
+    );
+    let held = a.advisory_lock("job-1").await.unwrap();
+    let other = b.advisory_lock("job-2").await;
+    assert!(other.is_ok(), "another key is free");
+    let waiter = tokio::spawn(async move { b.advisory_lock("job-1").await.map(drop) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "a second holder waits");
+    drop(held);
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the lock is free once its guard is dropped")
+        .unwrap()
+        .unwrap();
 }

@@ -249,7 +249,10 @@ async fn a_kill_as_the_deployer_starts_fails_the_row_as_deploying(backend: Backe
     let started = berth
         .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 600_000 }))
         .await;
-    let out_dir = std::path::PathBuf::from(started["out_dir"].as_str().unwrap());
+    // Queued rows have no out-dir yet: the server that claims it gives
+    // it one under its data dir.
+    assert_eq!(started["out_dir"], "", "{started}");
+    let out_dir = berth.data_dir().join("out").join(started["id"].to_string());
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !out_dir.exists() {
         assert!(std::time::Instant::now() < deadline, "no output directory");
@@ -266,9 +269,9 @@ async fn a_kill_as_the_deployer_starts_fails_the_row_as_deploying(backend: Backe
 
 /// A deployment is answered `queued`, with no phase. Claimed, a model not
 /// fetched yet runs `fetching`; one already fetched and verified is not
-/// fetched again: its row says `deploying` as soon as it is claimed, so a
-/// kill from then on, whether or not the deployer started yet, fails it as
-/// interrupted while deploying.
+/// fetched again: its row says `deploying` from the write right after the
+/// claim, so a kill from then on, whether or not the deployer started yet,
+/// fails it as interrupted while deploying.
 async fn a_fetched_model_is_deploying_once_claimed_and_a_kill_says_so(backend: Backend) {
     let files = FileServer::start().await;
     let mut berth = Berth::start(backend).await;
@@ -292,16 +295,19 @@ async fn a_fetched_model_is_deploying_once_claimed_and_a_kill_says_so(backend: B
         .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 600_000 }))
         .await;
     let path = format!("/v1/deployments/{}", started["id"]);
-    eventually(
-        || "the second deployment is claimed".to_string(),
+    let row = eventually(
+        || "the second deployment is claimed and past its fetch".to_string(),
         async || {
             let (_, row) = berth.get(&path).await;
-            (row["status"] == "running").then_some(())
+            (row["status"] == "running" && row["phase"] != "fetching").then_some(row)
         },
     )
     .await;
-    let (_, row) = berth.get(&path).await;
     assert_eq!(row["phase"], "deploying", "{row}");
+    assert_eq!(
+        row["progress"]["bytes_done"], row["progress"]["bytes_total"],
+        "nothing was fetched: {row}"
+    );
     berth.kill9();
     berth.restart();
     let (_, row) = berth

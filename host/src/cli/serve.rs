@@ -205,6 +205,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         })
         .access(access)
         .reserve(args.min_free_mib << 20);
+    // Servers on other machines may share the models volume.
+    let fetcher = match db.shared() {
+        true => fetcher.shared_locks(Arc::new(db.clone())),
+        false => fetcher,
+    };
     // Bound now so that the server's name can carry its port; accepting
     // starts at the end.
     let listener = tokio::net::TcpListener::bind(args.listen)

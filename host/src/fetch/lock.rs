@@ -2,7 +2,10 @@
 //! that share the disk: an exclusive `flock` on a lock file beside the
 //! model directories (not inside, where deployers would see it). Waiters in
 //! this process queue on an async mutex first, so they are woken in turn
-//! the moment the lock is free instead of polling the file.
+//! the moment the lock is free instead of polling the file. Servers on
+//! other machines sharing the volume also take a `SharedLocks` lock named
+//! after the lock file: file locks on network filesystems cannot be
+//! trusted.
 
 use std::collections::HashMap;
 use std::fs::{File, TryLockError};
@@ -11,6 +14,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
+
+/// Locks every server sharing the models volume sees, whatever machine
+/// it runs on (a PostgreSQL advisory lock).
+pub trait SharedLocks: Send + Sync {
+    /// Waits for the lock named `key`; held until the guard is dropped.
+    fn lock<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> futures::future::BoxFuture<'a, std::io::Result<Box<dyn Send + Sync>>>;
+}
 
 type Queues = Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>;
 
@@ -24,13 +37,17 @@ fn queues() -> &'static Queues {
 pub(crate) struct DirLock {
     path: PathBuf,
     file: Option<File>,
+    shared: Option<Box<dyn Send + Sync>>,
     turn: Option<OwnedMutexGuard<()>>,
 }
 
 impl DirLock {
     /// Waits for the lock without blocking a thread, so a cancelled waiter
     /// simply stops waiting.
-    pub(crate) async fn acquire(path: &Path) -> std::io::Result<Self> {
+    pub(crate) async fn acquire(
+        path: &Path,
+        shared: Option<&dyn SharedLocks>,
+    ) -> std::io::Result<Self> {
         let queue = queues()
             .lock()
             .expect("lock queues")
@@ -38,6 +55,13 @@ impl DirLock {
             .or_default()
             .clone();
         let turn = queue.lock_owned().await;
+        let shared = match shared {
+            Some(locks) => {
+                let key = path.file_name().unwrap_or_default().to_string_lossy();
+                Some(locks.lock(&key).await?)
+            }
+            None => None,
+        };
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
         }
@@ -54,6 +78,7 @@ impl DirLock {
                     return Ok(Self {
                         path: path.to_path_buf(),
                         file: Some(file),
+                        shared,
                         turn: Some(turn),
                     });
                 }
@@ -72,6 +97,7 @@ impl Drop for DirLock {
         // The file lock goes first, so the next waiter of this process
         // finds it free when the queue admits it.
         self.file.take();
+        self.shared.take();
         let mut queues = queues().lock().expect("lock queues");
         self.turn.take();
         // Forget the queue when nobody else holds or waits for it: the map

@@ -41,6 +41,7 @@ use crate::trust::Trust;
 pub use access::Access;
 pub use local::check_local;
 use lock::DirLock;
+pub use lock::SharedLocks;
 use partial::{Checkpoint, Kept, Resumable, TEMP_PREFIX, Writer, Written, partial_path};
 use pieces::PieceWriter;
 use ranges::Ranges;
@@ -116,6 +117,9 @@ pub struct Fetcher {
     split: Split,
     /// Bytes of the models volume a fetch leaves free.
     reserve: u64,
+    /// Taken with each model directory's file lock, by servers on several
+    /// machines.
+    shared_locks: Option<Arc<dyn SharedLocks>>,
 }
 
 /// Where berth keeps its own bookkeeping of the models dir: locks,
@@ -132,6 +136,7 @@ impl Fetcher {
             parallel: 4,
             split: Split::default(),
             reserve: 0,
+            shared_locks: None,
         })
     }
 
@@ -139,6 +144,13 @@ impl Fetcher {
     /// models volume.
     pub fn reserve(mut self, bytes: u64) -> Self {
         self.reserve = bytes;
+        self
+    }
+
+    /// Also takes `locks`' lock of a model directory while filling it, for
+    /// servers on several machines sharing the models volume.
+    pub fn shared_locks(mut self, locks: Arc<dyn SharedLocks>) -> Self {
+        self.shared_locks = Some(locks);
         self
     }
 
@@ -226,7 +238,7 @@ impl Fetcher {
         // (cancelled, timed out) keeps the directory locked until its
         // writer has stopped touching it.
         let lock = Arc::new(
-            DirLock::acquire(&books.lock)
+            DirLock::acquire(&books.lock, self.shared_locks.as_deref())
                 .await
                 .map_err(disk_error(&dir))?,
         );

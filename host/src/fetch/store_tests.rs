@@ -344,7 +344,7 @@ async fn cut_short_and_continued(job: &str, connections: usize) {
     );
     // The writer finishes what it was given, leaves its checkpoint, then
     // lets go of the lock.
-    let lock = DirLock::acquire(&models.path().join(format!(".berth/{job}.lock")))
+    let lock = DirLock::acquire(&models.path().join(format!(".berth/{job}.lock")), None)
         .await
         .unwrap();
     let record = models

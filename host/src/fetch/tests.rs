@@ -621,7 +621,9 @@ async fn an_unchanged_model_is_ready_without_the_lock_or_its_bytes() {
 
     // Another fetch holds the directory: only the record can answer.
     let meta = setup.fetcher.models_dir.join(META_DIR);
-    let held = DirLock::acquire(&meta.join("job.lock")).await.unwrap();
+    let held = DirLock::acquire(&meta.join("job.lock"), None)
+        .await
+        .unwrap();
     let refetch = tokio::time::timeout(Duration::from_secs(30), setup.fetch()).await;
     assert!(
         refetch
