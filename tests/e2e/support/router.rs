@@ -78,7 +78,7 @@ impl App {
         temp: tempfile::TempDir,
     ) -> Self {
         let fetcher = Fetcher::new(temp.path().join("models"), Duration::from_secs(1800)).unwrap();
-        let events = Events::default();
+        let events = Events::stored(db.clone(), "router-test".to_string());
         let pipeline = Arc::new(Pipeline::new(
             db.clone(),
             events.clone(),
@@ -93,6 +93,7 @@ impl App {
             deployers,
             pipeline,
             tokens,
+            webhook: None,
         });
         Self {
             app,
