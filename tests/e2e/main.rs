@@ -12,6 +12,7 @@ mod client;
 mod config;
 mod crash;
 mod deploy;
+mod event_log;
 mod fetch;
 mod languages;
 mod live;

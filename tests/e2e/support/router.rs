@@ -201,7 +201,17 @@ impl App {
 
     /// Subscribes to `/v1/events`; events published from now on arrive.
     pub async fn events(&self) -> Subscription {
-        let request = Request::get("/v1/events").body(Body::empty()).unwrap();
+        self.events_from("", None).await
+    }
+
+    /// Subscribes to `/v1/events{query}` (`?after=N`), sending
+    /// `Last-Event-ID` if given.
+    pub async fn events_from(&self, query: &str, last_event_id: Option<&str>) -> Subscription {
+        let mut request = Request::get(format!("/v1/events{query}"));
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let request = request.body(Body::empty()).unwrap();
         let response = self.app.clone().oneshot(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(
