@@ -20,7 +20,7 @@ CREATE TABLE event_log (
 INSERT INTO event_log (one, pruned_through) VALUES (1, 0);
 
 -- Webhook delivery, one row per receiver (`key`: the sha256 of its URL,
--- which may hold a secret; `url` is shown without query or password).
+-- which may hold a secret; `url` is shown without user, password or query).
 -- `delivered_id`: every deployment event up to it was delivered or given
 -- up. The server `holder` delivers while `lease_until` (Unix ms) is ahead.
 CREATE TABLE webhook_state (

@@ -116,7 +116,8 @@ pub struct ServeArgs {
     /// when tiered, never memory).
     #[arg(long, env = "BERTH_INSTANCE_POOL", default_value_t = Engines::DEFAULT_POOL)]
     instance_pool: u32,
-    /// POST every deployment event as JSON to this URL.
+    /// POST every deployment event as JSON to this URL, from the event
+    /// log: in id order, retried until --webhook-give-up-s.
     #[arg(long, env = "BERTH_WEBHOOK_URL")]
     webhook_url: Option<String>,
     /// Sign webhook bodies with this secret (header X-Berth-Signature).
@@ -131,7 +132,7 @@ pub struct ServeArgs {
     /// How long the event log keeps events, in seconds (default a day): a
     /// client resuming the event stream (Last-Event-ID, ?after=) gets what
     /// is kept. Progress events make up most of it: up to 4 a second per
-    /// running deployment, about 300 bytes each (some 4 MB per hour a
+    /// running deployment, about 350 bytes each (some 5 MB per hour a
     /// deployment runs).
     #[arg(long, env = "BERTH_EVENTS_RETENTION_S", default_value_t = 86_400,
           value_parser = clap::value_parser!(u64).range(1..))]

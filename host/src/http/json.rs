@@ -645,7 +645,7 @@ pub struct WebhookState {
     pub given_up: i64,
     /// Deployment events after `delivered_through`, still to deliver.
     pub pending: i64,
-    /// The receiver, without password and query.
+    /// The receiver, without user, password and query.
     pub url: String,
 }
 

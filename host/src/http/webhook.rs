@@ -57,10 +57,11 @@ impl Webhook {
         hex::encode(Sha256::digest(self.url.as_bytes()))
     }
 
-    /// The URL as shown and stored: without password and query.
+    /// The URL as shown and stored: without user, password and query.
     fn shown_url(&self) -> String {
         match url::Url::parse(&self.url) {
             Ok(mut url) => {
+                let _ = url.set_username("");
                 let _ = url.set_password(None);
                 url.set_query(None);
                 url.to_string()
@@ -149,6 +150,7 @@ impl Delivery {
                     }
                     holding = false;
                     crate::metrics::webhook_delivering(false);
+                    crate::metrics::webhook_failing(false);
                     self.pause(RENEW, false).await;
                     continue;
                 }
@@ -420,10 +422,7 @@ mod tests {
                 "https://hooks.example/in?token=s3cret",
                 "https://hooks.example/in",
             ),
-            (
-                "http://user:pw@127.0.0.1:9/hook",
-                "http://user@127.0.0.1:9/hook",
-            ),
+            ("http://user:pw@127.0.0.1:9/hook", "http://127.0.0.1:9/hook"),
             ("http://127.0.0.1:9/hook", "http://127.0.0.1:9/hook"),
         ];
         for (url, shown) in cases {
