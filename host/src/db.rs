@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::model::{Deployment, ModelFile, Outcome, Phase, Progress, Status, TrainedModel};
 
+pub mod events;
 mod locks;
 mod notify;
 mod queue;
@@ -88,6 +89,11 @@ const SQLITE_MIGRATIONS: Migrations = Migrations(&[
         "queue",
         include_str!("../../migrations/sqlite/0004_queue.sql"),
     ),
+    (
+        5,
+        "events",
+        include_str!("../../migrations/sqlite/0005_events.sql"),
+    ),
 ]);
 const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
     (
@@ -109,6 +115,11 @@ const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
         4,
         "queue",
         include_str!("../../migrations/postgres/0004_queue.sql"),
+    ),
+    (
+        5,
+        "events",
+        include_str!("../../migrations/postgres/0005_events.sql"),
     ),
 ]);
 

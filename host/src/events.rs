@@ -1,10 +1,21 @@
 //! What happened, for whoever listens: one closed `enum Event`, published
-//! after the database write it reports, logged, and fanned out to
-//! subscribers (the SSE stream). A slow subscriber loses old events; it
-//! never slows a deployment.
+//! after the database write it reports, logged at once, and appended to the
+//! event log (`db::events`) by one task per process, in publishing order,
+//! what waits batched into one write. Readers (the SSE stream, the webhook)
+//! follow the log, never this process's memory, so they see every server's
+//! events. Publishing never waits for the database: while it refuses
+//! writes (a full disk) the events wait here and are offered again.
 
-use tokio::sync::broadcast;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::db::events::NewEvent;
+use crate::db::{self, Db, Topic};
 use crate::model::{Phase, Progress};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -69,20 +80,70 @@ impl Event {
     }
 }
 
+/// The most events one append carries.
+const BATCH: usize = 256;
+/// Events waiting for the database beyond which progress events (each
+/// superseded by the next) are dropped rather than kept; the others are
+/// always kept.
+const MAX_WAITING: usize = 100_000;
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+const MAX_RETRY: Duration = Duration::from_secs(10);
+
+/// Publishes events into the log. Clones share one queue and one appender.
 #[derive(Clone)]
 pub struct Events {
-    sender: broadcast::Sender<Event>,
+    shared: Arc<Shared>,
 }
 
-impl Default for Events {
-    fn default() -> Self {
-        Self {
-            sender: broadcast::channel(1024).0,
-        }
-    }
+struct Shared {
+    waiting: Mutex<Waiting>,
+    /// Wakes the appender: something was published, or closing began.
+    wake: Notify,
+    closing: CancellationToken,
+    appender: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    events: VecDeque<NewEvent>,
+    /// Progress events dropped since the queue last overflowed.
+    dropped: u64,
 }
 
 impl Events {
+    /// Publishing into `db`'s event log, recorded as `server_id`'s; starts
+    /// the appender.
+    pub fn stored(db: Db, server_id: String) -> Self {
+        let shared = Arc::new(Shared {
+            waiting: Mutex::new(Waiting::default()),
+            wake: Notify::new(),
+            closing: CancellationToken::new(),
+            appender: Mutex::new(None),
+        });
+        let appender = tokio::spawn(append(db, server_id, shared.clone()));
+        *shared.appender.lock().unwrap() = Some(appender);
+        Self { shared }
+    }
+
+    /// Stores what is still waiting, trying for at most `patience` (the
+    /// database may refuse), and stops the appender; what could not be
+    /// stored is logged as lost.
+    pub async fn close(&self, patience: Duration) {
+        self.shared.closing.cancel();
+        self.shared.wake.notify_one();
+        let appender = self.shared.appender.lock().unwrap().take();
+        let Some(mut appender) = appender else { return };
+        if tokio::time::timeout(patience, &mut appender).await.is_err() {
+            appender.abort();
+            let lost = self.shared.waiting.lock().unwrap().events.len();
+            tracing::error!(
+                lost,
+                "the database did not take the last events before the server stopped: they are not in the event log"
+            );
+        }
+    }
+
+    /// Logs `event` and queues it for the log; never waits.
     pub fn publish(&self, event: Event) {
         match &event {
             Event::DeploymentQueued {
@@ -148,11 +209,126 @@ impl Events {
             | Event::PluginRejected { .. }
             | Event::PluginRemoved { .. } => {}
         }
-        // No subscriber is fine: events are not stored.
-        let _ = self.sender.send(event);
+        let progress = matches!(event, Event::DeploymentProgress { .. });
+        let new = NewEvent {
+            kind: event.kind().to_string(),
+            data: crate::http::event_data(&event),
+            created_at: db::now(),
+        };
+        let mut waiting = self.shared.waiting.lock().unwrap();
+        if progress && waiting.events.len() >= MAX_WAITING {
+            if waiting.dropped == 0 {
+                tracing::warn!(
+                    waiting = waiting.events.len(),
+                    "the event log is far behind (is the database refusing writes?): progress events are dropped until it catches up"
+                );
+            }
+            waiting.dropped += 1;
+            return;
+        }
+        waiting.events.push_back(new);
+        crate::metrics::events_waiting(waiting.events.len());
+        drop(waiting);
+        self.shared.wake.notify_one();
     }
+}
 
-    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.sender.subscribe()
+/// The appender: stores what waits, oldest first, one batch per write, and
+/// wakes the log's readers on every server. A refused write keeps the
+/// batch at the front and is tried again, backing off to every 10 s.
+async fn append(db: Db, server_id: String, shared: Arc<Shared>) {
+    let mut retry = FIRST_RETRY;
+    let mut refused_since: Option<SystemTime> = None;
+    loop {
+        let batch: Vec<NewEvent> = {
+            let waiting = shared.waiting.lock().unwrap();
+            waiting.events.iter().take(BATCH).cloned().collect()
+        };
+        if batch.is_empty() {
+            if shared.closing.is_cancelled() {
+                return;
+            }
+            shared.wake.notified().await;
+            continue;
+        }
+        match db.append_events(&server_id, &batch).await {
+            Ok(last) => {
+                let (left, dropped) = {
+                    let mut waiting = shared.waiting.lock().unwrap();
+                    waiting.events.drain(..batch.len());
+                    let dropped = if waiting.events.len() < MAX_WAITING / 2 {
+                        std::mem::take(&mut waiting.dropped)
+                    } else {
+                        0
+                    };
+                    (waiting.events.len(), dropped)
+                };
+                crate::metrics::events_waiting(left);
+                if dropped > 0 {
+                    tracing::warn!(
+                        dropped,
+                        "the event log caught up; progress events dropped meanwhile are not in it"
+                    );
+                }
+                if let Some(since) = refused_since.take() {
+                    tracing::info!(
+                        refused_for = %crate::human::duration(since.elapsed().unwrap_or_default()),
+                        "the database takes events again: those held back are stored"
+                    );
+                }
+                retry = FIRST_RETRY;
+                if let Err(e) = db.notify(Topic::Events, &last.to_string()).await {
+                    // Readers also look on a tick of their own.
+                    tracing::debug!("could not announce events up to {last}: {e}");
+                }
+            }
+            Err(e) => {
+                refused_since.get_or_insert_with(SystemTime::now);
+                tracing::warn!(
+                    waiting = shared.waiting.lock().unwrap().events.len(),
+                    "could not store events ({e}); they are kept and offered again in {}",
+                    crate::human::duration(retry)
+                );
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(MAX_RETRY);
+            }
+        }
+    }
+}
+
+/// Deletes the events older than `retention` until `stop`, checking every
+/// tenth of the retention (at least every 10 minutes, at most every
+/// second). Readers whose cursor falls behind are told by the SSE stream.
+pub async fn prune(db: Db, retention: Duration, stop: CancellationToken) {
+    let every = (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(600));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let before = humantime::format_rfc3339_millis(SystemTime::now() - retention).to_string();
+        let mut pruned = 0;
+        loop {
+            match db.prune_events(&before, 10_000).await {
+                Ok((deleted, more)) => {
+                    pruned += deleted;
+                    if !more {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "could not prune the event log ({e}); trying again in {}",
+                        crate::human::duration(every)
+                    );
+                    break;
+                }
+            }
+        }
+        if pruned > 0 {
+            tracing::debug!(pruned, "pruned events older than the retention");
+        }
     }
 }

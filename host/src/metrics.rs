@@ -72,6 +72,12 @@ struct Metrics {
     plugins_loaded: Gauge,
     plugins_rejected: Gauge,
     http_requests: Family<RequestLabels, Counter>,
+    events_waiting: Gauge,
+    webhook_delivered: Counter,
+    webhook_failed: Counter,
+    webhook_given_up: Counter,
+    webhook_delivering: Gauge,
+    webhook_failing: Gauge,
 }
 
 impl Metrics {
@@ -150,6 +156,42 @@ impl Metrics {
             "HTTP requests answered, by method, route template and status",
             http_requests.clone(),
         );
+        let events_waiting = Gauge::default();
+        registry.register(
+            "berth_events_waiting",
+            "Events published by this server and not yet stored in the event log (the database refusing writes)",
+            events_waiting.clone(),
+        );
+        let webhook_delivered = Counter::default();
+        registry.register(
+            "berth_webhook_delivered",
+            "Events this server delivered to the webhook (answered 2xx)",
+            webhook_delivered.clone(),
+        );
+        let webhook_failed = Counter::default();
+        registry.register(
+            "berth_webhook_failed_attempts",
+            "Webhook POSTs by this server that failed (no answer, or not 2xx); each is tried again",
+            webhook_failed.clone(),
+        );
+        let webhook_given_up = Counter::default();
+        registry.register(
+            "berth_webhook_given_up",
+            "Events this server gave up delivering to the webhook after the give-up time",
+            webhook_given_up.clone(),
+        );
+        let webhook_delivering = Gauge::default();
+        registry.register(
+            "berth_webhook_delivering",
+            "1 while this server holds the webhook's delivery lease (one server of those sharing the database does)",
+            webhook_delivering.clone(),
+        );
+        let webhook_failing = Gauge::default();
+        registry.register(
+            "berth_webhook_failing",
+            "1 while this server is retrying an event the webhook did not take",
+            webhook_failing.clone(),
+        );
         Self {
             registry,
             deployments,
@@ -162,6 +204,12 @@ impl Metrics {
             plugins_loaded,
             plugins_rejected,
             http_requests,
+            events_waiting,
+            webhook_delivered,
+            webhook_failed,
+            webhook_given_up,
+            webhook_delivering,
+            webhook_failing,
         }
     }
 }
@@ -260,6 +308,45 @@ pub fn http_request(method: &str, route: &str, status: u16) {
         .inc();
 }
 
+/// Events waiting to be stored in the event log.
+pub fn events_waiting(n: usize) {
+    if let Some(m) = METRICS.get() {
+        m.events_waiting.set(n.try_into().unwrap_or(i64::MAX));
+    }
+}
+
+pub fn webhook_delivered() {
+    if let Some(m) = METRICS.get() {
+        m.webhook_delivered.inc();
+    }
+}
+
+pub fn webhook_failed() {
+    if let Some(m) = METRICS.get() {
+        m.webhook_failed.inc();
+    }
+}
+
+pub fn webhook_given_up() {
+    if let Some(m) = METRICS.get() {
+        m.webhook_given_up.inc();
+    }
+}
+
+/// Whether this server holds the webhook's delivery lease.
+pub fn webhook_delivering(holding: bool) {
+    if let Some(m) = METRICS.get() {
+        m.webhook_delivering.set(i64::from(holding));
+    }
+}
+
+/// Whether this server is retrying an event the webhook refused.
+pub fn webhook_failing(failing: bool) {
+    if let Some(m) = METRICS.get() {
+        m.webhook_failing.set(i64::from(failing));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +377,12 @@ mod tests {
             ("berth_plugins_loaded", "gauge"),
             ("berth_plugins_rejected", "gauge"),
             ("berth_http_requests_total", "counter"),
+            ("berth_events_waiting", "gauge"),
+            ("berth_webhook_delivered_total", "counter"),
+            ("berth_webhook_failed_attempts_total", "counter"),
+            ("berth_webhook_given_up_total", "counter"),
+            ("berth_webhook_delivering", "gauge"),
+            ("berth_webhook_failing", "gauge"),
         ];
         let text = render().unwrap();
         let declared: Vec<(&str, &str)> = text

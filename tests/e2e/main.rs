@@ -13,6 +13,7 @@ mod cluster;
 mod config;
 mod crash;
 mod deploy;
+mod event_log;
 mod fetch;
 mod languages;
 mod live;

@@ -206,6 +206,46 @@ async fn a_full_disk_refuses_writes_keeps_reads_and_loses_no_record() {
 }
 
 /// A server whose data dir is a 64 MiB tmpfs, keeping 4 MiB free.
+/// An event published while the SQLite database cannot write (a plugin
+/// appearing in the folder) is kept, offered again, and stored once there
+/// is room: a subscriber receives it, with its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_published_on_a_full_disk_is_stored_once_there_is_room() {
+    let berth = on_a_small_disk(Backend::Sqlite).await;
+    let mut events = berth.events().await;
+    let ballast = fill(berth.data_dir());
+    std::fs::copy(
+        crate::support::plugins::example("archive"),
+        berth.plugins_dir().join("archive-again.wasm"),
+    )
+    .unwrap();
+    eventually(
+        || format!("a refused append; log:\n{}", berth.log()),
+        async || {
+            berth
+                .log()
+                .contains("could not store events (the database has no room to write")
+                .then_some(())
+        },
+    )
+    .await;
+    std::fs::remove_file(ballast).unwrap();
+    let received = events
+        .until(|e| {
+            e.iter()
+                .any(|e| e.kind == "plugin.loaded" && e.data["name"] == "archive-again")
+        })
+        .await;
+    assert!(received.last().unwrap().id.is_some());
+    assert!(
+        berth
+            .log()
+            .contains("the database takes events again: those held back are stored"),
+        "{}",
+        berth.log()
+    );
+}
+
 async fn on_a_small_disk(backend: Backend) -> Berth {
     Berth::options(backend)
         .data_volume_mib(64)

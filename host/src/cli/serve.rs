@@ -137,12 +137,27 @@ pub struct ServeArgs {
     /// deployment lost with it names it). Default: HOST:PORT.
     #[arg(long, env = "BERTH_SERVER_NAME")]
     server_name: Option<String>,
-    /// POST every deployment event as JSON to this URL.
+    /// POST every deployment event as JSON to this URL, from the event
+    /// log: in id order, retried until --webhook-give-up-s.
     #[arg(long, env = "BERTH_WEBHOOK_URL")]
     webhook_url: Option<String>,
     /// Sign webhook bodies with this secret (header X-Berth-Signature).
     #[arg(long, env = "BERTH_WEBHOOK_SECRET", hide_env_values = true)]
     webhook_secret: Option<String>,
+    /// How long the webhook keeps trying to deliver an event, in seconds
+    /// after the event happened (default 12 hours); then the event is
+    /// given up, logged and counted. At most --events-retention-s.
+    #[arg(long, env = "BERTH_WEBHOOK_GIVE_UP_S", default_value_t = 43_200,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    webhook_give_up_s: u64,
+    /// How long the event log keeps events, in seconds (default a day): a
+    /// client resuming the event stream (Last-Event-ID, ?after=) gets what
+    /// is kept. Progress events make up most of it: up to 4 a second per
+    /// running deployment, about 350 bytes each (some 5 MB per hour a
+    /// deployment runs).
+    #[arg(long, env = "BERTH_EVENTS_RETENTION_S", default_value_t = 86_400,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    events_retention_s: u64,
     /// The accepted API tokens: `NAME ROLE SHA256` lines (`berth token new`
     /// prints one); read again when it changes.
     #[arg(long, env = "BERTH_API_TOKENS_FILE", value_name = "FILE")]
@@ -186,17 +201,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     } else if let Some(addr) = args.metrics_listen {
         anyhow::bail!("--metrics-listen {addr} serves metrics, but --metrics is off");
     }
+    let webhook = webhook(&args)?;
     let (db, server_id) = open_records(&args).await?;
-    let events = Events::default();
-    if let Some(url) = &args.webhook_url {
-        url::Url::parse(url).with_context(|| format!("--webhook-url {url} is not a URL"))?;
-        Webhook {
-            url: url.clone(),
-            secret: args.webhook_secret.clone(),
-        }
-        .spawn(&events, &trust)?;
-    }
+    let events = Events::stored(db.clone(), server_id.clone());
     let (deployers, watcher, runtime) = prepare_deployers(&args, &trust)?;
+    let webhook_trust = trust.clone();
     let fetcher = Fetcher::new(args.models_dir(), Duration::from_secs(args.fetch_timeout_s))?
         .trust(trust)?
         .split(Split {
@@ -230,12 +239,33 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             events.clone(),
             deployers.clone(),
             fetcher,
-            server_id,
+            server_id.clone(),
             args.data_dir.join("out"),
         )
         .reserve(args.min_free_mib << 20)
         .queue(queue, server_name),
     );
+    tokio::spawn(crate::events::prune(
+        db.clone(),
+        Duration::from_secs(args.events_retention_s),
+        pipeline.stopping().clone(),
+    ));
+    // Before listening, so that a new receiver's cursor is set before the
+    // first deployment.
+    let delivery = match &webhook {
+        Some(webhook) => Some(
+            webhook
+                .clone()
+                .start(
+                    db.clone(),
+                    server_id,
+                    &webhook_trust,
+                    pipeline.stopping().clone(),
+                )
+                .await?,
+        ),
+        None => None,
+    };
     pipeline.start_workers();
     // Listening comes first: the deployers appear one by one as they
     // compile (seconds each for Python and JavaScript), /readyz tells when
@@ -278,10 +308,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let app = crate::http::app(ApiContext {
         db: db.clone(),
-        events,
+        events: events.clone(),
         deployers,
         pipeline: pipeline.clone(),
         tokens,
+        webhook,
     });
     let stopping = pipeline.clone();
     axum::serve(listener, app)
@@ -292,6 +323,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         })
         .await?;
     pipeline.drain(Duration::from_secs(30)).await;
+    // The events of the drained deployments go into the log before the
+    // database closes; the webhook hands its lease back.
+    events.close(Duration::from_secs(10)).await;
+    if let Some(delivery) = delivery {
+        let _ = delivery.await;
+    }
     db.close().await;
     tracing::info!("stopped");
     Ok(())
@@ -321,6 +358,26 @@ impl ServeArgs {
             .clone()
             .unwrap_or_else(|| self.data_dir.join("cache"))
     }
+}
+
+/// The webhook, if one is configured, checked.
+fn webhook(args: &ServeArgs) -> anyhow::Result<Option<Arc<Webhook>>> {
+    let Some(url) = &args.webhook_url else {
+        return Ok(None);
+    };
+    url::Url::parse(url).with_context(|| format!("--webhook-url {url} is not a URL"))?;
+    anyhow::ensure!(
+        args.webhook_give_up_s <= args.events_retention_s,
+        "--webhook-give-up-s {} is longer than --events-retention-s {}: events would be pruned \
+         from the log while still being delivered; give up sooner or keep events longer",
+        args.webhook_give_up_s,
+        args.events_retention_s
+    );
+    Ok(Some(Arc::new(Webhook {
+        url: url.clone(),
+        secret: args.webhook_secret.clone(),
+        give_up: Duration::from_secs(args.webhook_give_up_s),
+    })))
 }
 
 /// The API tokens, if any are configured; refuses to serve an open API

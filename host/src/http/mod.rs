@@ -26,6 +26,13 @@ pub fn registration(text: &str) -> Result<crate::model::TrainedModel, String> {
     models::checked(body)
 }
 
+/// An event's `data` as SSE and the webhook carry it: the JSON text the
+/// event log stores, so that what is sent is what was stored, whichever
+/// server (of whichever version) stored it.
+pub fn event_data(event: &crate::events::Event) -> String {
+    serde_json::to_string(&json::event(event)).expect("event data serializes")
+}
+
 use std::sync::Arc;
 
 use axum::Router;
@@ -55,6 +62,8 @@ pub struct ApiContext {
     pub pipeline: Arc<Pipeline>,
     /// The accepted API tokens; `None`: the API is open (loopback only).
     pub tokens: Option<Arc<Tokens>>,
+    /// The webhook this server delivers to, if configured.
+    pub webhook: Option<Arc<Webhook>>,
 }
 
 /// Every route with its docs, in one place: `app` serves these routes and
@@ -66,6 +75,7 @@ fn routes() -> OpenApiRouter<ApiContext> {
         .merge(artifacts::router())
         .merge(deployers::router())
         .merge(events::router())
+        .merge(webhook::router())
         .routes(routes!(healthz))
         .routes(routes!(ready))
         .merge(metrics::router())

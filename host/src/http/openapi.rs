@@ -44,7 +44,7 @@ const BEARER: &str = "bearer";
         (name = "models", description = "Trained models: their files and where they come from"),
         (name = "deployments", description = "Deployments of a model by a deployer"),
         (name = "deployers", description = "The WebAssembly deployers of the plugins folder"),
-        (name = "events", description = "What happens, as it happens"),
+        (name = "events", description = "What happens, as it happens: the event log and the webhook"),
         (name = "server", description = "The server itself; no token needed"),
     )
 )]

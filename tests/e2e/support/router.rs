@@ -78,7 +78,7 @@ impl App {
         temp: tempfile::TempDir,
     ) -> Self {
         let fetcher = Fetcher::new(temp.path().join("models"), Duration::from_secs(1800)).unwrap();
-        let events = Events::default();
+        let events = Events::stored(db.clone(), "router-test".to_string());
         let pipeline = Arc::new(Pipeline::new(
             db.clone(),
             events.clone(),
@@ -94,6 +94,7 @@ impl App {
             deployers,
             pipeline,
             tokens,
+            webhook: None,
         });
         Self {
             app,
@@ -201,7 +202,17 @@ impl App {
 
     /// Subscribes to `/v1/events`; events published from now on arrive.
     pub async fn events(&self) -> Subscription {
-        let request = Request::get("/v1/events").body(Body::empty()).unwrap();
+        self.events_from("", None).await
+    }
+
+    /// Subscribes to `/v1/events{query}` (`?after=N`), sending
+    /// `Last-Event-ID` if given.
+    pub async fn events_from(&self, query: &str, last_event_id: Option<&str>) -> Subscription {
+        let mut request = Request::get(format!("/v1/events{query}"));
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let request = request.body(Body::empty()).unwrap();
         let response = self.app.clone().oneshot(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(

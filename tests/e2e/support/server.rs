@@ -359,12 +359,17 @@ impl Berth {
 
     /// Subscribes to `/v1/events`; events published from now on arrive.
     pub async fn events(&self) -> Subscription {
-        let response = self
-            .client
-            .get(format!("{}/v1/events", self.url))
-            .send()
-            .await
-            .unwrap();
+        self.events_from("", None).await
+    }
+
+    /// Subscribes to `/v1/events{query}` (`?after=N`), sending
+    /// `Last-Event-ID` if given.
+    pub async fn events_from(&self, query: &str, last_event_id: Option<i64>) -> Subscription {
+        let mut request = self.client.get(format!("{}/v1/events{query}", self.url));
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id.to_string());
+        }
+        let response = request.send().await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(response.headers()["content-type"], "text/event-stream");
         Subscription::new(response.bytes_stream())

@@ -1,0 +1,409 @@
+//! The event log and the webhook's delivery state: appending events in id
+//! order, reading them after a cursor, pruning the oldest, and the row
+//! through which one server at a time delivers to a webhook. Knows nothing
+//! of what an event means: a kind, JSON text, a time, a server.
+
+use std::fmt::Write;
+
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use super::{Db, Result};
+
+/// The key of the advisory lock every append takes on PostgreSQL, so that
+/// appends commit one after the other and ids become visible in id order:
+/// a reader following `id > cursor` never sees a later id before an
+/// earlier one that was still to commit. ("berth ev" in ASCII.)
+const APPEND_LOCK: i64 = 0x6265_7274_6820_6576;
+
+/// Deployment events, the ones a webhook carries.
+const DEPLOYMENT_KINDS: &str = "deployment.%";
+
+/// An event to append.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub kind: String,
+    /// JSON text.
+    pub data: String,
+    /// RFC 3339 UTC with milliseconds, when it was published.
+    pub created_at: String,
+}
+
+/// An event of the log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    pub id: i64,
+    pub kind: String,
+    pub data: String,
+    pub created_at: String,
+    pub server_id: String,
+}
+
+/// Which events a reader follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kinds {
+    All,
+    /// `deployment.*`, for the webhook.
+    Deployments,
+}
+
+/// The ids the log spans: every id up to `pruned_through` was pruned (or
+/// never existed); `last` is the highest id handed out so far (0: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub pruned_through: i64,
+    pub last: i64,
+}
+
+/// A webhook's delivery as recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebhookState {
+    pub url: String,
+    /// Every deployment event up to this id was delivered or given up.
+    pub delivered_id: i64,
+    /// Deployment events after `delivered_id`.
+    pub pending: i64,
+    pub given_up: i64,
+    /// The server delivering, while its lease runs.
+    pub holder: Option<String>,
+    pub failure: Option<WebhookFailure>,
+}
+
+/// The event a webhook is retrying, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebhookFailure {
+    pub event_id: i64,
+    /// RFC 3339, the first failed attempt at this event.
+    pub since: String,
+    pub last_error: String,
+    /// RFC 3339.
+    pub next_attempt: String,
+}
+
+impl Db {
+    /// Appends `events` in their order, in one transaction; returns the
+    /// last id. On PostgreSQL the append holds an advisory lock until it
+    /// commits, so appends of several servers commit in id order.
+    pub async fn append_events(&self, server_id: &str, events: &[NewEvent]) -> Result<i64> {
+        if events.is_empty() {
+            return Ok(self.event_bounds().await?.last);
+        }
+        let shared = self.shared();
+        let events = events.to_vec();
+        let server_id = server_id.to_string();
+        self.write(move |conn| {
+            Box::pin(async move {
+                if shared {
+                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                        .bind(APPEND_LOCK)
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                let mut sql =
+                    String::from("INSERT INTO events (kind, data, server_id, created_at) VALUES ");
+                for i in 0..events.len() {
+                    let n = 4 * i;
+                    let comma = if i == 0 { "" } else { ", " };
+                    let _ = write!(
+                        sql,
+                        "{comma}(${}, ${}, ${}, ${})",
+                        n + 1,
+                        n + 2,
+                        n + 3,
+                        n + 4
+                    );
+                }
+                sql.push_str(" RETURNING id");
+                let mut query = sqlx::query(&sql);
+                for event in events {
+                    query = query
+                        .bind(event.kind)
+                        .bind(event.data)
+                        .bind(server_id.clone())
+                        .bind(event.created_at);
+                }
+                let rows = query.fetch_all(&mut *conn).await?;
+                let mut last = 0;
+                for row in &rows {
+                    last = last.max(row.try_get::<i64, _>(0)?);
+                }
+                Ok(last)
+            })
+        })
+        .await
+    }
+
+    /// At most `limit` events after `after`, in id order.
+    pub async fn events_after(
+        &self,
+        after: i64,
+        kinds: Kinds,
+        limit: u32,
+    ) -> Result<Vec<StoredEvent>> {
+        let filter = match kinds {
+            Kinds::All => "",
+            Kinds::Deployments => " AND kind LIKE $3",
+        };
+        let sql = format!(
+            "SELECT id, kind, data, created_at, server_id FROM events \
+             WHERE id > $1{filter} ORDER BY id LIMIT $2"
+        );
+        let mut query = sqlx::query(&sql).bind(after).bind(i64::from(limit));
+        if kinds == Kinds::Deployments {
+            query = query.bind(DEPLOYMENT_KINDS);
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        rows.iter().map(event_row).collect()
+    }
+
+    pub async fn event_bounds(&self) -> Result<Bounds> {
+        let row = sqlx::query(
+            "SELECT (SELECT pruned_through FROM event_log) AS pruned, \
+             (SELECT COALESCE(MAX(id), 0) FROM events) AS last",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let pruned_through: i64 = row.try_get("pruned")?;
+        let last: i64 = row.try_get("last")?;
+        Ok(Bounds {
+            pruned_through,
+            last: last.max(pruned_through),
+        })
+    }
+
+    /// Deletes the oldest events created before `before` (RFC 3339), at
+    /// most `chunk` ids' worth, always a prefix of the log; returns how
+    /// many rows went and whether older ones are left for another call.
+    pub async fn prune_events(&self, before: &str, chunk: i64) -> Result<(u64, bool)> {
+        let before = before.to_string();
+        self.write(move |conn| {
+            Box::pin(async move {
+                let row = sqlx::query(
+                    "SELECT (SELECT MAX(id) FROM events WHERE created_at < $1) AS target, \
+                     (SELECT MIN(id) FROM events) AS oldest",
+                )
+                .bind(before)
+                .fetch_one(&mut *conn)
+                .await?;
+                let target: Option<i64> = row.try_get("target")?;
+                let oldest: Option<i64> = row.try_get("oldest")?;
+                let (Some(target), Some(oldest)) = (target, oldest) else {
+                    return Ok((0, false));
+                };
+                let through = target.min(oldest.saturating_add(chunk - 1));
+                let deleted = sqlx::query("DELETE FROM events WHERE id <= $1")
+                    .bind(through)
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected();
+                sqlx::query(
+                    "UPDATE event_log SET pruned_through = \
+                     CASE WHEN pruned_through < $1 THEN $1 ELSE pruned_through END",
+                )
+                .bind(through)
+                .execute(&mut *conn)
+                .await?;
+                Ok((deleted, through < target))
+            })
+        })
+        .await
+    }
+
+    /// Records a webhook receiver, if new, with its cursor at the end of
+    /// the log: it gets the events from now on.
+    pub async fn webhook_join(&self, key: &str, url: &str) -> Result<()> {
+        let (key, url) = (key.to_string(), url.to_string());
+        self.write(move |conn| {
+            Box::pin(async move {
+                sqlx::query(
+                    "INSERT INTO webhook_state (key, url, delivered_id) \
+                     SELECT $1, $2, CASE WHEN l.pruned_through > e.last THEN l.pruned_through \
+                     ELSE e.last END \
+                     FROM event_log l, (SELECT COALESCE(MAX(id), 0) AS last FROM events) e \
+                     WHERE true ON CONFLICT (key) DO NOTHING",
+                )
+                .bind(key)
+                .bind(url)
+                .execute(conn)
+                .await?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    /// Takes or renews the delivery lease of webhook `key` for `server_id`
+    /// until `until_ms` (Unix ms), if nobody else holds one that runs past
+    /// `now_ms`; returns the cursor when held.
+    pub async fn webhook_lease(
+        &self,
+        key: &str,
+        server_id: &str,
+        now_ms: i64,
+        until_ms: i64,
+    ) -> Result<Option<i64>> {
+        let (key, server_id) = (key.to_string(), server_id.to_string());
+        self.write(move |conn| {
+            Box::pin(async move {
+                let row = sqlx::query(
+                    "UPDATE webhook_state SET holder = $1, lease_until = $2 \
+                     WHERE key = $3 AND (holder = $1 OR holder IS NULL OR lease_until < $4) \
+                     RETURNING delivered_id",
+                )
+                .bind(server_id)
+                .bind(until_ms)
+                .bind(key)
+                .bind(now_ms)
+                .fetch_optional(conn)
+                .await?;
+                Ok(row.map(|r| r.try_get(0)).transpose()?)
+            })
+        })
+        .await
+    }
+
+    /// Moves webhook `key`'s cursor to `id` (delivered, or given up when
+    /// `gave_up`), clears the failure and renews the lease; false if
+    /// `server_id` no longer holds it (nothing is changed then).
+    pub async fn webhook_done(
+        &self,
+        key: &str,
+        server_id: &str,
+        id: i64,
+        gave_up: bool,
+        until_ms: i64,
+    ) -> Result<bool> {
+        let (key, server_id) = (key.to_string(), server_id.to_string());
+        self.write(move |conn| {
+            Box::pin(async move {
+                let updated = sqlx::query(
+                    "UPDATE webhook_state SET \
+                     delivered_id = CASE WHEN delivered_id < $1 THEN $1 ELSE delivered_id END, \
+                     given_up = given_up + $2, lease_until = $3, failing_id = NULL, \
+                     failing_since = NULL, last_error = NULL, next_attempt = NULL \
+                     WHERE key = $4 AND holder = $5",
+                )
+                .bind(id)
+                .bind(i64::from(gave_up))
+                .bind(until_ms)
+                .bind(key)
+                .bind(server_id)
+                .execute(conn)
+                .await?;
+                Ok(updated.rows_affected() > 0)
+            })
+        })
+        .await
+    }
+
+    /// Records a failed attempt of webhook `key` and renews the lease;
+    /// false if `server_id` no longer holds it.
+    pub async fn webhook_failed(
+        &self,
+        key: &str,
+        server_id: &str,
+        failure: &WebhookFailure,
+        until_ms: i64,
+    ) -> Result<bool> {
+        let (key, server_id, failure) = (key.to_string(), server_id.to_string(), failure.clone());
+        self.write(move |conn| {
+            Box::pin(async move {
+                let updated = sqlx::query(
+                    "UPDATE webhook_state SET failing_id = $1, failing_since = $2, \
+                     last_error = $3, next_attempt = $4, lease_until = $5 \
+                     WHERE key = $6 AND holder = $7",
+                )
+                .bind(failure.event_id)
+                .bind(failure.since)
+                .bind(failure.last_error)
+                .bind(failure.next_attempt)
+                .bind(until_ms)
+                .bind(key)
+                .bind(server_id)
+                .execute(conn)
+                .await?;
+                Ok(updated.rows_affected() > 0)
+            })
+        })
+        .await
+    }
+
+    /// Hands webhook `key`'s lease back, if `server_id` holds it, so
+    /// another server takes over at once.
+    pub async fn webhook_release(&self, key: &str, server_id: &str) -> Result<()> {
+        let (key, server_id) = (key.to_string(), server_id.to_string());
+        self.write(move |conn| {
+            Box::pin(async move {
+                sqlx::query(
+                    "UPDATE webhook_state SET holder = NULL, lease_until = 0 \
+                     WHERE key = $1 AND holder = $2",
+                )
+                .bind(key)
+                .bind(server_id)
+                .execute(conn)
+                .await?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    /// Webhook `key`'s delivery; the holder only while its lease runs
+    /// past `now_ms`.
+    pub async fn webhook_state(&self, key: &str, now_ms: i64) -> Result<Option<WebhookState>> {
+        let Some(row) = sqlx::query(
+            "SELECT url, delivered_id, given_up, holder, lease_until, failing_id, \
+             failing_since, last_error, next_attempt FROM webhook_state WHERE key = $1",
+        )
+        .bind(key)
+        .fetch_optional(&self.pool)
+        .await?
+        else {
+            return Ok(None);
+        };
+        let delivered_id: i64 = row.try_get("delivered_id")?;
+        let pending: i64 =
+            sqlx::query("SELECT COUNT(*) FROM events WHERE id > $1 AND kind LIKE $2")
+                .bind(delivered_id)
+                .bind(DEPLOYMENT_KINDS)
+                .fetch_one(&self.pool)
+                .await?
+                .try_get(0)?;
+        let lease_until: i64 = row.try_get("lease_until")?;
+        let holder: Option<String> = row.try_get("holder")?;
+        let failing_id: Option<i64> = row.try_get("failing_id")?;
+        let failure = match failing_id {
+            Some(event_id) => Some(WebhookFailure {
+                event_id,
+                since: row
+                    .try_get::<Option<String>, _>("failing_since")?
+                    .unwrap_or_default(),
+                last_error: row
+                    .try_get::<Option<String>, _>("last_error")?
+                    .unwrap_or_default(),
+                next_attempt: row
+                    .try_get::<Option<String>, _>("next_attempt")?
+                    .unwrap_or_default(),
+            }),
+            None => None,
+        };
+        Ok(Some(WebhookState {
+            url: row.try_get("url")?,
+            delivered_id,
+            pending,
+            given_up: row.try_get("given_up")?,
+            holder: holder.filter(|_| lease_until >= now_ms),
+            failure,
+        }))
+    }
+}
+
+fn event_row(row: &AnyRow) -> Result<StoredEvent> {
+    Ok(StoredEvent {
+        id: row.try_get("id")?,
+        kind: row.try_get("kind")?,
+        data: row.try_get("data")?,
+        created_at: row.try_get("created_at")?,
+        server_id: row.try_get("server_id")?,
+    })
+}
