@@ -180,6 +180,26 @@ impl Server {
         Ok(())
     }
 
+    /// Queues a no-op deployment (`?wait=false`).
+    pub async fn deploy_detached(&self, model_id: i64) -> anyhow::Result<()> {
+        let response = self
+            .client
+            .post(format!(
+                "{}/v1/models/{model_id}/deployments?wait=false",
+                self.url
+            ))
+            .json(&json!({ "deployer": "misbehave", "options": { "mode": "ok" } }))
+            .bearer_auth(self.token.as_deref().unwrap_or_default())
+            .send()
+            .await?;
+        ensure!(
+            response.status() == reqwest::StatusCode::ACCEPTED,
+            "queueing a deployment: {}",
+            response.text().await?
+        );
+        Ok(())
+    }
+
     pub async fn healthz(&self) -> anyhow::Result<()> {
         let response = self
             .client

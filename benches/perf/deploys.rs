@@ -186,7 +186,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
 
 /// A new, empty database on the server of `admin`; returns its name and
 /// URL.
-async fn fresh_database(admin: &str, name: &str) -> anyhow::Result<(String, String)> {
+pub async fn fresh_database(admin: &str, name: &str) -> anyhow::Result<(String, String)> {
     let name = format!("bench_{}_{}", std::process::id(), name.replace('-', "_"));
     let mut conn = sqlx::PgConnection::connect(admin)
         .await

@@ -12,12 +12,14 @@
 //! past its out-dir quota), `deploys` (synchronous deployments at 1, 16
 //! and 100 in flight on SQLite and on each `--pg LABEL=URL`, beside the
 //! disk's synced-commit bound; every `--berth` build), `dropin` (from a
-//! plugin dropped into the folder to its first deployment, cold); all by
-//! default. Data goes
+//! plugin dropped into the folder to its first deployment, cold),
+//! `cluster` (queued deployments and events on one server against three
+//! sharing the first `--pg`); all by default. Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
 mod capped;
+mod cluster;
 mod data;
 mod deploys;
 mod dropin;
@@ -69,9 +71,9 @@ pub struct Ctx {
     pub in_flight: Vec<usize>,
 }
 
-const SECTIONS: [&str; 12] = [
+const SECTIONS: [&str; 13] = [
     "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "load", "quota",
-    "deploys", "dropin",
+    "deploys", "dropin", "cluster",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -171,6 +173,7 @@ fn main() -> anyhow::Result<()> {
                 "quota" => quota::overshoot(&ctx).await?,
                 "deploys" => deploys::run(&ctx).await?,
                 "dropin" => dropin::run(&ctx).await?,
+                "cluster" => cluster::run(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
         }
