@@ -80,7 +80,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
             .await?;
             let rate = tokio::time::timeout(Duration::from_secs(300), events)
                 .await
-                .context("the subscriber did not see every deployment end within 5 minutes")??;
+                .context("the subscriber did not see every deployment end within 5 minutes")???;
             let (claims, waits) = claims(&url, first_id).await?;
             figures[at].claims.push(claims);
             figures[at].waits.extend(waits);
