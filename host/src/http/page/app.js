@@ -484,6 +484,7 @@ async function refreshDeployers() {
 
 function deploymentRow(d) {
   const running = d.status === "running";
+  const open = running || d.status === "queued";
   const progressCell = h("td", { class: "progress-cell" });
   const live = state.live.get(d.id);
   if (running) fillProgress(progressCell, live?.phase ?? d.phase, live?.progress ?? d.progress);
@@ -498,7 +499,7 @@ function deploymentRow(d) {
     h("td", { class: "hide-narrow" }, when(d.created_at)),
     h("td", { class: "hide-narrow" }, d.created_by ?? ""),
     h("td", { class: "error-text wrap error-cell" }, d.error ?? ""),
-    h("td", {}, running && h("button", {
+    h("td", {}, open && h("button", {
       type: "button",
       class: "cancel",
       "aria-label": `Cancel deployment ${d.id}`,
@@ -665,12 +666,14 @@ async function deploymentView(id) {
       h("dt", {}, "Ref"), h("dd", { class: "mono" }, refLink(d)),
       h("dt", {}, "Duration"), h("dd", {}, duration(d.duration_ms)),
       h("dt", {}, "Created"), h("dd", {}, when(d.created_at)),
+      h("dt", {}, "Started"), h("dd", {}, when(d.started_at)),
+      h("dt", {}, "Server"), h("dd", { class: "mono" }, d.server ?? ""),
       h("dt", {}, "Completed"), h("dd", {}, when(d.completed_at)),
       h("dt", {}, "Created by"), h("dd", {}, d.created_by ?? ""),
       h("dt", {}, "Error"), h("dd", { class: "error-text" }, d.error ?? ""),
       h("dt", {}, "Model files"), h("dd", { class: "mono" }, d.dir),
       h("dt", {}, "Output directory"), h("dd", { class: "mono" }, d.out_dir)),
-    d.status === "running" && h("div", { class: "actions" }, h("button", {
+    (d.status === "running" || d.status === "queued") && h("div", { class: "actions" }, h("button", {
       type: "button", class: "cancel", "aria-label": `Cancel deployment ${d.id}`, onclick: (e) => cancel(d.id, e.target),
     }, "Cancel")),
     h("h2", {}, "Options"),
@@ -918,6 +921,7 @@ function dispatch(block) {
   switch (kind) {
     case "deployment.progress":
       return progressed(event);
+    case "deployment.queued":
     case "deployment.started":
     case "deployment.completed":
     case "deployment.failed":
