@@ -154,17 +154,22 @@ async fn follow(
     poll(api, deploy_id, view).await
 }
 
+/// Completed or failed: queued and running rows have more to come.
+fn is_over(deployment: &Value) -> bool {
+    deployment["status"] == "completed" || deployment["status"] == "failed"
+}
+
 /// The deployment's row if it has ended.
 async fn ended(api: &Api, deploy_id: i64) -> Result<Option<Value>, Error> {
     let deployment = api.get(&format!("/v1/deployments/{deploy_id}")).await?;
-    Ok((deployment["status"] != "running").then_some(deployment))
+    Ok(is_over(&deployment).then_some(deployment))
 }
 
 async fn poll(api: &Api, deploy_id: i64, view: &mut ProgressView) -> Result<Value, Error> {
     let mut failures = 0;
     loop {
         match api.get(&format!("/v1/deployments/{deploy_id}")).await {
-            Ok(deployment) if deployment["status"] != "running" => return Ok(deployment),
+            Ok(deployment) if is_over(&deployment) => return Ok(deployment),
             Ok(deployment) => {
                 failures = 0;
                 if let Some(phase) = deployment["phase"].as_str() {
