@@ -347,10 +347,15 @@ impl Pipeline {
             if row.status.is_final() || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                 return Ok(row);
             }
+            // The caller goes with this server: a deployment nobody took
+            // yet is not left for later; one running here is interrupted
+            // by the stop, one running elsewhere ends there, recorded.
             if self.shutdown.is_cancelled() && !stopped {
                 stopped = true;
-                self.ask_cancel(id, &interrupted(row.phase, Stop::Graceful))
-                    .await?;
+                if row.status == Status::Queued {
+                    self.ask_cancel(id, "cancelled: the server that accepted it stopped")
+                        .await?;
+                }
                 continue;
             }
             let until = deadline
@@ -704,7 +709,7 @@ impl Pipeline {
     async fn ask_cancel(&self, deploy_id: i64, reason: &str) -> Result<CancelAsked, db::Error> {
         let asked = self
             .db
-            .request_cancel(deploy_id, reason, &format!("{reason} before it started"))
+            .request_cancel(deploy_id, reason, &format!("{reason} (before it started)"))
             .await?;
         match &asked {
             CancelAsked::Dequeued(row) => {
