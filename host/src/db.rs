@@ -19,7 +19,7 @@ mod notify;
 mod queue;
 
 pub use notify::Topic;
-pub use queue::{Beat, CancelAsked, Runnable};
+pub use queue::{Beat, CancelAsked, Claim, Runnable};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -481,28 +481,70 @@ impl Db {
     }
 
     /// Records a deployment as queued, for a server that has its deployer
-    /// at `new.plugin_sha256` to claim (and to give it an out-dir).
-    pub async fn insert_deployment(&self, new: NewDeployment<'_>) -> Result<Deployment> {
+    /// at `new.plugin_sha256` to claim (and to give it an out-dir). With
+    /// `claim`, and no deployment queued before it, it is recorded running
+    /// on that server at once.
+    pub async fn insert_deployment(
+        &self,
+        new: NewDeployment<'_>,
+        claim: Option<Claim>,
+    ) -> Result<Deployment> {
         let model_id = new.model_id;
         let [deployer, options, dir, plugin_sha256] =
             [new.deployer, new.options_json, new.dir, new.plugin_sha256].map(str::to_string);
         let created_by = new.created_by.map(str::to_string);
         self.write(move |conn| {
             Box::pin(async move {
+                let claim = match claim {
+                    Some(claim) => sqlx::query("SELECT 1 FROM deployments WHERE status = 'queued' LIMIT 1")
+                        .fetch_optional(&mut *conn)
+                        .await?
+                        .is_none()
+                        .then_some(claim),
+                    None => None,
+                };
+                let now = now();
+                let (status, server_id, lease_until, phase, started_at) = match &claim {
+                    Some(c) => (
+                        "running",
+                        c.server_id.as_str(),
+                        Some(c.lease_until),
+                        Some(c.phase.as_str()),
+                        Some(now.as_str()),
+                    ),
+                    None => ("queued", "", None, None, None),
+                };
                 let row = sqlx::query(&format!(
                     "INSERT INTO deployments (model_id, deployer, options, status, dir, \
-                     out_dir, details, server_id, created_at, created_by, plugin_sha256) \
-                     VALUES ($1, $2, $3, 'queued', $4, '', '{{}}', '', $5, $6, $7) \
+                     out_dir, details, server_id, created_at, created_by, plugin_sha256, \
+                     lease_until, phase, started_at) \
+                     VALUES ($1, $2, $3, $4, $5, '', '{{}}', $6, $7, $8, $9, $10, $11, $12) \
                      RETURNING {DEPLOYMENT_COLUMNS}"
                 ))
                 .bind(model_id)
                 .bind(deployer)
                 .bind(options)
+                .bind(status)
                 .bind(dir)
-                .bind(now())
+                .bind(server_id)
+                .bind(&now)
                 .bind(created_by)
                 .bind(plugin_sha256)
-                .fetch_one(conn)
+                .bind(lease_until)
+                .bind(phase)
+                .bind(started_at)
+                .fetch_one(&mut *conn)
+                .await?;
+                let deployment = deployment_row(&row)?;
+                let Some(claim) = claim else {
+                    return Ok(deployment);
+                };
+                let row = sqlx::query(&format!(
+                    "UPDATE deployments SET out_dir = $1 WHERE id = $2 RETURNING {DEPLOYMENT_COLUMNS}"
+                ))
+                .bind((claim.out_dir)(deployment.id))
+                .bind(deployment.id)
+                .fetch_one(&mut *conn)
                 .await?;
                 deployment_row(&row)
             })
@@ -878,7 +920,7 @@ mod tests {
                             plugin_sha256: "ab",
                             created_by: None,
                         };
-                        let inserted = db.insert_deployment(new).await;
+                        let inserted = db.insert_deployment(new, None).await;
                         ("orphan", inserted.err())
                     }
                     _ => (

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::db::{self, Beat, CancelAsked, Db, Ending, NewDeployment, Runnable, Topic};
+use crate::db::{self, Beat, CancelAsked, Claim, Db, Ending, NewDeployment, Runnable, Topic};
 use crate::deployers::Deployers;
 use crate::events::{Event, Events};
 use crate::fetch::{self, Fetcher};
@@ -108,6 +108,9 @@ impl Default for QueueSettings {
 /// How often a server with room looks at the queue without being woken:
 /// a wake-up can be lost, and a plugin loaded later makes rows runnable.
 const QUEUE_POLL: Duration = Duration::from_secs(1);
+
+/// The most queued deployments a server claims in one transaction.
+const CLAIM_BATCH: usize = 16;
 
 /// How long a cancel waits for the deployment's row to end before it
 /// answers that the cancel was accepted.
@@ -385,7 +388,7 @@ impl Pipeline {
     }
 
     /// Steps 1–3: nothing is recorded unless all checks pass.
-    async fn start(&self, request: Request<'_>) -> Result<Deployment, StartError> {
+    async fn start(self: &Arc<Self>, request: Request<'_>) -> Result<Deployment, StartError> {
         let Request {
             model_id,
             deployer,
@@ -422,28 +425,111 @@ impl Pipeline {
             })?;
 
         let dir = self.fetcher.dir_of(&model.job_id);
+        // With room here and nobody waiting, this server takes it at once;
+        // otherwise it waits in the queue for whichever server has room.
+        let permit = self.room.clone().try_acquire_owned().ok();
+        let verified = permit.as_ref().and(self.fetcher.verified(&model));
+        let claim = permit.as_ref().map(|_| Claim {
+            server_id: self.server_id.clone(),
+            lease_until: unix_ms() + millis(self.queue.lease),
+            // An unchanged model needs no fetch: the row says deploying
+            // from its insert, so a kill reads "interrupted while
+            // deploying" as it would once the deployer started.
+            phase: match verified {
+                Some(_) => Phase::Deploying,
+                None => Phase::Fetching,
+            },
+            out_dir: self.out_dir(),
+        });
         let deployment = self
             .db
-            .insert_deployment(NewDeployment {
-                model_id,
-                deployer,
-                options_json,
-                dir: &dir.display().to_string(),
-                plugin_sha256: &plugin.sha256,
-                created_by,
-            })
+            .insert_deployment(
+                NewDeployment {
+                    model_id,
+                    deployer,
+                    options_json,
+                    dir: &dir.display().to_string(),
+                    plugin_sha256: &plugin.sha256,
+                    created_by,
+                },
+                claim,
+            )
             .await?;
-        self.spans
-            .lock()
-            .expect("spans lock")
-            .insert(deployment.id, (Instant::now(), tracing::Span::current()));
         self.events.publish(Event::DeploymentQueued {
             deploy_id: deployment.id,
             model_id,
-            deployer: deployer.to_string(),
+            deployer: deployment.deployer.clone(),
         });
-        self.wake(Topic::Queue, deployment.id).await;
+        match permit {
+            Some(permit) if deployment.status == Status::Running => {
+                let started = self.make_live(deployment.clone(), model, verified, plugin);
+                self.launch(started, permit, tracing::Span::current());
+            }
+            _ => {
+                self.spans
+                    .lock()
+                    .expect("spans lock")
+                    .insert(deployment.id, (Instant::now(), tracing::Span::current()));
+                self.wake(Topic::Queue, deployment.id).await;
+            }
+        }
         Ok(deployment)
+    }
+
+    /// Where this server's deployment `id` writes.
+    fn out_dir(&self) -> Box<dyn Fn(i64) -> String + Send> {
+        let out_root = self.out_root.clone();
+        Box::new(move |id| out_root.join(id.to_string()).display().to_string())
+    }
+
+    /// Makes a deployment this server took live here: cancellable, its
+    /// progress and log kept, a verified model's files counted as fetched.
+    fn make_live(
+        &self,
+        deployment: Deployment,
+        model: TrainedModel,
+        verified: Option<PathBuf>,
+        plugin: Arc<Plugin>,
+    ) -> Started {
+        let running = Arc::new(Running::new(
+            deployment.id,
+            &deployment.deployer,
+            self.shutdown.child_token(),
+        ));
+        if verified.is_some() {
+            let bytes = model.files.iter().map(|f| f.size_bytes).sum();
+            let files = model.files.len();
+            fetch::Observer::fetched(&*running, bytes, bytes, files, files);
+            running.set_phase(Phase::Deploying);
+        }
+        self.live.insert(running.clone());
+        Started {
+            deployment,
+            model,
+            verified,
+            plugin,
+            running,
+        }
+    }
+
+    /// Runs a deployment this server took, in a task of its own holding
+    /// `permit` (one of `--max-running`) until its end is recorded.
+    fn launch(
+        self: &Arc<Self>,
+        started: Started,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        span: tracing::Span,
+    ) {
+        let pipeline = self.clone();
+        self.tasks.spawn(
+            async move {
+                let _permit = permit;
+                if let Err(e) = pipeline.run(started).await {
+                    tracing::error!("recording the end of a deployment: {e}");
+                }
+            }
+            .instrument(span),
+        );
     }
 
     /// Tells every server (this one included) that `topic` changed for
@@ -456,35 +542,37 @@ impl Pipeline {
     }
 
     /// Takes queued deployments while this server has room, until it
-    /// stops: each claimed one runs in a task of its own holding one of
-    /// `--max-running` permits.
+    /// stops: up to `CLAIM_BATCH` in one transaction, each run in a task
+    /// of its own holding one of `--max-running` permits.
     pub async fn serve_queue(self: Arc<Self>) {
         let mut queued = self.db.wakeups(Topic::Queue);
         loop {
-            let permit = tokio::select! {
+            let first = tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => return,
                 permit = self.room.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
             };
-            match self.claim().await {
-                Ok(Some(started)) => {
-                    let span = self.request_span(started.deployment.id);
-                    let pipeline = self.clone();
-                    self.tasks.spawn(
-                        async move {
-                            let _permit = permit;
-                            if let Err(e) = pipeline.run(started).await {
-                                tracing::error!("recording the end of a deployment: {e}");
-                            }
-                        }
-                        .instrument(span),
-                    );
-                    continue;
+            let mut permits = vec![first];
+            while permits.len() < CLAIM_BATCH {
+                match self.room.clone().try_acquire_owned() {
+                    Ok(permit) => permits.push(permit),
+                    Err(_) => break,
                 }
-                Ok(None) => {}
-                Err(e) => tracing::warn!("could not take a deployment from the queue: {e}"),
             }
-            drop(permit);
+            let wanted = permits.len();
+            match self.claim(wanted).await {
+                Ok(claimed) => {
+                    let full = claimed.len() == wanted;
+                    for (started, permit) in claimed.into_iter().zip(permits) {
+                        let span = self.request_span(started.deployment.id);
+                        self.launch(started, permit, span);
+                    }
+                    if full {
+                        continue;
+                    }
+                }
+                Err(e) => tracing::warn!("could not take deployments from the queue: {e}"),
+            }
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 _ = queued.recv() => {}
@@ -506,59 +594,53 @@ impl Pipeline {
         }
     }
 
-    /// Claims the oldest queued deployment this server can run and makes
-    /// it live here.
-    async fn claim(&self) -> Result<Option<Started>, db::Error> {
+    /// Claims the oldest queued deployments this server can run (at most
+    /// `limit`) and makes them live here.
+    async fn claim(&self, limit: usize) -> Result<Vec<Started>, db::Error> {
         let plugins = self.deployers.current();
         let runnable = runnable(&plugins.deployers);
         let lease_until = unix_ms() + millis(self.queue.lease);
-        let out_root = self.out_root.clone();
-        let out_dir = move |id: i64| out_root.join(id.to_string()).display().to_string();
-        let Some(deployment) = self
+        let claimed = self
             .db
-            .claim(&self.server_id, &runnable, lease_until, out_dir)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let running = Arc::new(Running::new(
-            deployment.id,
-            &deployment.deployer,
-            self.shutdown.child_token(),
-        ));
-        self.live.insert(running.clone());
-        let plugin = plugins
-            .deployers
-            .get(&deployment.deployer)
-            .cloned()
-            .expect("a deployment is claimed by the key of a plugin of this set");
-        let Some(model) = self.db.model(deployment.model_id).await? else {
+            .claim(
+                &self.server_id,
+                &runnable,
+                lease_until,
+                self.out_dir(),
+                limit,
+            )
+            .await?;
+        let mut started = Vec::with_capacity(claimed.len());
+        let mut models: HashMap<i64, Option<TrainedModel>> = HashMap::new();
+        for deployment in claimed {
+            let plugin = plugins
+                .deployers
+                .get(&deployment.deployer)
+                .cloned()
+                .expect("a deployment is claimed by the key of a plugin of this set");
+            let model = match models.get(&deployment.model_id) {
+                Some(model) => model.clone(),
+                None => {
+                    let model = self.db.model(deployment.model_id).await?;
+                    models.insert(deployment.model_id, model.clone());
+                    model
+                }
+            };
             // Deleted meanwhile, and its deployments with it.
-            self.live.remove(deployment.id);
-            running.finish();
-            return Ok(None);
-        };
-        // An unchanged model needs no fetch: the row says deploying from
-        // here on, so a kill reads "interrupted while deploying" as it
-        // would once the deployer started.
-        let verified = self.fetcher.verified(&model);
-        if verified.is_some() {
-            let bytes = model.files.iter().map(|f| f.size_bytes).sum();
-            let files = model.files.len();
-            fetch::Observer::fetched(&*running, bytes, bytes, files, files);
-            running.set_phase(Phase::Deploying);
-            running.take_update();
-            self.db
-                .update_progress(deployment.id, Phase::Deploying, &running.snapshot())
-                .await?;
+            let Some(model) = model else { continue };
+            let verified = self.fetcher.verified(&model);
+            started.push(self.make_live(deployment, model, verified, plugin));
         }
-        Ok(Some(Started {
-            deployment,
-            model,
-            verified,
-            plugin,
-            running,
-        }))
+        // A model fetched already is not fetched again: the rows say
+        // deploying from here on, so a kill reads "interrupted while
+        // deploying" as it would once the deployer started.
+        let verified = started
+            .iter()
+            .filter(|s| s.verified.is_some())
+            .map(|s| s.deployment.id)
+            .collect();
+        self.db.mark_deploying(verified).await?;
+        Ok(started)
     }
 
     /// Keeps this server's leases, hears cancels asked on other servers,
@@ -611,6 +693,9 @@ impl Pipeline {
     /// longer owns (failed by another server after a lapse) is stopped.
     async fn beat(&self) -> Result<(), db::Error> {
         let now_ms = unix_ms();
+        // The ones asked about are the ones checked: a deployment made live
+        // meanwhile is renewed by the next beat.
+        let live = self.live.all();
         let owned = self
             .db
             .beat(Beat {
@@ -619,6 +704,7 @@ impl Pipeline {
                 runnable: runnable(&self.deployers.current().deployers),
                 now_ms,
                 lease_until: now_ms + millis(self.queue.lease),
+                live: live.iter().map(|r| r.deploy_id).collect(),
             })
             .await?;
         let mut kept = std::collections::HashSet::new();
@@ -628,7 +714,7 @@ impl Pipeline {
                 running.cancel(&reason);
             }
         }
-        for running in self.live.all() {
+        for running in live {
             if !kept.contains(&running.deploy_id) && !running.is_finished() {
                 running.cancel(
                     "cancelled: this server lost its claim on the deployment (its lease ran out and another server ended it, or its record was deleted)",

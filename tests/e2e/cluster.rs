@@ -15,7 +15,7 @@ use crate::support::plugins;
 use berth::db::Db;
 
 use crate::support::server::{Backend, Berth, Shared, fresh_postgres_database};
-use crate::support::{bytes, eventually, model};
+use crate::support::{bytes, eventually, model, most_at_once};
 
 /// Short enough that a test sees a lease run out; a tick is a third.
 const LEASE_MS: u64 = 1500;
@@ -50,28 +50,6 @@ async fn rows(berth: &Berth, models: &[i64]) -> BTreeMap<i64, Value> {
 
 fn is_final(row: &Value) -> bool {
     row["status"] == "completed" || row["status"] == "failed"
-}
-
-/// The most of `rows` that overlapped in time, by their claim and end.
-fn most_at_once<'a>(rows: impl Iterator<Item = &'a Value>) -> usize {
-    let mut edges = Vec::new();
-    for row in rows {
-        let at = |field: &str| {
-            humantime::parse_rfc3339(row[field].as_str().unwrap())
-                .unwrap_or_else(|e| panic!("{field} of {row}: {e}"))
-        };
-        // An end sorts before a start at the same instant: a permit is
-        // handed back before the next claim takes it.
-        edges.push((at("started_at"), 1, 1i64));
-        edges.push((at("completed_at"), 0, -1));
-    }
-    edges.sort();
-    let (mut now, mut most) = (0i64, 0i64);
-    for (_, _, step) in edges {
-        now += step;
-        most = most.max(now);
-    }
-    most as usize
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

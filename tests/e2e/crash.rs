@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::support::files::{Fault, FileServer};
 use crate::support::server::{Backend, Berth};
@@ -23,7 +23,7 @@ use crate::support::{bytes, eventually, model, on_both_backends, sha256_hex, tre
 on_both_backends!(
     kill_9_at_random_moments_loses_no_byte_and_no_record,
     a_kill_as_the_deployer_starts_fails_the_row_as_deploying,
-    a_fetched_model_is_deploying_once_claimed_and_a_kill_says_so,
+    a_fetched_model_is_deploying_from_its_insert_and_a_kill_says_so,
 );
 
 /// Trials per backend unless `BERTH_CRASH_TRIALS` says otherwise: enough
@@ -249,10 +249,9 @@ async fn a_kill_as_the_deployer_starts_fails_the_row_as_deploying(backend: Backe
     let started = berth
         .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 600_000 }))
         .await;
-    // Queued rows have no out-dir yet: the server that claims it gives
-    // it one under its data dir.
-    assert_eq!(started["out_dir"], "", "{started}");
-    let out_dir = berth.data_dir().join("out").join(started["id"].to_string());
+    // An idle server takes it at once, giving it an out-dir.
+    assert_eq!(started["status"], "running", "{started}");
+    let out_dir = std::path::PathBuf::from(started["out_dir"].as_str().unwrap());
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !out_dir.exists() {
         assert!(std::time::Instant::now() < deadline, "no output directory");
@@ -267,12 +266,12 @@ async fn a_kill_as_the_deployer_starts_fails_the_row_as_deploying(backend: Backe
     assert_eq!(row["error"], DEPLOYING);
 }
 
-/// A deployment is answered `queued`, with no phase. Claimed, a model not
-/// fetched yet runs `fetching`; one already fetched and verified is not
-/// fetched again: its row says `deploying` from the write right after the
-/// claim, so a kill from then on, whether or not the deployer started yet,
-/// fails it as interrupted while deploying.
-async fn a_fetched_model_is_deploying_once_claimed_and_a_kill_says_so(backend: Backend) {
+/// A server with room takes a deployment at its insert. A model already
+/// fetched and verified is not fetched again: its row is inserted
+/// `deploying`, with no later write of the phase, so a kill right after
+/// the answer, whether or not the deployer started yet, fails it as
+/// interrupted while deploying. A model not fetched yet starts `fetching`.
+async fn a_fetched_model_is_deploying_from_its_insert_and_a_kill_says_so(backend: Backend) {
     let files = FileServer::start().await;
     let mut berth = Berth::start(backend).await;
     let id = berth
@@ -281,7 +280,11 @@ async fn a_fetched_model_is_deploying_once_claimed_and_a_kill_says_so(backend: B
     let first = berth
         .deploy_detached(id, "misbehave", json!({ "mode": "ok" }))
         .await;
-    assert_eq!(first["phase"], Value::Null, "{first}");
+    assert_eq!(
+        (&first["status"], &first["phase"]),
+        (&json!("running"), &json!("fetching")),
+        "{first}"
+    );
     let path = format!("/v1/deployments/{}", first["id"]);
     eventually(
         || "the first deployment completes".to_string(),
@@ -294,20 +297,7 @@ async fn a_fetched_model_is_deploying_once_claimed_and_a_kill_says_so(backend: B
     let started = berth
         .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 600_000 }))
         .await;
-    let path = format!("/v1/deployments/{}", started["id"]);
-    let row = eventually(
-        || "the second deployment is claimed and past its fetch".to_string(),
-        async || {
-            let (_, row) = berth.get(&path).await;
-            (row["status"] == "running" && row["phase"] != "fetching").then_some(row)
-        },
-    )
-    .await;
-    assert_eq!(row["phase"], "deploying", "{row}");
-    assert_eq!(
-        row["progress"]["bytes_done"], row["progress"]["bytes_total"],
-        "nothing was fetched: {row}"
-    );
+    assert_eq!(started["phase"], "deploying", "{started}");
     berth.kill9();
     berth.restart();
     let (_, row) = berth

@@ -26,6 +26,7 @@ mod page;
 mod plugin_cli;
 mod plugins;
 mod proxies;
+mod queue;
 mod ready;
 mod runtime;
 mod scaffold;

@@ -22,13 +22,26 @@ impl Runnable {
 }
 
 /// A server's heartbeat: it is alive, can run these, and keeps the leases
-/// of its running deployments until `lease_until` (Unix milliseconds).
+/// of the deployments it runs (`live`) until `lease_until` (Unix
+/// milliseconds). A row it owns but does not run (claimed, then lost to
+/// an error) is not renewed: its lease runs out and a sweep fails it.
 pub struct Beat {
     pub server_id: String,
     pub name: String,
     pub runnable: Runnable,
     pub now_ms: i64,
     pub lease_until: i64,
+    pub live: Vec<i64>,
+}
+
+/// A deployment taken by the server that records it, when it has room
+/// and nobody waits: no queue round trip.
+pub struct Claim {
+    pub server_id: String,
+    pub lease_until: i64,
+    /// `deploying` for a model already fetched and verified.
+    pub phase: Phase,
+    pub out_dir: Box<dyn Fn(i64) -> String + Send>,
 }
 
 /// What asking to cancel a deployment did.
@@ -46,19 +59,21 @@ pub enum CancelAsked {
 }
 
 impl Db {
-    /// Takes the oldest queued deployment this server can run, if any:
-    /// it becomes `running` here, fetching, leased until `lease_until`,
-    /// writing into `out_dir(id)` on this server's disk.
+    /// Takes the oldest (at most `limit`) queued deployments this server
+    /// can run: they become `running` here, fetching, leased until
+    /// `lease_until`, writing into `out_dir(id)` on this server's disk.
     pub async fn claim(
         &self,
         server_id: &str,
         runnable: &Runnable,
         lease_until: i64,
         out_dir: impl Fn(i64) -> String + Send + 'static,
-    ) -> Result<Option<Deployment>> {
-        if runnable.0.is_empty() {
-            return Ok(None);
+        limit: usize,
+    ) -> Result<Vec<Deployment>> {
+        if runnable.0.is_empty() || limit == 0 {
+            return Ok(Vec::new());
         }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let keys = runnable.0.clone();
         let server_id = server_id.to_string();
         // Other servers skip the row this transaction holds instead of
@@ -71,45 +86,75 @@ impl Db {
         };
         self.write(move |conn| {
             Box::pin(async move {
-                let placeholders = (1..=keys.len())
+                let placeholders = (2..keys.len() + 2)
                     .map(|i| format!("${i}"))
                     .collect::<Vec<_>>()
                     .join(", ");
                 let sql = format!(
                     "SELECT id FROM deployments WHERE status = 'queued' \
                      AND deployer || '@' || plugin_sha256 IN ({placeholders}) \
-                     ORDER BY id LIMIT 1{skip_locked}"
+                     ORDER BY id LIMIT $1{skip_locked}"
                 );
-                let mut query = sqlx::query(&sql);
+                let mut query = sqlx::query(&sql).bind(limit);
                 for key in keys {
                     query = query.bind(key);
                 }
-                let Some(row) = query.fetch_optional(&mut *conn).await? else {
-                    return Ok(None);
-                };
-                let id: i64 = row.try_get(0)?;
-                let row = sqlx::query(&format!(
-                    "UPDATE deployments SET status = 'running', server_id = $1, lease_until = $2, \
+                let ids = query.fetch_all(&mut *conn).await?;
+                let mut claimed = Vec::with_capacity(ids.len());
+                let started_at = now();
+                for row in &ids {
+                    let id: i64 = row.try_get(0)?;
+                    let row = sqlx::query(&format!(
+                        "UPDATE deployments SET status = 'running', server_id = $1, lease_until = $2, \
                      phase = $3, started_at = $4, out_dir = $5 WHERE id = $6 AND status = 'queued' \
                      RETURNING {DEPLOYMENT_COLUMNS}"
                 ))
-                .bind(server_id)
-                .bind(lease_until)
-                .bind(Phase::Fetching.as_str())
-                .bind(now())
-                .bind(out_dir(id))
-                .bind(id)
-                .fetch_one(&mut *conn)
-                .await?;
-                deployment_row(&row).map(Some)
+                    .bind(&server_id)
+                    .bind(lease_until)
+                    .bind(Phase::Fetching.as_str())
+                    .bind(&started_at)
+                    .bind(out_dir(id))
+                    .bind(id)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                    claimed.push(deployment_row(&row)?);
+                }
+                Ok(claimed)
+            })
+        })
+        .await
+    }
+
+    /// Records that these running deployments skip their fetch: their
+    /// models were verified when they were claimed.
+    pub async fn mark_deploying(&self, ids: Vec<i64>) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.write(move |conn| {
+            Box::pin(async move {
+                let placeholders = (2..ids.len() + 2)
+                    .map(|i| format!("${i}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let sql = format!(
+                    "UPDATE deployments SET phase = $1 \
+                     WHERE status = 'running' AND id IN ({placeholders})"
+                );
+                let mut query = sqlx::query(&sql).bind(Phase::Deploying.as_str());
+                for id in ids {
+                    query = query.bind(id);
+                }
+                query.execute(conn).await?;
+                Ok(())
             })
         })
         .await
     }
 
     /// Records that the server is alive and what it can run, and renews
-    /// the leases of its running deployments. Returns the deployments it
-    /// still owns, each with the cancel asked for it, if any.
+    /// the leases of the deployments it runs. Returns those it still owns,
+    /// each with the cancel asked for it, if any.
     pub async fn beat(&self, beat: Beat) -> Result<Vec<(i64, Option<String>)>> {
         let deployers =
             serde_json::to_string(&beat.runnable.0).map_err(|e| Error::Corrupt(e.to_string()))?;
@@ -126,14 +171,24 @@ impl Db {
                 .bind(deployers)
                 .execute(&mut *conn)
                 .await?;
-                let rows = sqlx::query(
-                    "UPDATE deployments SET lease_until = $1 \
-                     WHERE server_id = $2 AND status = 'running' RETURNING id, cancel",
-                )
-                .bind(beat.lease_until)
-                .bind(&beat.server_id)
-                .fetch_all(&mut *conn)
-                .await?;
+                if beat.live.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let placeholders = (3..beat.live.len() + 3)
+                    .map(|i| format!("${i}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let sql = format!(
+                    "UPDATE deployments SET lease_until = $1 WHERE server_id = $2 \
+                     AND status = 'running' AND id IN ({placeholders}) RETURNING id, cancel"
+                );
+                let mut query = sqlx::query(&sql)
+                    .bind(beat.lease_until)
+                    .bind(&beat.server_id);
+                for id in &beat.live {
+                    query = query.bind(*id);
+                }
+                let rows = query.fetch_all(&mut *conn).await?;
                 rows.iter()
                     .map(|row| Ok((row.try_get("id")?, row.try_get("cancel")?)))
                     .collect()

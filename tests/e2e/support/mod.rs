@@ -83,6 +83,28 @@ macro_rules! on_both_backends {
 }
 pub(crate) use on_both_backends;
 
+/// The most of `rows` that overlapped in time, by their claim and end.
+pub fn most_at_once<'a>(rows: impl Iterator<Item = &'a Value>) -> usize {
+    let mut edges = Vec::new();
+    for row in rows {
+        let at = |field: &str| {
+            humantime::parse_rfc3339(row[field].as_str().unwrap())
+                .unwrap_or_else(|e| panic!("{field} of {row}: {e}"))
+        };
+        // An end sorts before a start at the same instant: a permit is
+        // handed back before the next claim takes it.
+        edges.push((at("started_at"), 1, 1i64));
+        edges.push((at("completed_at"), 0, -1));
+    }
+    edges.sort();
+    let (mut now, mut most) = (0i64, 0i64);
+    for (_, _, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    most as usize
+}
+
 /// A model of a few files served by `files`: returns its registration.
 pub fn model(
     files: &files::FileServer,
