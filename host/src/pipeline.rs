@@ -192,10 +192,8 @@ pub enum CancelError {
 pub enum RunError {
     #[error(transparent)]
     Start(#[from] StartError),
-    #[error("recording the end of deployment: {0}")]
+    #[error("reading the deployment's outcome: {0}")]
     Record(#[from] db::Error),
-    #[error("the deployment task crashed: {0}")]
-    Crashed(String),
 }
 
 /// What to deploy, and how.
@@ -300,8 +298,9 @@ impl Pipeline {
         self
     }
 
-    /// Queues the deployment and waits until it ended, wherever it ran;
-    /// the answer is the stored row. If the caller's future is dropped (a
+    /// Records the deployment (run here at once if there is room, else
+    /// queued) and waits until it ended, wherever it ran; the answer is
+    /// the stored row. If the caller's future is dropped (a
     /// client disconnected), the deployment is cancelled, not abandoned.
     pub async fn run_attached(
         self: &Arc<Self>,
@@ -309,20 +308,20 @@ impl Pipeline {
     ) -> Result<Deployment, RunError> {
         // Heard from before the insert, so a fast end is not missed.
         let mut ended = self.db.wakeups(Topic::Ended);
-        let queued = self.start(request).await?;
+        let recorded = self.start(request).await?;
         let mut cancel_on_drop = CancelOnDrop {
             pipeline: self.clone(),
-            deploy_id: Some(queued.id),
+            deploy_id: Some(recorded.id),
         };
-        let stored = self.wait_ended(queued.id, &mut ended, None).await?;
+        let stored = self.wait_ended(recorded.id, &mut ended, None).await?;
         if stored.status.is_final() {
             cancel_on_drop.deploy_id = None;
         }
         Ok(stored)
     }
 
-    /// Queues the deployment for a server with room; the answer is the
-    /// queued row.
+    /// Records the deployment (run here at once if there is room, else
+    /// queued for a server with room); the answer is its row.
     pub async fn run_detached(
         self: &Arc<Self>,
         request: Request<'_>,

@@ -91,7 +91,7 @@ impl From<RunError> for Error {
     fn from(e: RunError) -> Self {
         match e {
             RunError::Start(e) => e.into(),
-            e @ (RunError::Record(_) | RunError::Crashed(_)) => Error::Internal(e.to_string()),
+            e @ RunError::Record(_) => Error::Internal(e.to_string()),
         }
     }
 }
