@@ -8,7 +8,7 @@
 //! stored log, on the server that ran them (one server) against another
 //! server (three: the subscriber's server runs a third of the work).
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use futures::StreamExt;
@@ -30,6 +30,7 @@ struct Figures {
     /// The share of deployments that went through the queue.
     queued: Vec<f64>,
     waits: Vec<f64>,
+    refills: Vec<f64>,
     events: Vec<f64>,
 }
 
@@ -90,10 +91,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
             let rate = tokio::time::timeout(Duration::from_secs(300), events)
                 .await
                 .context("the subscriber did not see every deployment end within 5 minutes")???;
-            let (claims, queued, waits) = claims(&url, first_id).await?;
-            figures[at].claims.push(claims);
-            figures[at].queued.push(queued);
-            figures[at].waits.extend(waits);
+            let measured = claims(&url, first_id).await?;
+            figures[at].claims.push(measured.rate);
+            figures[at].queued.push(measured.queued);
+            figures[at].waits.extend(measured.waits);
+            figures[at].refills.extend(measured.refills);
             figures[at].events.push(rate);
             drop(servers);
             let mut conn = sqlx::PgConnection::connect(admin).await?;
@@ -112,11 +114,14 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let [one, three] = &figures;
     let line = |f: &Figures| {
         format!(
-            "{:.0} started/s ({:.0}% from the queue) · queue-to-start p50 {} · p99 {}",
+            "{:.0} started/s ({:.0}% from the queue) · queue-to-start p50 {} · p99 {} · \
+             a freed slot refilled p50 {} · p99 {}",
             median(&f.claims),
             100.0 * median(&f.queued),
             secs(median(&f.waits)),
             secs(percentile(&f.waits, 99.0)),
+            secs(median(&f.refills)),
+            secs(percentile(&f.refills, 99.0)),
         )
     };
     table.row("1 server", line(one), "baseline".into());
@@ -154,39 +159,73 @@ async fn last_id(url: &str) -> anyhow::Result<i64> {
     Ok(row.try_get(0)?)
 }
 
-/// Starts per second (the rows over the span of their starts), the share
-/// claimed from the queue (a deployment taken at its insert starts at its
-/// creation's very millisecond) and each row's queue-to-start time, of the
-/// deployments after `first_id`.
-async fn claims(url: &str, first_id: i64) -> anyhow::Result<(f64, f64, Vec<f64>)> {
+/// What the rows of one run say.
+struct Measured {
+    /// Starts per second, over the span of the starts.
+    rate: f64,
+    /// The share claimed from the queue: a deployment taken at its insert
+    /// starts at its creation's very millisecond.
+    queued: f64,
+    /// Each row's queue-to-start time.
+    waits: Vec<f64>,
+    /// Each queued row's time from the moment a slot of its server was
+    /// free for it (the end before its start, or its creation if later)
+    /// to its start: how fast the queue refills a freed slot.
+    refills: Vec<f64>,
+}
+
+async fn claims(url: &str, first_id: i64) -> anyhow::Result<Measured> {
     let mut conn = sqlx::PgConnection::connect(url).await?;
-    let rows = sqlx::query("SELECT created_at, started_at FROM deployments WHERE id > $1")
-        .bind(first_id)
-        .fetch_all(&mut conn)
-        .await?;
-    let mut starts = Vec::new();
-    let mut waits = Vec::new();
+    let rows = sqlx::query(
+        "SELECT server_id, created_at, started_at, completed_at FROM deployments WHERE id > $1",
+    )
+    .bind(first_id)
+    .fetch_all(&mut conn)
+    .await?;
+    let mut parsed = Vec::new();
     for row in &rows {
-        let at = |column: &str| -> anyhow::Result<std::time::SystemTime> {
+        let at = |column: &str| -> anyhow::Result<SystemTime> {
             let text: Option<String> = row.try_get(column)?;
             let text = text.with_context(|| format!("a deployment without {column}"))?;
             Ok(humantime::parse_rfc3339(&text)?)
         };
-        let (created, started) = (at("created_at")?, at("started_at")?);
-        waits.push(
-            started
-                .duration_since(created)
-                .unwrap_or_default()
-                .as_secs_f64(),
-        );
-        starts.push(started);
+        let server: String = row.try_get("server_id")?;
+        parsed.push((
+            server,
+            at("created_at")?,
+            at("started_at")?,
+            at("completed_at")?,
+        ));
     }
-    let span = match (starts.iter().min(), starts.iter().max()) {
-        (Some(first), Some(last)) => last.duration_since(*first)?.as_secs_f64(),
+    let seconds = |later: SystemTime, earlier: SystemTime| {
+        later
+            .duration_since(earlier)
+            .unwrap_or_default()
+            .as_secs_f64()
+    };
+    let waits: Vec<f64> = parsed.iter().map(|(_, c, s, _)| seconds(*s, *c)).collect();
+    let mut refills = Vec::new();
+    for (server, created, started, _) in parsed.iter().filter(|(_, c, s, _)| s > c) {
+        let freed = parsed
+            .iter()
+            .filter(|(other, _, _, ended)| other == server && ended <= started)
+            .map(|(_, _, _, ended)| *ended)
+            .max()
+            .map_or(*created, |ended| ended.max(*created));
+        refills.push(seconds(*started, freed));
+    }
+    let first = parsed.iter().map(|(_, _, s, _)| *s).min();
+    let last = parsed.iter().map(|(_, _, s, _)| *s).max();
+    let span = match (first, last) {
+        (Some(first), Some(last)) => seconds(last, first),
         _ => 0.0,
     };
-    let queued = waits.iter().filter(|w| **w > 0.0).count() as f64 / rows.len().max(1) as f64;
-    Ok((rows.len() as f64 / span.max(1e-3), queued, waits))
+    Ok(Measured {
+        rate: parsed.len() as f64 / span.max(1e-3),
+        queued: refills.len() as f64 / parsed.len().max(1) as f64,
+        waits,
+        refills,
+    })
 }
 
 /// Follows `/v1/events` until `total` deployments completed; returns the
