@@ -454,17 +454,17 @@ impl Pipeline {
                 claim,
             )
             .await?;
-        self.events.publish(Event::DeploymentQueued {
-            deploy_id: deployment.id,
-            model_id,
-            deployer: deployment.deployer.clone(),
-        });
         match permit {
             Some(permit) if deployment.status == Status::Running => {
                 let started = self.make_live(deployment.clone(), model, verified, plugin);
                 self.launch(started, permit, tracing::Span::current());
             }
             _ => {
+                self.events.publish(Event::DeploymentQueued {
+                    deploy_id: deployment.id,
+                    model_id,
+                    deployer: deployment.deployer.clone(),
+                });
                 self.spans
                     .lock()
                     .expect("spans lock")

@@ -79,11 +79,7 @@ async fn events_carry_ids_and_a_subscriber_resumes_exactly_after_its_cursor(back
     assert_ids_increase(&all);
     assert_eq!(
         lifecycle_of(&all, &ids[0]),
-        [
-            "deployment.queued",
-            "deployment.started",
-            "deployment.completed"
-        ]
+        ["deployment.started", "deployment.completed"]
     );
 
     // From the middle: exactly what followed, whichever way the cursor
@@ -187,11 +183,7 @@ async fn retention_prunes_and_a_cursor_left_behind_is_told_so() {
     assert!(after[0].id.unwrap() > last, "{:?}", after[0]);
     assert_eq!(
         lifecycle_of(after, &second["id"]),
-        [
-            "deployment.queued",
-            "deployment.started",
-            "deployment.completed"
-        ]
+        ["deployment.started", "deployment.completed"]
     );
 }
 
@@ -221,11 +213,7 @@ async fn every_server_streams_every_servers_events_and_a_reconnect_misses_none()
     for deployment in [&on_b, &on_c] {
         assert_eq!(
             lifecycle_of(&seen, &deployment["id"]),
-            [
-                "deployment.queued",
-                "deployment.started",
-                "deployment.completed"
-            ],
+            ["deployment.started", "deployment.completed"],
             "{deployment}"
         );
     }
@@ -256,7 +244,7 @@ async fn every_server_streams_every_servers_events_and_a_reconnect_misses_none()
     ]) {
         assert_eq!(
             lifecycle_of(&got, id),
-            ["deployment.queued", "deployment.started", ending],
+            ["deployment.started", ending],
             "deployment {id}"
         );
     }

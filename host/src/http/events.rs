@@ -41,8 +41,9 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 /// nothing the log still holds. A cursor older than the log's retention
 /// is told so in a comment (`: missed events A to B: …`) and continues
 /// from the oldest kept. The kinds, and the schema of their data:
-/// `deployment.queued` and `deployment.started` (DeploymentStarted: queued
-/// for a server with room, then claimed by one), `deployment.progress`
+/// `deployment.queued` (DeploymentStarted, only for a deployment that has
+/// to wait for a server with room), `deployment.started`
+/// (DeploymentStarted: a server took it), `deployment.progress`
 /// (DeploymentProgress, at most 4 a second), `deployment.completed`
 /// (DeploymentCompleted), `deployment.failed` (DeploymentFailed),
 /// `plugin.loaded` and `plugin.removed` (PluginNamed), `plugin.rejected`
