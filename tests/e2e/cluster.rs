@@ -15,7 +15,7 @@ use crate::support::plugins;
 use berth::db::Db;
 
 use crate::support::server::{Backend, Berth, Shared, fresh_postgres_database};
-use crate::support::{bytes, eventually, model, most_at_once};
+use crate::support::{bytes, eventually, has_ended, model, most_at_once};
 
 /// Short enough that a test sees a lease run out; a tick is a third.
 const LEASE_MS: u64 = 1500;
@@ -46,10 +46,6 @@ async fn rows(berth: &Berth, models: &[i64]) -> BTreeMap<i64, Value> {
         }
     }
     all
-}
-
-fn is_final(row: &Value) -> bool {
-    row["status"] == "completed" || row["status"] == "failed"
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,7 +80,7 @@ async fn two_hundred_deployments_over_three_servers_each_run_once() {
         || "all 200 deployments end".to_string(),
         async || {
             let all = rows(&berths[1], &models).await;
-            (all.len() == 200 && all.values().all(is_final)).then_some(all)
+            (all.len() == 200 && all.values().all(has_ended)).then_some(all)
         },
     )
     .await;
@@ -183,7 +179,7 @@ async fn a_killed_servers_deployments_fail_by_lease_and_a_cancel_reaches_any_own
             || format!("deployment {id} of the killed server fails"),
             async || {
                 let (_, row) = berths[0].get(&format!("/v1/deployments/{id}")).await;
-                is_final(&row).then_some(row)
+                has_ended(&row).then_some(row)
             },
         )
         .await;
@@ -273,7 +269,7 @@ async fn a_deployment_runs_only_where_its_deployer_version_is_loaded() {
         || "the twelve deployments end".to_string(),
         async || {
             let all = rows(&berths[2], &[model_id]).await;
-            all.values().all(is_final).then_some(all)
+            all.values().all(has_ended).then_some(all)
         },
     )
     .await;
@@ -315,7 +311,7 @@ async fn a_deployment_runs_only_where_its_deployer_version_is_loaded() {
         || "the deployment nobody can run fails".to_string(),
         async || {
             let (_, row) = berths[2].get(&path).await;
-            is_final(&row).then_some(row)
+            has_ended(&row).then_some(row)
         },
     )
     .await;
@@ -332,7 +328,7 @@ async fn a_deployment_runs_only_where_its_deployer_version_is_loaded() {
         || "the running deployment of the lost server fails".to_string(),
         async || {
             let (_, row) = berths[2].get(&busy_path).await;
-            is_final(&row).then_some(row)
+            has_ended(&row).then_some(row)
         },
     )
     .await;

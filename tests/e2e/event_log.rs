@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use serde_json::{Value, json};
 
-use crate::support::events::Event;
+use crate::support::events::{Event, ended};
 use crate::support::files::FileServer;
 use crate::support::router::App;
 use crate::support::server::{Backend, Berth, Shared};
@@ -35,16 +35,6 @@ fn assert_ids_increase(events: &[Event]) {
         ids.windows(2).all(|w| w[0] < w[1]),
         "ids increase, each once: {ids:?}"
     );
-}
-
-/// Whether deployment `id` has ended among `events`.
-fn ended(events: &[Event], id: &Value) -> bool {
-    events.iter().any(|e| {
-        matches!(
-            e.kind.as_str(),
-            "deployment.completed" | "deployment.failed"
-        ) && e.data["deploy_id"] == *id
-    })
 }
 
 /// The lifecycle kinds of deployment `id` among `events`, in order.

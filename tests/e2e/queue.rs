@@ -9,16 +9,12 @@ use serde_json::{Value, json};
 
 use crate::support::files::FileServer;
 use crate::support::server::{Backend, Berth};
-use crate::support::{adapter_files, eventually, model, most_at_once, on_both_backends};
+use crate::support::{adapter_files, eventually, has_ended, model, most_at_once, on_both_backends};
 
 on_both_backends!(
     a_full_server_queues_the_rest_in_order_and_a_cancelled_one_never_starts,
     a_client_that_leaves_while_its_deployment_waits_cancels_it,
 );
-
-fn is_final(row: &Value) -> bool {
-    row["status"] == "completed" || row["status"] == "failed"
-}
 
 async fn a_full_server_queues_the_rest_in_order_and_a_cancelled_one_never_starts(backend: Backend) {
     let files = FileServer::start().await;
@@ -67,7 +63,7 @@ async fn a_full_server_queues_the_rest_in_order_and_a_cancelled_one_never_starts
                 .as_array()
                 .unwrap()
                 .iter()
-                .all(is_final)
+                .all(has_ended)
                 .then_some(answer)
         },
     )
@@ -133,7 +129,7 @@ async fn a_client_that_leaves_while_its_deployment_waits_cancels_it(backend: Bac
                 .as_array()
                 .unwrap()
                 .iter()
-                .find(|r| r["id"] != busy["id"] && is_final(r))
+                .find(|r| r["id"] != busy["id"] && has_ended(r))
                 .cloned()
         },
     )

@@ -15,7 +15,7 @@ use axum::routing::post;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::support::events::Event;
+use crate::support::events::{Event, ended};
 use crate::support::files::FileServer;
 use crate::support::prometheus::Scrape;
 use crate::support::server::{Backend, Berth, Shared};
@@ -180,15 +180,6 @@ fn deployment_events(events: &[Event]) -> Vec<(i64, String, Value)> {
         .filter(|e| e.kind.starts_with("deployment."))
         .map(|e| (e.id.unwrap(), e.kind.clone(), e.data.clone()))
         .collect()
-}
-
-fn ended(events: &[Event], id: &Value) -> bool {
-    events.iter().any(|e| {
-        matches!(
-            e.kind.as_str(),
-            "deployment.completed" | "deployment.failed"
-        ) && e.data["deploy_id"] == *id
-    })
 }
 
 /// What the receiver took, as (id, kind, data), each body's type checked.

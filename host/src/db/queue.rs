@@ -86,10 +86,7 @@ impl Db {
         };
         self.write(move |conn| {
             Box::pin(async move {
-                let placeholders = (2..keys.len() + 2)
-                    .map(|i| format!("${i}"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                let placeholders = placeholders(2, keys.len());
                 let sql = format!(
                     "SELECT id FROM deployments WHERE status = 'queued' \
                      AND deployer || '@' || plugin_sha256 IN ({placeholders}) \
@@ -133,10 +130,7 @@ impl Db {
         }
         self.write(move |conn| {
             Box::pin(async move {
-                let placeholders = (2..ids.len() + 2)
-                    .map(|i| format!("${i}"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                let placeholders = placeholders(2, ids.len());
                 let sql = format!(
                     "UPDATE deployments SET phase = $1 \
                      WHERE status = 'running' AND id IN ({placeholders})"
@@ -174,10 +168,7 @@ impl Db {
                 if beat.live.is_empty() {
                     return Ok(Vec::new());
                 }
-                let placeholders = (3..beat.live.len() + 3)
-                    .map(|i| format!("${i}"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                let placeholders = placeholders(3, beat.live.len());
                 let sql = format!(
                     "UPDATE deployments SET lease_until = $1 WHERE server_id = $2 \
                      AND status = 'running' AND id IN ({placeholders}) RETURNING id, cancel"
@@ -359,6 +350,14 @@ impl Db {
             .await?;
         Ok(row.map(|r| r.try_get("cancel")).transpose()?.flatten())
     }
+}
+
+/// `$first, $first+1, …`: `count` numbered parameters, for an `IN` list.
+fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Fails deployment `id` with `error` if it is still `status`.

@@ -126,3 +126,13 @@ fn parse(block: &str) -> Option<Event> {
         data,
     })
 }
+
+/// Whether deployment `id` has ended among `events`.
+pub fn ended(events: &[Event], id: &Value) -> bool {
+    events.iter().any(|e| {
+        matches!(
+            e.kind.as_str(),
+            "deployment.completed" | "deployment.failed"
+        ) && e.data["deploy_id"] == *id
+    })
+}

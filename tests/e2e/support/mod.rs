@@ -83,6 +83,11 @@ macro_rules! on_both_backends {
 }
 pub(crate) use on_both_backends;
 
+/// Whether a deployment's row is final: completed or failed.
+pub fn has_ended(row: &Value) -> bool {
+    row["status"] == "completed" || row["status"] == "failed"
+}
+
 /// The most of `rows` that overlapped in time, by their claim and end.
 pub fn most_at_once<'a>(rows: impl Iterator<Item = &'a Value>) -> usize {
     let mut edges = Vec::new();
