@@ -65,6 +65,7 @@ struct Metrics {
     deployments: Family<DeploymentLabels, Counter>,
     deployment_duration: Durations<DeploymentLabels>,
     running: Gauge,
+    queued: Gauge,
     fetch_duration: Durations<FetchLabels>,
     fetched_bytes: Counter,
     stamp_verified_bytes: Counter,
@@ -102,13 +103,11 @@ impl Metrics {
             "Deployments running in this process",
             running.clone(),
         );
-        // Nothing waits for a turn yet: every accepted deployment runs at
-        // once. Exposed so dashboards and alerts need not change when
-        // queueing arrives.
+        let queued = Gauge::default();
         registry.register(
             "berth_deployments_queued",
-            "Deployments accepted and waiting for their turn",
-            Gauge::<i64>::default(),
+            "Deployments waiting for their turn in the queue every server on the database shares",
+            queued.clone(),
         );
         let fetch_duration = Durations::new_with_constructor(durations as fn() -> _);
         registry.register_with_unit(
@@ -197,6 +196,7 @@ impl Metrics {
             deployments,
             deployment_duration,
             running,
+            queued,
             fetch_duration,
             fetched_bytes,
             stamp_verified_bytes,
@@ -306,6 +306,13 @@ pub fn http_request(method: &str, route: &str, status: u16) {
             status,
         })
         .inc();
+}
+
+/// Deployments waiting in the shared queue, as last counted.
+pub fn deployments_queued(n: u64) {
+    if let Some(m) = METRICS.get() {
+        m.queued.set(n.try_into().unwrap_or(i64::MAX));
+    }
 }
 
 /// Events waiting to be stored in the event log.

@@ -666,6 +666,10 @@ impl Pipeline {
                     if let Err(e) = self.beat().await {
                         tracing::warn!("could not renew this server's leases: {e}");
                     }
+                    match self.db.queued_count().await {
+                        Ok(n) => metrics::deployments_queued(n),
+                        Err(e) => tracing::debug!("could not count the queue: {e}"),
+                    }
                     if let Err(e) = self.sweep().await {
                         tracing::warn!("could not end deployments nobody will finish: {e}");
                     }

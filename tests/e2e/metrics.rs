@@ -269,3 +269,51 @@ async fn the_gauges_follow_the_plugins_folder_and_running_deployments() {
     let failed = [("deployer", "misbehave"), ("outcome", "failed")];
     assert_eq!(now.value("berth_deployments_total", &failed), 1.0);
 }
+
+/// The queue's depth, counted on each lease renewal (every 200 ms here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queued_gauge_follows_the_queue() {
+    let files = FileServer::start().await;
+    let berth = Berth::start_with(
+        Backend::Sqlite,
+        &["--max-running", "1", "--lease-ms", "600"],
+    )
+    .await;
+    let id = berth
+        .register(&model(&files, "job-queued", &adapter_files()))
+        .await;
+    let metrics = format!("{}/metrics", berth.url);
+    let queued_is = async |n: f64| {
+        eventually(
+            || format!("berth_deployments_queued to be {n}"),
+            async || {
+                let now = scrape(berth.client(), &metrics).await;
+                (now.value("berth_deployments_queued", &[]) == n).then_some(())
+            },
+        )
+        .await
+    };
+    let busy = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 60000 }))
+        .await;
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        let queued = berth
+            .deploy_detached(id, "misbehave", json!({ "mode": "ok" }))
+            .await;
+        assert_eq!(queued["status"], "queued", "{queued}");
+        waiting.push(queued["id"].clone());
+    }
+    queued_is(2.0).await;
+    let cancel = async |id: &serde_json::Value| {
+        let (status, row) = berth
+            .post(&format!("/v1/deployments/{id}/cancel"), &json!({}))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{row}");
+    };
+    cancel(&waiting[0]).await;
+    queued_is(1.0).await;
+    // The slot frees, the last one runs.
+    cancel(&busy["id"]).await;
+    queued_is(0.0).await;
+}

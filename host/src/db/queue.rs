@@ -342,6 +342,15 @@ impl Db {
         .await
     }
 
+    /// How many deployments wait in the queue, for any server.
+    pub async fn queued_count(&self) -> Result<u64> {
+        let row = sqlx::query("SELECT COUNT(*) FROM deployments WHERE status = 'queued'")
+            .fetch_one(&self.pool)
+            .await?;
+        let count: i64 = row.try_get(0)?;
+        Ok(u64::try_from(count).unwrap_or_default())
+    }
+
     /// The cancel asked for a deployment, if any.
     pub async fn cancel_reason(&self, id: i64) -> Result<Option<String>> {
         let row = sqlx::query("SELECT cancel FROM deployments WHERE id = $1")
