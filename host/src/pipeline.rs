@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -617,13 +618,24 @@ impl Pipeline {
                 .get(&deployment.deployer)
                 .cloned()
                 .expect("a deployment is claimed by the key of a plugin of this set");
+            // Once claimed, a row is run or left to its lease: a row
+            // claimed here that is not live is not renewed, so its lease
+            // runs out and a sweep fails it.
             let model = match models.get(&deployment.model_id) {
                 Some(model) => model.clone(),
-                None => {
-                    let model = self.db.model(deployment.model_id).await?;
-                    models.insert(deployment.model_id, model.clone());
-                    model
-                }
+                None => match self.db.model(deployment.model_id).await {
+                    Ok(model) => {
+                        models.insert(deployment.model_id, model.clone());
+                        model
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            deploy_id = deployment.id,
+                            "could not read the model of a claimed deployment; it fails when its lease runs out: {e}"
+                        );
+                        continue;
+                    }
+                },
             };
             // Deleted meanwhile, and its deployments with it.
             let Some(model) = model else { continue };
@@ -638,7 +650,10 @@ impl Pipeline {
             .filter(|s| s.verified.is_some())
             .map(|s| s.deployment.id)
             .collect();
-        self.db.mark_deploying(verified).await?;
+        if let Err(e) = self.db.mark_deploying(verified).await {
+            // Only what a kill would read: they run all the same.
+            tracing::warn!("could not record that claimed deployments skip their fetch: {e}");
+        }
         Ok(started)
     }
 
@@ -674,6 +689,16 @@ impl Pipeline {
                         tracing::warn!("could not end deployments nobody will finish: {e}");
                     }
                 }
+            }
+        }
+        // Stopping: the deployments interrupted here still record their
+        // ends, under leases kept until they have.
+        while !self.live.all().is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if tick.tick().now_or_never().is_some()
+                && let Err(e) = self.beat().await
+            {
+                tracing::warn!("could not renew this server's leases while stopping: {e}");
             }
         }
         if let Err(e) = self.db.leave(&self.server_id).await {
