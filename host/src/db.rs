@@ -318,6 +318,20 @@ pub fn now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 
+/// The clock of leases and liveness: Unix milliseconds, as stored. The
+/// servers sharing a database must agree on it to well within a lease.
+pub fn now_ms() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    millis(since)
+}
+
+/// A duration in the milliseconds the records store.
+pub fn millis(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
 const MODEL_COLUMNS: &str = "id, name, job_id, base_model, model_size, dataset, num_examples, \
      num_train_steps, final_loss, params, source, created_at, created_by";
 const DEPLOYMENT_COLUMNS: &str = "id, model_id, deployer, options, status, phase, progress, dir, \

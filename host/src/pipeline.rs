@@ -49,11 +49,7 @@ pub enum Stop {
 /// what it was doing (`phase`: `None` for a row from before phases were
 /// recorded) and, for an unseen stop, what probably happened.
 pub fn interrupted(phase: Option<Phase>, stop: Stop) -> String {
-    let doing = match phase {
-        Some(Phase::Fetching) => " while fetching the model",
-        Some(Phase::Deploying) => " while deploying",
-        None => "",
-    };
+    let doing = doing(phase);
     let cause = match stop {
         Stop::Graceful => "",
         Stop::Unseen => " (killed or crashed?)",
@@ -61,14 +57,20 @@ pub fn interrupted(phase: Option<Phase>, stop: Stop) -> String {
     format!("interrupted{doing}: the server stopped before it finished{cause}")
 }
 
-/// The error recorded for a deployment whose owner stopped renewing its
-/// lease: `owner` names the server.
-pub fn lost(owner: &str, phase: Option<Phase>) -> String {
-    let doing = match phase {
+/// What a deployment was doing, as its error says: `None` for a row from
+/// before phases were recorded.
+fn doing(phase: Option<Phase>) -> &'static str {
+    match phase {
         Some(Phase::Fetching) => " while fetching the model",
         Some(Phase::Deploying) => " while deploying",
         None => "",
-    };
+    }
+}
+
+/// The error recorded for a deployment whose owner stopped renewing its
+/// lease: `owner` names the server.
+pub fn lost(owner: &str, phase: Option<Phase>) -> String {
+    let doing = doing(phase);
     format!(
         "lost{doing}: berth server {owner} stopped renewing its lease on this deployment (killed, frozen or cut off from the database?)"
     )
@@ -314,7 +316,7 @@ impl Pipeline {
             pipeline: self.clone(),
             deploy_id: Some(recorded.id),
         };
-        let stored = self.wait_ended(recorded.id, &mut ended, None).await?;
+        let stored = self.wait_ended(recorded, &mut ended, None).await?;
         if stored.status.is_final() {
             cancel_on_drop.deploy_id = None;
         }
@@ -330,23 +332,20 @@ impl Pipeline {
         self.start(request).await
     }
 
-    /// Reads deployment `id` until it ended (woken by `ended`, or on a
-    /// tick), at most for `limit`; returns the last row read. A server
-    /// that stops meanwhile cancels it, since the caller goes too.
+    /// Reads a deployment, from `row` as last read, until it ended (woken
+    /// by `ended`, or on a tick), at most for `limit`; returns the last
+    /// row read. A server that stops meanwhile cancels it if nobody took
+    /// it yet, since the caller goes too.
     async fn wait_ended(
         &self,
-        id: i64,
+        mut row: Deployment,
         ended: &mut tokio::sync::broadcast::Receiver<String>,
         limit: Option<Duration>,
     ) -> Result<Deployment, db::Error> {
+        let id = row.id;
         let deadline = limit.map(|limit| tokio::time::Instant::now() + limit);
         let mut stopped = false;
         loop {
-            let row = self
-                .db
-                .deployment(id)
-                .await?
-                .ok_or(db::Error::NotRunning(id))?;
             if row.status.is_final() || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                 return Ok(row);
             }
@@ -359,16 +358,21 @@ impl Pipeline {
                     self.ask_cancel(id, "cancelled: the server that accepted it stopped")
                         .await?;
                 }
-                continue;
+            } else {
+                let until = deadline
+                    .unwrap_or_else(|| tokio::time::Instant::now() + QUEUE_POLL)
+                    .min(tokio::time::Instant::now() + QUEUE_POLL);
+                tokio::select! {
+                    _ = self.shutdown.cancelled(), if !stopped => {}
+                    _ = tokio::time::sleep_until(until) => {}
+                    _ = heard_of(ended, id) => {}
+                }
             }
-            let until = deadline
-                .unwrap_or_else(|| tokio::time::Instant::now() + QUEUE_POLL)
-                .min(tokio::time::Instant::now() + QUEUE_POLL);
-            tokio::select! {
-                _ = self.shutdown.cancelled(), if !stopped => {}
-                _ = tokio::time::sleep_until(until) => {}
-                _ = heard_of(ended, id) => {}
-            }
+            row = self
+                .db
+                .deployment(id)
+                .await?
+                .ok_or(db::Error::NotRunning(id))?;
         }
     }
 
@@ -431,7 +435,7 @@ impl Pipeline {
         let verified = permit.as_ref().and(self.fetcher.verified(&model));
         let claim = permit.as_ref().map(|_| Claim {
             server_id: self.server_id.clone(),
-            lease_until: unix_ms() + millis(self.queue.lease),
+            lease_until: db::now_ms() + db::millis(self.queue.lease),
             // An unchanged model needs no fetch: the row says deploying
             // from its insert, so a kill reads "interrupted while
             // deploying" as it would once the deployer started.
@@ -599,7 +603,7 @@ impl Pipeline {
     async fn claim(&self, limit: usize) -> Result<Vec<Started>, db::Error> {
         let plugins = self.deployers.current();
         let runnable = runnable(&plugins.deployers);
-        let lease_until = unix_ms() + millis(self.queue.lease);
+        let lease_until = db::now_ms() + db::millis(self.queue.lease);
         let claimed = self
             .db
             .claim(
@@ -720,7 +724,7 @@ impl Pipeline {
     /// Renews the leases; a deployment of this server whose row it no
     /// longer owns (failed by another server after a lapse) is stopped.
     async fn beat(&self) -> Result<(), db::Error> {
-        let now_ms = unix_ms();
+        let now_ms = db::now_ms();
         // The ones asked about are the ones checked: a deployment made live
         // meanwhile is renewed by the next beat.
         let live = self.live.all();
@@ -731,7 +735,7 @@ impl Pipeline {
                 name: self.server_name.clone(),
                 runnable: runnable(&self.deployers.current().deployers),
                 now_ms,
-                lease_until: now_ms + millis(self.queue.lease),
+                lease_until: now_ms + db::millis(self.queue.lease),
                 live: live.iter().map(|r| r.deploy_id).collect(),
             })
             .await?;
@@ -755,13 +759,13 @@ impl Pipeline {
     /// Fails the deployments of servers that stopped renewing their
     /// leases, and queued ones no live server can run.
     async fn sweep(&self) -> Result<(), db::Error> {
-        let now_ms = unix_ms();
+        let now_ms = db::now_ms();
         let mut ended = self.db.fail_expired(now_ms, lost).await?;
         let waited = self.queue.queue_timeout;
         let queued_before =
             humantime::format_rfc3339_millis(SystemTime::now() - waited).to_string();
         // Alive: renewed within the last three beats.
-        let alive_since = now_ms - millis(self.queue.lease);
+        let alive_since = now_ms - db::millis(self.queue.lease);
         ended.extend(
             self.db
                 .fail_unrunnable(queued_before, alive_since, move |deployer, sha| {
@@ -771,15 +775,18 @@ impl Pipeline {
         );
         for row in ended {
             tracing::warn!(deploy_id = row.id, "{}", row.error.as_deref().unwrap_or(""));
-            self.publish_end(&row, 0);
+            self.publish_end(&row);
             self.wake(Topic::Ended, row.id).await;
         }
         Ok(())
     }
 
     /// Publishes how a deployment ended, from its stored row.
-    fn publish_end(&self, row: &Deployment, duration_ms: i64) {
+    fn publish_end(&self, row: &Deployment) {
         let (deploy_id, model_id, deployer) = (row.id, row.model_id, row.deployer.clone());
+        // None for a deployment that never ran here: ended by a sweep or
+        // a cancel while queued.
+        let duration_ms = row.duration_ms.unwrap_or(0);
         self.events.publish(match (&row.reference, &row.error) {
             (Some(reference), _) if row.status == Status::Completed => Event::DeploymentCompleted {
                 deploy_id,
@@ -811,9 +818,14 @@ impl Pipeline {
                 status: status.as_str(),
             }),
             CancelAsked::Dequeued(row) => Ok(*row),
-            CancelAsked::Running { .. } => Ok(self
-                .wait_ended(deploy_id, &mut ended, Some(CANCEL_WAIT))
-                .await?),
+            CancelAsked::Running { .. } => {
+                let row = self
+                    .db
+                    .deployment(deploy_id)
+                    .await?
+                    .ok_or(CancelError::Unknown(deploy_id))?;
+                Ok(self.wait_ended(row, &mut ended, Some(CANCEL_WAIT)).await?)
+            }
         }
     }
 
@@ -827,7 +839,7 @@ impl Pipeline {
             .await?;
         match &asked {
             CancelAsked::Dequeued(row) => {
-                self.publish_end(row, 0);
+                self.publish_end(row);
                 self.wake(Topic::Ended, deploy_id).await;
             }
             CancelAsked::Running { .. } => match self.live.get(deploy_id) {
@@ -912,7 +924,7 @@ impl Pipeline {
             remove_failed_output(PathBuf::from(&deployment.out_dir)).await;
         }
         let took = clock.elapsed();
-        let duration_ms = i64::try_from(took.as_millis()).unwrap_or(i64::MAX);
+        let duration_ms = db::millis(took);
         let ending = Ending {
             outcome: &outcome,
             duration_ms,
@@ -924,7 +936,7 @@ impl Pipeline {
         metrics::deployment_ended(&deployment.deployer, &outcome, took);
         running.finish();
         let stored = stored?;
-        self.publish_end(&stored, duration_ms);
+        self.publish_end(&stored);
         self.wake(Topic::Ended, stored.id).await;
         Ok(stored)
     }
@@ -1088,17 +1100,6 @@ fn runnable(deployers: &std::collections::BTreeMap<String, Arc<Plugin>>) -> Runn
             .map(|p| Runnable::key(&p.name, &p.sha256))
             .collect(),
     )
-}
-
-fn unix_ms() -> i64 {
-    let since = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    millis(since)
-}
-
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// A failed deployment's output is half made and nobody's product: it is

@@ -12,7 +12,7 @@
 //! Delivery never slows a deployment. `GET /v1/webhook` shows its state.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use axum::Json;
 use axum::extract::State;
@@ -137,10 +137,10 @@ impl Delivery {
                     .inspect_err(|e| tracing::debug!("recording the webhook: {e}"))
                     .is_ok();
             }
-            let now = now_ms();
+            let now = db::now_ms();
             let lease = self
                 .db
-                .webhook_lease(&self.key, &self.server_id, now, now + millis(LEASE))
+                .webhook_lease(&self.key, &self.server_id, now, now + db::millis(LEASE))
                 .await;
             let cursor = match lease {
                 Ok(Some(cursor)) => cursor,
@@ -265,7 +265,7 @@ impl Delivery {
                         last_error: failure,
                         next_attempt,
                     },
-                    now_ms() + millis(LEASE),
+                    db::now_ms() + db::millis(LEASE),
                 )
                 .await;
             match recorded {
@@ -301,7 +301,7 @@ impl Delivery {
 
     /// Moves the cursor past event `id`.
     async fn done(&self, id: i64, gave_up: bool) -> Ended {
-        let until = now_ms() + millis(LEASE);
+        let until = db::now_ms() + db::millis(LEASE);
         match self
             .db
             .webhook_done(&self.key, &self.server_id, id, gave_up, until)
@@ -333,10 +333,10 @@ impl Delivery {
                 _ = tokio::time::sleep((until - now).min(RENEW)) => {}
                 _ = self.stop.cancelled() => return Some(Ended::Stopping),
             }
-            let now = now_ms();
+            let now = db::now_ms();
             match self
                 .db
-                .webhook_lease(&self.key, &self.server_id, now, now + millis(LEASE))
+                .webhook_lease(&self.key, &self.server_id, now, now + db::millis(LEASE))
                 .await
             {
                 Ok(Some(_)) => {}
@@ -345,17 +345,6 @@ impl Delivery {
             }
         }
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(millis)
-        .unwrap_or(0)
-}
-
-fn millis(d: Duration) -> i64 {
-    d.as_millis().try_into().unwrap_or(i64::MAX)
 }
 
 /// `sha256=<hex>` of the HMAC-SHA256 of `body` under `secret`.
@@ -387,7 +376,7 @@ async fn state(State(ctx): State<ApiContext>) -> Result<Json<json::WebhookState>
             "this server has no webhook: start it with --webhook-url (BERTH_WEBHOOK_URL)".into(),
         ));
     };
-    match ctx.db.webhook_state(&hook.key(), now_ms()).await? {
+    match ctx.db.webhook_state(&hook.key(), db::now_ms()).await? {
         Some(state) => Ok(Json(state.into())),
         None => Err(Error::Unavailable(format!(
             "webhook {}: not recorded in the database yet (is it refusing writes?)",
