@@ -234,7 +234,7 @@ pub async fn calls(ctx: &Ctx) -> anyhow::Result<()> {
             };
             let runtime = Runtime::new(Default::default(), Some(cache.clone()), engines)?;
             let plugin = runtime
-                .load("subject", wasm.clone(), Manifest::default())
+                .load("subject", wasm.clone(), Manifest::default(), None)
                 .await
                 .map_err(anyhow::Error::msg)?;
             let describe = time(calls, || async {

@@ -32,18 +32,20 @@ impl Runtime {
             Err(e) => return Err(format!("manifest {name}.toml cannot be read: {e}")),
         };
         let wasm = std::fs::read(path).map_err(|e| format!("cannot be read: {e}"))?;
-        self.load(name, wasm, manifest).await
+        self.load(name, wasm, manifest, None).await
     }
 
     /// Compiles (or loads from the cache) and checks one plugin, and asks it
     /// to describe itself. The error is the reason to show for the file.
     /// Under `Compiler::Tiered` the plugin may start on baseline code, its
-    /// optimized code following in the background.
+    /// optimized code following in the background. `signature` is the
+    /// detached signature over `wasm` that came with it, if any.
     pub async fn load(
         &self,
         name: &str,
         wasm: Vec<u8>,
         manifest: Manifest,
+        _signature: Option<String>,
     ) -> Result<Plugin, String> {
         check_name(name)?;
         check_magic(&wasm)?;

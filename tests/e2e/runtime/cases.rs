@@ -702,7 +702,7 @@ pub(super) async fn load(runtime: &Runtime, path: &Path) -> Plugin {
 
 async fn load_bytes(runtime: &Runtime, name: &str, wasm: Vec<u8>, manifest: Manifest) -> Plugin {
     runtime
-        .load(name, wasm, manifest)
+        .load(name, wasm, manifest, None)
         .await
         .unwrap_or_else(|reason| panic!("{name} does not load: {reason}"))
 }
