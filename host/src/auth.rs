@@ -17,9 +17,10 @@ use subtle::ConstantTimeEq;
 pub enum Role {
     /// GET endpoints and the event stream.
     Read,
-    /// Everything else: register, deploy, cancel, delete.
+    /// Register, deploy, cancel, delete.
     Deploy,
-    /// Everything, including the deployer catalog.
+    /// Everything, including the deployer catalog (push, remove, roll
+    /// back).
     Admin,
 }
 
@@ -30,6 +31,15 @@ impl Role {
             "deploy" => Some(Role::Deploy),
             "admin" => Some(Role::Admin),
             _ => None,
+        }
+    }
+
+    /// What the role allows, for a refusal.
+    pub fn may(self) -> &'static str {
+        match self {
+            Role::Read => "only read",
+            Role::Deploy => "register, deploy, cancel and delete, but not change the deployers",
+            Role::Admin => "do everything",
         }
     }
 

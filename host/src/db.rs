@@ -13,11 +13,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::model::{Deployment, ModelFile, Outcome, Phase, Progress, Status, TrainedModel};
 
+mod catalog;
 pub mod events;
 mod locks;
 mod notify;
 mod queue;
 
+pub use catalog::{NewVersion, Pushed, StoredVersion};
 pub use notify::Topic;
 pub use queue::{Beat, CancelAsked, Claim, Runnable};
 
@@ -94,6 +96,11 @@ const SQLITE_MIGRATIONS: Migrations = Migrations(&[
         "events",
         include_str!("../../migrations/sqlite/0005_events.sql"),
     ),
+    (
+        6,
+        "catalog",
+        include_str!("../../migrations/sqlite/0006_catalog.sql"),
+    ),
 ]);
 const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
     (
@@ -120,6 +127,11 @@ const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
         5,
         "events",
         include_str!("../../migrations/postgres/0005_events.sql"),
+    ),
+    (
+        6,
+        "catalog",
+        include_str!("../../migrations/postgres/0006_catalog.sql"),
     ),
 ]);
 

@@ -113,7 +113,7 @@ impl Watcher {
         };
         let (set, changes) = deployers
             .runtime()
-            .reconcile_dir(deployers.dir(), &folder, &deployers.current(), self.max)
+            .reconcile_dir(deployers.dir(), &folder, &deployers.folder(), self.max)
             .await;
         deployers.replace(set);
         announce(events, changes);

@@ -11,15 +11,14 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Tokens;
-use crate::db::Db;
+use crate::catalog::Catalog;
+use crate::db::{Db, Topic};
 use crate::deployers::Deployers;
 use crate::events::Events;
 use crate::fetch::{Access, Fetcher, Split};
 use crate::http::{ApiContext, Webhook};
 use crate::pipeline::{Pipeline, QueueSettings, Stop, interrupted, remove_failed_output};
-use crate::runtime::{
-    CodeCache, Compiler, Engines, Limits, Origin, PluginSet, Runtime, folder_names,
-};
+use crate::runtime::{CodeCache, Compiler, Engines, Limits, Origin, Runtime, folder_names};
 use crate::trust::Trust;
 use crate::watch::Watcher;
 
@@ -50,9 +49,14 @@ pub struct ServeArgs {
     /// Where models' files are fetched to (default: DATA_DIR/models).
     #[arg(long, env = "BERTH_MODELS_DIR")]
     models_dir: Option<PathBuf>,
-    /// At most this many deployers are loaded.
+    /// At most this many deployers are loaded, from the plugins folder and
+    /// stored over the API together.
     #[arg(long, env = "BERTH_MAX_DEPLOYERS", default_value_t = 20)]
     max_deployers: usize,
+    /// The largest plugin `PUT /v1/deployers/{name}` takes, in MiB.
+    #[arg(long, env = "BERTH_MAX_PLUGIN_MIB", default_value_t = crate::catalog::DEFAULT_MAX_PLUGIN_MIB,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    max_plugin_mib: u64,
     /// Default memory limit of a deployer, in MiB (a manifest may change it).
     #[arg(long, env = "BERTH_MEMORY_MIB", default_value_t = 512)]
     memory_mib: u64,
@@ -204,7 +208,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let webhook = webhook(&args)?;
     let (db, server_id) = open_records(&args).await?;
     let events = Events::stored(db.clone(), server_id.clone());
-    let (deployers, watcher, runtime) = prepare_deployers(&args, &trust)?;
+    let (deployers, watcher, runtime) = prepare_deployers(&args, &trust, &db).await?;
+    let catalog = Arc::new(
+        Catalog::new(
+            db.clone(),
+            deployers.clone(),
+            events.clone(),
+            args.max_deployers,
+        )
+        .with_max_plugin_bytes((args.max_plugin_mib << 20) as usize),
+    );
+    // Before the first look, so that no change made meanwhile is missed.
+    let catalog_wakeups = db.wakeups(Topic::Deployers);
     let webhook_trust = trust.clone();
     let fetcher = Fetcher::new(args.models_dir(), Duration::from_secs(args.fetch_timeout_s))?
         .trust(trust)?
@@ -278,6 +293,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.cache_dir(),
         args.max_deployers,
     );
+    let following = catalog.clone();
     tokio::spawn(async move {
         let started = std::time::Instant::now();
         let plugins = runtime
@@ -288,8 +304,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .await;
         // Also clears names whose files went away during the load, and
         // brings in a folder that could not be read as the set's rejection.
-        loading.finish_loading(plugins.clone());
-        log_loaded(&plugins, &plugins_dir, &cache_dir, started.elapsed());
+        loading.folder_loaded(plugins.clone());
+        // The stored deployers come after the folder's, which win.
+        if let Err(e) = following.refresh().await {
+            tracing::error!("could not load the deployers stored over the API: {e}; trying again");
+        }
+        loading.finish_loading();
+        log_loaded(&loading, &plugins_dir, &cache_dir, started.elapsed());
+        tokio::spawn(following.follow(catalog_wakeups, stopping.clone()));
         if !poll.is_zero() {
             watcher.run(loading, loading_events, stopping, poll).await;
         }
@@ -310,6 +332,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         db: db.clone(),
         events: events.clone(),
         deployers,
+        catalog,
         pipeline: pipeline.clone(),
         tokens,
         webhook,
@@ -487,9 +510,10 @@ async fn fail_leftovers(db: &Db, server_id: &str) -> Result<(), crate::db::Error
 /// every name of the plugins folder to come. Returns the watcher that keeps
 /// the set current once loaded, its view of the folder taken now, so a
 /// change made during the load is picked up afterwards.
-fn prepare_deployers(
+async fn prepare_deployers(
     args: &ServeArgs,
     trust: &Trust,
+    db: &Db,
 ) -> anyhow::Result<(Arc<Deployers>, Watcher, Arc<Runtime>)> {
     let limits = Limits {
         memory_mib: args.memory_mib,
@@ -504,12 +528,21 @@ fn prepare_deployers(
     let runtime = Arc::new(Runtime::new(limits, cache, engines)?.trust(trust));
     let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
     let names = folder_names(&args.plugins_dir);
-    let deployers = Deployers::loading(runtime.clone(), args.plugins_dir.clone(), names);
+    let stored = db
+        .stored_deployers()
+        .await
+        .context("cannot read the deployers stored over the API")?
+        .into_iter()
+        .map(|version| version.name)
+        .filter(|name| !names.contains(name))
+        .collect();
+    let deployers = Deployers::loading(runtime.clone(), args.plugins_dir.clone(), names, stored);
     Ok((Arc::new(deployers), watcher, runtime))
 }
 
 /// The first load's summary line.
-fn log_loaded(plugins: &PluginSet, dir: &Path, cache: &Path, took: Duration) {
+fn log_loaded(deployers: &Deployers, dir: &Path, cache: &Path, took: Duration) {
+    let plugins = deployers.current();
     let compiled = plugins
         .deployers
         .values()

@@ -22,9 +22,18 @@ pub enum Topic {
     Ended,
     /// Events were appended to the log (payload: the last id).
     Events,
+    /// A deployer stored over the API was added, changed or removed
+    /// (payload: its name).
+    Deployers,
 }
 
-const TOPICS: [Topic; 4] = [Topic::Queue, Topic::Cancel, Topic::Ended, Topic::Events];
+const TOPICS: [Topic; 5] = [
+    Topic::Queue,
+    Topic::Cancel,
+    Topic::Ended,
+    Topic::Events,
+    Topic::Deployers,
+];
 
 impl Topic {
     pub(super) fn channel(self) -> &'static str {
@@ -33,6 +42,7 @@ impl Topic {
             Topic::Cancel => "berth_cancel",
             Topic::Ended => "berth_ended",
             Topic::Events => "berth_events",
+            Topic::Deployers => "berth_deployers",
         }
     }
 

@@ -54,14 +54,16 @@ pub async fn require(
             "the API token is not accepted: it is unknown or was revoked".into(),
         ));
     };
-    let needs = needed_role(request.method());
+    let needs = needed_role(request.method(), path);
     if caller.role < needs {
         return Err(Error::Forbidden(format!(
-            "token {} has the {} role, which may only read; {} {} needs a {} token",
+            "token {} has the {} role, which may {}; {} {} needs a{} {} token",
             caller.name,
             caller.role.as_str(),
+            caller.role.may(),
             request.method(),
-            request.uri().path(),
+            path,
+            if needs == Role::Admin { "n" } else { "" },
             needs.as_str()
         )));
     }
@@ -69,10 +71,14 @@ pub async fn require(
     Ok(next.run(request).await)
 }
 
-/// Reading is for every role; changing anything needs `deploy`.
-pub fn needed_role(method: &Method) -> Role {
+/// Reading is for every role; changing the deployer catalog (pushing,
+/// removing, rolling back a deployer) needs `admin`; changing anything
+/// else needs `deploy`. `path` may be a route template.
+pub fn needed_role(method: &Method, path: &str) -> Role {
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
         Role::Read
+    } else if path == "/v1/deployers" || path.starts_with("/v1/deployers/") {
+        Role::Admin
     } else {
         Role::Deploy
     }

@@ -1,31 +1,299 @@
-//! `GET /v1/deployers`: what can deploy, which plugin files were refused,
-//! and which are still loading after a start.
+//! `/v1/deployers`: what can deploy, which plugins were refused, which
+//! are still loading after a start; and the deployers stored over the API:
+//! push a version, list the versions, roll back, remove. The catalog does
+//! the work; this module only translates HTTP.
 
-use axum::Json;
-use axum::extract::State;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::{Extension, Json};
+use base64::Engine;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::ApiContext;
-use super::json;
+use super::error::Error;
+use super::json::{self, ErrorBody};
+use crate::auth::Caller;
+use crate::catalog::Upload;
+use crate::db::Pushed;
+use crate::deployers::Source;
+
+/// The header carrying an upload's detached signature, base64 of the
+/// signature file's text (`NAME.wasm.sig`).
+pub const SIGNATURE_HEADER: &str = "x-berth-plugin-signature";
+/// A manifest or a signature is a few lines; more is not one.
+const MAX_PART_BYTES: u64 = 64 * 1024;
 
 pub fn router() -> OpenApiRouter<ApiContext> {
-    OpenApiRouter::new().routes(routes!(list))
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(push, remove))
+        .routes(routes!(versions))
+        .routes(routes!(rollback))
 }
 
-/// The loaded deployers, the plugin files that were refused, and those
-/// still loading.
+/// The loaded deployers, from the plugins folder and stored over the API,
+/// the plugins that were refused, and those still loading.
 #[utoipa::path(get, path = "/v1/deployers", operation_id = "list_deployers", tag = "deployers",
     responses((status = OK, description = "The deployers, the refused files, the loading ones", body = json::Deployers)))]
 async fn list(State(ctx): State<ApiContext>) -> Json<json::Deployers> {
-    let plugins = ctx.deployers.current();
+    let view = ctx.deployers.view();
     Json(json::Deployers {
-        deployers: plugins
+        deployers: view
             .deployers
-            .values()
-            .map(|p| json::Deployer::from(&**p))
+            .iter()
+            .map(|(plugin, source)| json::Deployer::new(plugin, source))
             .collect(),
         loading: ctx.deployers.still_loading(),
-        rejected: plugins.rejected.iter().map(json::Rejected::from).collect(),
+        rejected: view
+            .rejected
+            .iter()
+            .map(|(rejection, source)| json::Rejected::new(rejection, source))
+            .collect(),
     })
+}
+
+/// The parts of a multipart upload.
+#[allow(dead_code)] // Describes the form for the OpenAPI document only.
+#[derive(ToSchema)]
+struct UploadForm {
+    /// The component (`NAME.wasm`).
+    #[schema(format = Binary, content_media_type = "application/wasm")]
+    wasm: Vec<u8>,
+    /// Its manifest (`NAME.toml`): limits, env, allowed hosts.
+    manifest: Option<String>,
+    /// Its detached signature (`NAME.wasm.sig`, minisign's format).
+    signature: Option<String>,
+}
+
+/// Pushes a version of a deployer, stored for every server on this
+/// database: the `.wasm` as the body, or a multipart form with a manifest
+/// and a signature.
+///
+/// The plugin is checked as a folder plugin is before anything is stored.
+/// Each push keeps the versions before it.
+#[utoipa::path(put, path = "/v1/deployers/{name}", operation_id = "push_deployer", tag = "deployers",
+    params(
+        ("name" = String, Path, description = "The deployer's name: letters, digits, `_`, `-`, `.`"),
+        ("X-Berth-Plugin-Signature" = Option<String>, Header, description = "With a `.wasm` body: base64 of its detached signature file"),
+    ),
+    request_body(content(
+        (Vec<u8> = "application/wasm"),
+        (UploadForm = "multipart/form-data"),
+    )),
+    responses(
+        (status = CREATED, description = "A new deployer, served", body = json::Deployer),
+        (status = OK, description = "A new version, served (or the same one again: nothing changed)", body = json::Deployer),
+        (status = BAD_REQUEST, description = "The plugin would be refused (the reason a folder plugin would get), or a malformed upload; nothing is stored", body = ErrorBody),
+        (status = CONFLICT, description = "The plugins folder declares this name, or the server has --max-deployers", body = ErrorBody),
+        (status = PAYLOAD_TOO_LARGE, description = "Larger than the server takes (--max-plugin-mib)", body = ErrorBody),
+    ))]
+async fn push(
+    State(ctx): State<ApiContext>,
+    caller: Option<Extension<Caller>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, Json<json::Deployer>), Error> {
+    let limit = ctx.catalog.max_plugin_bytes();
+    let (wasm, manifest, signature) = match boundary(&headers)? {
+        Some(boundary) => read_form(body, boundary, limit).await?,
+        None => (
+            read_body(body, limit).await?,
+            None,
+            header_signature(&headers)?,
+        ),
+    };
+    let upload = Upload {
+        name,
+        wasm,
+        manifest,
+        signature,
+        by: caller.map(|Extension(c)| c.name),
+    };
+    let (plugin, version, pushed) = ctx.catalog.push(upload).await?;
+    let status = match pushed {
+        Pushed::Added => StatusCode::CREATED,
+        Pushed::Replaced | Pushed::Unchanged => StatusCode::OK,
+    };
+    let answer = json::Deployer::new(&plugin, &Source::Api(version));
+    Ok((status, Json(answer)))
+}
+
+/// Removes a deployer stored over the API, with all its versions, from
+/// every server. Deployments it already ran keep their records.
+#[utoipa::path(delete, path = "/v1/deployers/{name}", operation_id = "remove_deployer", tag = "deployers",
+    params(("name" = String, Path, description = "The deployer's name")),
+    responses(
+        (status = NO_CONTENT, description = "Removed"),
+        (status = NOT_FOUND, description = "No deployer of that name is stored over the API", body = ErrorBody),
+        (status = CONFLICT, description = "It comes from the plugins folder: remove its file there", body = ErrorBody),
+    ))]
+async fn remove(
+    State(ctx): State<ApiContext>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, Error> {
+    ctx.catalog.remove(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The versions of a deployer stored over the API, oldest first.
+#[utoipa::path(get, path = "/v1/deployers/{name}/versions", operation_id = "deployer_versions", tag = "deployers",
+    params(("name" = String, Path, description = "The deployer's name")),
+    responses(
+        (status = OK, description = "Its versions, and which one it serves", body = json::DeployerVersions),
+        (status = NOT_FOUND, description = "No deployer of that name is stored over the API", body = ErrorBody),
+        (status = CONFLICT, description = "It comes from the plugins folder, whose versions are not kept here", body = ErrorBody),
+    ))]
+async fn versions(
+    State(ctx): State<ApiContext>,
+    Path(name): Path<String>,
+) -> Result<Json<json::DeployerVersions>, Error> {
+    let (versions, current) = ctx.catalog.versions(&name).await?;
+    Ok(Json(json::DeployerVersions {
+        name,
+        versions: versions
+            .iter()
+            .map(|v| json::DeployerVersion::new(v, &current))
+            .collect(),
+    }))
+}
+
+/// Serves an earlier version of a deployer stored over the API again, on
+/// every server: the one before the version it serves, or the one with
+/// the given sha256. No body (or `{}`) means the one before.
+#[utoipa::path(post, path = "/v1/deployers/{name}/rollback", operation_id = "rollback_deployer", tag = "deployers",
+    params(("name" = String, Path, description = "The deployer's name")),
+    request_body(content = Option<json::RollbackBody>, content_type = "application/json"),
+    responses(
+        (status = OK, description = "The deployer, serving that version", body = json::Deployer),
+        (status = BAD_REQUEST, description = "A malformed body, or the version would be refused by this server now (the reason)", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such stored deployer, or no version with that sha256", body = ErrorBody),
+        (status = CONFLICT, description = "No version before the one it serves, or it comes from the plugins folder", body = ErrorBody),
+    ))]
+async fn rollback(
+    State(ctx): State<ApiContext>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<json::Deployer>, Error> {
+    let body: json::RollbackBody = match body.iter().all(u8::is_ascii_whitespace) {
+        true => json::RollbackBody::default(),
+        false => serde_json::from_slice(&body).map_err(|e| {
+            Error::BadRequest(format!(
+                "the request body is not acceptable: give {{\"sha256\": \"…\"}} or nothing: {e}"
+            ))
+        })?,
+    };
+    let (plugin, version) = ctx.catalog.rollback(&name, body.sha256.as_deref()).await?;
+    Ok(Json(json::Deployer::new(&plugin, &Source::Api(version))))
+}
+
+/// The multipart boundary, when the upload is a form.
+fn boundary(headers: &HeaderMap) -> Result<Option<String>, Error> {
+    let Some(content_type) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(None);
+    };
+    let content_type = content_type.to_str().unwrap_or_default();
+    if !content_type.starts_with("multipart/") {
+        return Ok(None);
+    }
+    multer::parse_boundary(content_type)
+        .map(Some)
+        .map_err(|e| Error::BadRequest(format!("the multipart Content-Type has no boundary: {e}")))
+}
+
+fn too_large(limit: usize) -> Error {
+    Error::TooLarge(format!(
+        "the plugin is larger than this server takes ({} MiB, --max-plugin-mib)",
+        limit >> 20
+    ))
+}
+
+/// The whole body, up to `limit` bytes.
+async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, Error> {
+    match axum::body::to_bytes(body, limit).await {
+        Ok(bytes) => Ok(bytes.to_vec()),
+        Err(e) if exceeded(&e) => Err(too_large(limit)),
+        Err(e) => Err(Error::BadRequest(format!("the upload broke off: {e}"))),
+    }
+}
+
+/// Whether reading a body failed for its length.
+fn exceeded(e: &axum::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = cause {
+        if error.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
+/// The `wasm`, `manifest` and `signature` parts of a form.
+async fn read_form(
+    body: Body,
+    boundary: String,
+    limit: usize,
+) -> Result<(Vec<u8>, Option<String>, Option<String>), Error> {
+    let limits = multer::SizeLimit::new()
+        .for_field("wasm", limit as u64)
+        .for_field("manifest", MAX_PART_BYTES)
+        .for_field("signature", MAX_PART_BYTES);
+    let constraints = multer::Constraints::new()
+        .allowed_fields(vec!["wasm", "manifest", "signature"])
+        .size_limit(limits);
+    let mut form =
+        multer::Multipart::with_constraints(body.into_data_stream(), boundary, constraints);
+    let (mut wasm, mut manifest, mut signature) = (None, None, None);
+    let malformed = |e: multer::Error| match e {
+        multer::Error::FieldSizeExceeded { field_name, .. }
+            if field_name.as_deref() == Some("wasm") =>
+        {
+            too_large(limit)
+        }
+        multer::Error::UnknownField { field_name } => Error::BadRequest(format!(
+            "the form has a part {:?}; its parts are wasm, manifest and signature",
+            field_name.unwrap_or_default()
+        )),
+        e => Error::BadRequest(format!("the multipart form cannot be read: {e}")),
+    };
+    while let Some(field) = form.next_field().await.map_err(malformed)? {
+        let part = field.name().unwrap_or_default().to_string();
+        let bytes = field.bytes().await.map_err(malformed)?.to_vec();
+        let text = || {
+            String::from_utf8(bytes.clone())
+                .map_err(|_| Error::BadRequest(format!("the {part} part is not UTF-8 text")))
+        };
+        let slot = match part.as_str() {
+            "wasm" => wasm.replace(bytes.clone()).is_some(),
+            "manifest" => manifest.replace(text()?).is_some(),
+            _ => signature.replace(text()?).is_some(),
+        };
+        if slot {
+            return Err(Error::BadRequest(format!("the form has two {part} parts")));
+        }
+    }
+    let wasm = wasm.ok_or_else(|| {
+        Error::BadRequest("the form has no wasm part: send the plugin's .wasm as it".into())
+    })?;
+    Ok((wasm, manifest, signature))
+}
+
+/// The signature of a `.wasm` body, from its header.
+fn header_signature(headers: &HeaderMap) -> Result<Option<String>, Error> {
+    let Some(value) = headers.get(SIGNATURE_HEADER) else {
+        return Ok(None);
+    };
+    let bad = || {
+        Error::BadRequest(format!(
+            "{SIGNATURE_HEADER} must be the base64 of the signature file's text (`base64 -w0 NAME.wasm.sig`)"
+        ))
+    };
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(value.as_bytes())
+        .map_err(|_| bad())?;
+    String::from_utf8(decoded).map(Some).map_err(|_| bad())
 }

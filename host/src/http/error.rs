@@ -7,8 +7,8 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::json::ErrorBody;
-use crate::db;
 use crate::pipeline::{RunError, StartError};
+use crate::{catalog, db};
 
 #[derive(Debug)]
 pub enum Error {
@@ -22,6 +22,8 @@ pub enum Error {
     NotFound(String),
     /// 409
     Conflict(String),
+    /// 413
+    TooLarge(String),
     /// 503, with `Retry-After`: not yet, soon.
     Unavailable(String),
     /// 500
@@ -40,6 +42,7 @@ impl IntoResponse for Error {
             Error::Forbidden(m) => (StatusCode::FORBIDDEN, m),
             Error::NotFound(m) => (StatusCode::NOT_FOUND, m),
             Error::Conflict(m) => (StatusCode::CONFLICT, m),
+            Error::TooLarge(m) => (StatusCode::PAYLOAD_TOO_LARGE, m),
             Error::Unavailable(m) => {
                 let body = Json(ErrorBody { error: m });
                 let retry = [(header::RETRY_AFTER, "5")];
@@ -64,6 +67,20 @@ impl From<db::Error> for Error {
             db::Error::NoRoom(_) => Error::Unavailable(no_room(&e)),
             db::Error::Unwritten(_) => Error::Unavailable(e.to_string()),
             e => Error::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<catalog::Error> for Error {
+    fn from(e: catalog::Error) -> Self {
+        use catalog::Error as E;
+        match e {
+            E::Invalid { .. } => Error::BadRequest(e.to_string()),
+            E::Unknown(_) | E::NoSuchVersion { .. } => Error::NotFound(e.to_string()),
+            E::Declared(_) | E::Folder { .. } | E::TooMany(_) | E::NoEarlier { .. } => {
+                Error::Conflict(e.to_string())
+            }
+            E::Record(e) => e.into(),
         }
     }
 }

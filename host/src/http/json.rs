@@ -14,6 +14,8 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::error::Error;
 use crate::artifacts::Listing;
+use crate::db::StoredVersion;
+use crate::deployers::Source;
 use crate::events::Event;
 use crate::model::{self, TrainedModel};
 use crate::runtime::{self, Plugin, Rejection};
@@ -447,8 +449,25 @@ pub struct DeployerProgress {
     pub total: u64,
 }
 
+/// Where a deployer comes from: `folder` (the server's plugins folder,
+/// which wins every conflict) or `api` (stored over the API, shared by the
+/// servers on one database).
+#[derive(Serialize, ToSchema, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    Folder,
+    Api,
+}
+
 #[derive(Serialize, ToSchema)]
 pub struct Deployer {
+    /// When the version it serves was pushed; null for a folder deployer.
+    #[schema(format = DateTime, required = true)]
+    pub added_at: Option<String>,
+    /// The API token that pushed the version it serves; null for a folder
+    /// deployer or without tokens.
+    #[schema(required = true)]
+    pub added_by: Option<String>,
     pub allowed_hosts: Vec<String>,
     pub description: String,
     /// The names of the environment variables its manifest grants.
@@ -459,19 +478,30 @@ pub struct Deployer {
     /// deployer gave), or null.
     #[schema(value_type = Value, required = true)]
     pub options_schema: Option<Value>,
+    pub origin: Origin,
     /// What a deployment's output directory may hold, in MiB.
     pub out_mib: u64,
     /// Of the `.wasm` file.
     pub sha256: String,
     pub tier: Tier,
     pub timeout_s: u64,
+    /// Which of its versions it serves (1 is the first pushed); null for
+    /// a folder deployer.
+    #[schema(required = true, minimum = 1)]
+    pub version: Option<i64>,
     /// The `berth:deployer` version it was built for.
     pub wit_version: String,
 }
 
-impl From<&Plugin> for Deployer {
-    fn from(p: &Plugin) -> Self {
+impl Deployer {
+    pub fn new(p: &Plugin, source: &Source) -> Self {
+        let stored = match source {
+            Source::Folder => None,
+            Source::Api(version) => Some(version),
+        };
         Deployer {
+            added_at: stored.map(|v| v.added_at.clone()),
+            added_by: stored.and_then(|v| v.added_by.clone()),
             allowed_hosts: p
                 .manifest
                 .allowed_hosts
@@ -491,10 +521,15 @@ impl From<&Plugin> for Deployer {
                 .options_schema
                 .as_deref()
                 .and_then(|s| serde_json::from_str(s).ok()),
+            origin: match source {
+                Source::Folder => Origin::Folder,
+                Source::Api(_) => Origin::Api,
+            },
             out_mib: p.limits.out_mib,
             sha256: p.sha256.clone(),
             tier: p.tier().into(),
             timeout_s: p.limits.timeout.as_secs(),
+            version: stored.map(|v| v.number),
             wit_version: p.wit_version.clone(),
         }
     }
@@ -503,17 +538,82 @@ impl From<&Plugin> for Deployer {
 /// A file in the plugins folder that is not serving, and why.
 #[derive(Serialize, ToSchema)]
 pub struct Rejected {
+    /// The plugin file in the folder, or `NAME.wasm` for a deployer stored
+    /// over the API.
     pub file: String,
+    pub origin: Origin,
     pub reason: String,
+    /// Of the refused version stored over the API; null for a folder file.
+    #[schema(required = true)]
+    pub sha256: Option<String>,
 }
 
-impl From<&Rejection> for Rejected {
-    fn from(r: &Rejection) -> Self {
+impl Rejected {
+    pub fn new(r: &Rejection, source: &Source) -> Self {
+        let (origin, sha256) = match source {
+            Source::Folder => (Origin::Folder, None),
+            Source::Api(version) => (Origin::Api, Some(version.sha256.clone())),
+        };
         Rejected {
             file: r.file.clone(),
+            origin,
             reason: r.reason.clone(),
+            sha256,
         }
     }
+}
+
+/// One version of a deployer stored over the API.
+#[derive(Serialize, ToSchema)]
+pub struct DeployerVersion {
+    #[schema(format = DateTime)]
+    pub added_at: String,
+    /// The API token that pushed it; null without tokens.
+    #[schema(required = true)]
+    pub added_by: Option<String>,
+    /// Whether the deployer serves this version now.
+    pub current: bool,
+    /// Whether a manifest came with it.
+    pub manifest: bool,
+    /// 1 for the first version pushed, then 2, …
+    #[schema(minimum = 1)]
+    pub number: i64,
+    pub sha256: String,
+    /// Whether a detached signature came with it.
+    pub signed: bool,
+    /// Of the `.wasm`, in bytes.
+    pub size: i64,
+}
+
+impl DeployerVersion {
+    pub fn new(v: &StoredVersion, current: &StoredVersion) -> Self {
+        DeployerVersion {
+            added_at: v.added_at.clone(),
+            added_by: v.added_by.clone(),
+            current: v.id == current.id,
+            manifest: v.manifest.is_some(),
+            number: v.number,
+            sha256: v.sha256.clone(),
+            signed: v.signature.is_some(),
+            size: v.size,
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct DeployerVersions {
+    pub name: String,
+    /// Oldest first.
+    pub versions: Vec<DeployerVersion>,
+}
+
+/// `POST /v1/deployers/{name}/rollback`: which version to serve again.
+#[derive(Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackBody {
+    /// The version to serve (its sha256); absent: the one before the
+    /// version served now.
+    pub sha256: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -576,7 +676,14 @@ pub enum EventData {
     DeploymentCompleted(DeploymentCompleted),
     DeploymentFailed(DeploymentFailed),
     Plugin(PluginNamed),
-    PluginRejected(Rejected),
+    PluginRejected(PluginRejected),
+}
+
+/// `plugin.rejected`'s data.
+#[derive(Serialize)]
+pub struct PluginRejected {
+    pub file: String,
+    pub reason: String,
 }
 
 pub fn event(event: &Event) -> EventData {
@@ -636,7 +743,7 @@ pub fn event(event: &Event) -> EventData {
             EventData::Plugin(PluginNamed { name })
         }
         Event::PluginRejected { file, reason } => {
-            EventData::PluginRejected(Rejected { file, reason })
+            EventData::PluginRejected(PluginRejected { file, reason })
         }
     }
 }

@@ -42,6 +42,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::auth::Tokens;
+use crate::catalog::Catalog;
 use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
@@ -59,6 +60,8 @@ pub struct ApiContext {
     pub db: Db,
     pub events: Events,
     pub deployers: Arc<Deployers>,
+    /// The deployers stored over the API.
+    pub catalog: Arc<Catalog>,
     pub pipeline: Arc<Pipeline>,
     /// The accepted API tokens; `None`: the API is open (loopback only).
     pub tokens: Option<Arc<Tokens>>,

@@ -83,7 +83,7 @@ pub fn with_layers(mut document: utoipa::openapi::OpenApi) -> utoipa::openapi::O
         let open = auth::OPEN.contains(&path.as_str());
         for (operation, method) in operations(item) {
             if !open {
-                require_token(operation, auth::needed_role(&method));
+                require_token(operation, auth::needed_role(&method, path));
             }
             carry_request_id(operation);
         }

@@ -15,6 +15,7 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 use berth::auth::Tokens;
+use berth::catalog::Catalog;
 use berth::db::Db;
 use berth::deployers::Deployers;
 use berth::events::Events;
@@ -31,6 +32,10 @@ use super::{answer_body, assert_error, plugins};
 /// earns (status, a fragment of its sentence). Tables of rules keep one rule
 /// a line, under `#[rustfmt::skip]`.
 pub type Rule<'a> = (Method, &'a str, Option<Value>, StatusCode, &'a str);
+
+/// The largest plugin the in-process API takes: small, so that a test can
+/// send a larger one cheaply.
+pub const MAX_PLUGIN_BYTES: usize = 4 << 20;
 
 pub struct App {
     app: axum::Router,
@@ -88,10 +93,15 @@ impl App {
             temp.path().join("out"),
         ));
         pipeline.start_workers();
+        let catalog = Arc::new(
+            Catalog::new(db.clone(), deployers.clone(), events.clone(), 20)
+                .with_max_plugin_bytes(MAX_PLUGIN_BYTES),
+        );
         let app = berth::http::app(ApiContext {
             db,
             events,
             deployers,
+            catalog,
             pipeline,
             tokens,
             webhook: None,
@@ -112,6 +122,7 @@ impl App {
             Arc::new(runtime),
             temp.path().join("plugins"),
             names.iter().map(|n| n.to_string()).collect(),
+            Default::default(),
         ));
         let db = Db::connect(&database_url(Backend::Sqlite).await)
             .await

@@ -1,0 +1,235 @@
+//! The deployers stored over the API: plugin bytes by sha256, the versions
+//! of each name, and the version each name serves. Knows names, digests
+//! and texts, never what a plugin is (`catalog` loads them).
+
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row};
+
+use super::{Db, Result, now};
+
+/// One version of a deployer stored over the API, without its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredVersion {
+    pub id: i64,
+    pub name: String,
+    /// Its place among the name's versions: 1, 2, …
+    pub number: i64,
+    pub sha256: String,
+    /// Of the `.wasm`, in bytes.
+    pub size: i64,
+    /// The manifest's TOML text, as uploaded.
+    pub manifest: Option<String>,
+    /// The detached signature's text, as uploaded.
+    pub signature: Option<String>,
+    /// The API token that added it (none without tokens).
+    pub added_by: Option<String>,
+    pub added_at: String,
+}
+
+/// What storing a version did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// The name is new.
+    Added,
+    /// The name served another version before.
+    Replaced,
+    /// The name already serves these very bytes, manifest and signature.
+    Unchanged,
+}
+
+const VERSION_COLUMNS: &str = "v.id, v.name, v.sha256, b.size, v.manifest, v.signature, \
+     v.added_by, v.added_at, (SELECT COUNT(*) FROM deployer_versions w \
+     WHERE w.name = v.name AND w.id <= v.id) AS number";
+
+/// A new version, as `store_version` takes it.
+pub struct NewVersion {
+    pub name: String,
+    pub wasm: Vec<u8>,
+    pub sha256: String,
+    pub manifest: Option<String>,
+    pub signature: Option<String>,
+    pub added_by: Option<String>,
+}
+
+impl Db {
+    /// Makes `new` the version its name serves, keeping the ones before it;
+    /// the bytes are stored once per sha256. Storing what the name already
+    /// serves changes nothing.
+    pub async fn store_version(&self, new: NewVersion) -> Result<(StoredVersion, Pushed)> {
+        self.write(move |conn| Box::pin(store_version(conn, new)))
+            .await
+    }
+
+    /// The version each stored deployer serves, by name.
+    pub async fn stored_deployers(&self) -> Result<Vec<StoredVersion>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {VERSION_COLUMNS} FROM stored_deployers s \
+             JOIN deployer_versions v ON v.id = s.version_id \
+             JOIN plugin_blobs b ON b.sha256 = v.sha256 ORDER BY v.name"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(version_row).collect()
+    }
+
+    /// Every version of a stored deployer, oldest first, and the id of the
+    /// one it serves (none: no such stored deployer).
+    pub async fn deployer_versions(&self, name: &str) -> Result<(Vec<StoredVersion>, Option<i64>)> {
+        let rows = sqlx::query(&format!(
+            "SELECT {VERSION_COLUMNS} FROM deployer_versions v \
+             JOIN plugin_blobs b ON b.sha256 = v.sha256 WHERE v.name = $1 ORDER BY v.id"
+        ))
+        .bind(name)
+        .fetch_all(&self.pool)
+        .await?;
+        let versions = rows.iter().map(version_row).collect::<Result<_>>()?;
+        let current = sqlx::query("SELECT version_id FROM stored_deployers WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|row| row.try_get("version_id"))
+            .transpose()?;
+        Ok((versions, current))
+    }
+
+    /// The bytes of a stored plugin.
+    pub async fn plugin_wasm(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
+        let row = sqlx::query("SELECT wasm FROM plugin_blobs WHERE sha256 = $1")
+            .bind(sha256)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|row| row.try_get("wasm")).transpose()?)
+    }
+
+    /// Makes a stored deployer serve one of its versions again. False if
+    /// the name is not stored (removed meanwhile).
+    pub async fn serve_version(&self, name: &str, version_id: i64) -> Result<bool> {
+        let name = name.to_string();
+        self.write(move |conn| {
+            Box::pin(async move {
+                let updated = sqlx::query(
+                    "UPDATE stored_deployers SET version_id = $1 WHERE name = $2 \
+                     AND EXISTS (SELECT 1 FROM deployer_versions WHERE id = $1 AND name = $2)",
+                )
+                .bind(version_id)
+                .bind(&name)
+                .execute(conn)
+                .await?;
+                Ok(updated.rows_affected() > 0)
+            })
+        })
+        .await
+    }
+
+    /// Removes a stored deployer with all its versions, and the bytes no
+    /// other version uses. False if there was no such stored deployer.
+    pub async fn remove_stored(&self, name: &str) -> Result<bool> {
+        let name = name.to_string();
+        self.write(move |conn| {
+            Box::pin(async move {
+                let removed = sqlx::query("DELETE FROM stored_deployers WHERE name = $1")
+                    .bind(&name)
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query("DELETE FROM deployer_versions WHERE name = $1")
+                    .bind(&name)
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query(
+                    "DELETE FROM plugin_blobs WHERE sha256 NOT IN \
+                     (SELECT sha256 FROM deployer_versions)",
+                )
+                .execute(&mut *conn)
+                .await?;
+                Ok(removed.rows_affected() > 0)
+            })
+        })
+        .await
+    }
+}
+
+/// The statements of `Db::store_version`.
+async fn store_version(
+    conn: &mut AnyConnection,
+    new: NewVersion,
+) -> Result<(StoredVersion, Pushed)> {
+    let current = sqlx::query(&format!(
+        "SELECT {VERSION_COLUMNS} FROM stored_deployers s \
+         JOIN deployer_versions v ON v.id = s.version_id \
+         JOIN plugin_blobs b ON b.sha256 = v.sha256 WHERE s.name = $1"
+    ))
+    .bind(&new.name)
+    .fetch_optional(&mut *conn)
+    .await?
+    .map(|row| version_row(&row))
+    .transpose()?;
+    if let Some(current) = &current
+        && current.sha256 == new.sha256
+        && current.manifest == new.manifest
+        && current.signature == new.signature
+    {
+        return Ok((current.clone(), Pushed::Unchanged));
+    }
+    // Bytes already stored (another version, another name) are not sent again.
+    let stored = sqlx::query("SELECT 1 FROM plugin_blobs WHERE sha256 = $1")
+        .bind(&new.sha256)
+        .fetch_optional(&mut *conn)
+        .await?
+        .is_some();
+    if !stored {
+        let size = i64::try_from(new.wasm.len()).unwrap_or(i64::MAX);
+        sqlx::query("INSERT INTO plugin_blobs (sha256, wasm, size) VALUES ($1, $2, $3)")
+            .bind(&new.sha256)
+            .bind(new.wasm)
+            .bind(size)
+            .execute(&mut *conn)
+            .await?;
+    }
+    let id: i64 = sqlx::query(
+        "INSERT INTO deployer_versions (name, sha256, manifest, signature, added_by, added_at) \
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+    )
+    .bind(&new.name)
+    .bind(&new.sha256)
+    .bind(&new.manifest)
+    .bind(&new.signature)
+    .bind(&new.added_by)
+    .bind(now())
+    .fetch_one(&mut *conn)
+    .await?
+    .try_get("id")?;
+    sqlx::query(
+        "INSERT INTO stored_deployers (name, version_id) VALUES ($1, $2) \
+         ON CONFLICT (name) DO UPDATE SET version_id = excluded.version_id",
+    )
+    .bind(&new.name)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    let row = sqlx::query(&format!(
+        "SELECT {VERSION_COLUMNS} FROM deployer_versions v \
+         JOIN plugin_blobs b ON b.sha256 = v.sha256 WHERE v.id = $1"
+    ))
+    .bind(id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let pushed = match current {
+        Some(_) => Pushed::Replaced,
+        None => Pushed::Added,
+    };
+    Ok((version_row(&row)?, pushed))
+}
+
+fn version_row(row: &AnyRow) -> Result<StoredVersion> {
+    Ok(StoredVersion {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        number: row.try_get("number")?,
+        sha256: row.try_get("sha256")?,
+        size: row.try_get("size")?,
+        manifest: row.try_get("manifest")?,
+        signature: row.try_get("signature")?,
+        added_by: row.try_get("added_by")?,
+        added_at: row.try_get("added_at")?,
+    })
+}
