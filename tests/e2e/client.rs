@@ -372,8 +372,7 @@ async fn tables_list_models_deployments_and_deployers() {
     );
     assert_eq!(cells(line(&run.stdout, "archive "))[0], "archive");
     assert!(
-        run.stdout
-            .contains("\nplugin files the server refused:\nFILE "),
+        run.stdout.contains("\nplugins the server refused:\nFILE "),
         "{}",
         run.stdout
     );

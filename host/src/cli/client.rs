@@ -6,6 +6,7 @@
 //! server cannot be reached, 130 interrupted (`deploy` then cancels).
 
 mod api;
+mod catalog;
 mod deploy;
 pub(super) mod progress;
 mod text;
@@ -54,8 +55,13 @@ pub enum ClientCommand {
         #[command(flatten)]
         common: Common,
     },
-    /// Lists a running server's deployers, and plugin files it refused.
+    /// Lists a running server's deployers and the plugins it refused; with
+    /// a subcommand, changes the deployers stored over the API (an admin
+    /// token, when the server has tokens).
+    #[command(args_conflicts_with_subcommands = true)]
     Deployers {
+        #[command(subcommand)]
+        change: Option<catalog::CatalogCommand>,
         #[command(flatten)]
         common: Common,
     },
@@ -111,9 +117,14 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<ExitCode> {
             limit,
             common,
         } => with_api(&common, |api| deployments(api, &model, limit, common.json)).await,
-        ClientCommand::Deployers { common } => {
-            with_api(&common, |api| deployers(api, common.json)).await
-        }
+        ClientCommand::Deployers {
+            change: None,
+            common,
+        } => with_api(&common, |api| deployers(api, common.json)).await,
+        ClientCommand::Deployers {
+            change: Some(change),
+            ..
+        } => catalog::run(change).await,
     };
     Ok(outcome.unwrap_or_else(|e| {
         eprintln!("error: {e}");
@@ -327,11 +338,13 @@ async fn deployers(api: Api, json: bool) -> Result<(), Error> {
             api.server()
         );
     } else {
-        let mut table = Table::new(&["NAME", "DESCRIPTION", "NETWORK"]);
+        let mut table = Table::new(&["NAME", "ORIGIN", "VERSION", "DESCRIPTION", "NETWORK"]);
         for deployer in deployers {
             let hosts: Vec<String> = list(deployer, "allowed_hosts").iter().map(cell).collect();
             table.row(vec![
                 cell(&deployer["name"]),
+                cell(&deployer["origin"]),
+                catalog::version(deployer),
                 cell(&deployer["description"]),
                 if hosts.is_empty() {
                     "none".to_string()
@@ -344,11 +357,15 @@ async fn deployers(api: Api, json: bool) -> Result<(), Error> {
     }
     let rejected = list(&answer, "rejected");
     if !rejected.is_empty() {
-        let mut table = Table::new(&["FILE", "REASON"]);
+        let mut table = Table::new(&["FILE", "ORIGIN", "REASON"]);
         for refusal in rejected {
-            table.row(vec![cell(&refusal["file"]), cell(&refusal["reason"])]);
+            table.row(vec![
+                cell(&refusal["file"]),
+                cell(&refusal["origin"]),
+                cell(&refusal["reason"]),
+            ]);
         }
-        println!("\nplugin files the server refused:");
+        println!("\nplugins the server refused:");
         print!("{}", table.render());
     }
     Ok(())

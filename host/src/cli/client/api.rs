@@ -104,6 +104,24 @@ impl Api {
         self.call(Method::POST, path, Some(body)).await
     }
 
+    /// Answers `Value::Null` for a 204.
+    pub async fn delete(&self, path: &str) -> Result<Value, Error> {
+        self.call(Method::DELETE, path, None).await
+    }
+
+    /// PUTs a multipart form.
+    pub async fn put_form(
+        &self,
+        path: &str,
+        form: reqwest::multipart::Form,
+    ) -> Result<Value, Error> {
+        let request = self
+            .http
+            .put(format!("{}{path}", self.server))
+            .multipart(form);
+        self.answer(Method::PUT, path, request).await
+    }
+
     async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Value, Error> {
         let mut request = self
             .http
@@ -111,8 +129,21 @@ impl Api {
         if let Some(body) = body {
             request = request.json(body);
         }
+        self.answer(method, path, request).await
+    }
+
+    /// Sends `request`: its JSON answer, or the server's refusal.
+    async fn answer(
+        &self,
+        method: Method,
+        path: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<Value, Error> {
         let response = request.send().await.map_err(|e| self.unreachable(&e))?;
         let status = response.status();
+        if status == StatusCode::NO_CONTENT {
+            return Ok(Value::Null);
+        }
         let text = response.text().await.map_err(|e| self.unreachable(&e))?;
         let json = serde_json::from_str::<Value>(&text);
         if status.is_success() {

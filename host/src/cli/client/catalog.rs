@@ -1,0 +1,224 @@
+//! `berth deployers push | rm | versions | rollback`: the deployers stored
+//! over a server's API, shared by every server on its database.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use serde_json::{Value, json};
+
+use super::api::{Api, Error};
+use super::text::{Table, timestamp};
+use super::{Common, cell, list, print_json};
+
+#[derive(Debug, Subcommand)]
+pub enum CatalogCommand {
+    /// Pushes a plugin as a deployer stored on the server (a new deployer,
+    /// or a new version of one pushed before), for every server on its
+    /// database. NAME.toml and NAME.wasm.sig beside FILE go with it.
+    Push {
+        /// The plugin's `.wasm`.
+        file: PathBuf,
+        /// The deployer's name (default: the file's name without `.wasm`).
+        #[arg(long)]
+        name: Option<String>,
+        /// Its manifest (default: the `.toml` beside FILE, if there is one).
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<PathBuf>,
+        /// Its detached signature (default: FILE.sig, if there is one).
+        #[arg(long, value_name = "FILE")]
+        signature: Option<PathBuf>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Removes a deployer stored on the server, with all its versions.
+    Rm {
+        name: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Lists the versions of a deployer stored on the server.
+    Versions {
+        name: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Serves an earlier version of a stored deployer again: the one before
+    /// the version it serves, or the one given.
+    Rollback {
+        name: String,
+        /// The sha256 of the version to serve (see `berth deployers versions`).
+        #[arg(long, value_name = "SHA256")]
+        to: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+pub async fn run(command: CatalogCommand) -> Result<ExitCode, Error> {
+    let common = match &command {
+        CatalogCommand::Push { common, .. }
+        | CatalogCommand::Rm { common, .. }
+        | CatalogCommand::Versions { common, .. }
+        | CatalogCommand::Rollback { common, .. } => common,
+    };
+    let api = Api::new(&common.server, common.token.as_deref())?;
+    let json = common.json;
+    match &command {
+        CatalogCommand::Push {
+            file,
+            name,
+            manifest,
+            signature,
+            ..
+        } => push(&api, file, name.as_deref(), manifest, signature, json).await?,
+        CatalogCommand::Rm { name, .. } => {
+            api.delete(&path(name, "")).await?;
+            println!(
+                "removed deployer {name} and its versions from {}",
+                api.server()
+            );
+        }
+        CatalogCommand::Versions { name, .. } => versions(&api, name, json).await?,
+        CatalogCommand::Rollback { name, to, .. } => {
+            let body = match to {
+                Some(sha256) => json!({ "sha256": sha256 }),
+                None => json!({}),
+            };
+            let answer = api.post(&path(name, "/rollback"), &body).await?;
+            match json {
+                true => print_json(&answer),
+                false => println!("deployer {name} now serves {} again", serves(&answer)),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `/v1/deployers/NAME` and what follows it.
+fn path(name: &str, rest: &str) -> String {
+    let name = percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC);
+    format!("/v1/deployers/{name}{rest}")
+}
+
+async fn push(
+    api: &Api,
+    file: &Path,
+    name: Option<&str>,
+    manifest: &Option<PathBuf>,
+    signature: &Option<PathBuf>,
+    json: bool,
+) -> Result<(), Error> {
+    let name = match name {
+        Some(name) => name.to_string(),
+        None => file
+            .file_name()
+            .and_then(|f| f.to_str())
+            .map(|f| f.strip_suffix(".wasm").unwrap_or(f).to_string())
+            .ok_or_else(|| {
+                Error::Invalid(format!("{} names no file; give --name", file.display()))
+            })?,
+    };
+    let read = |path: &Path| {
+        std::fs::read(path)
+            .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", path.display())))
+    };
+    let wasm = read(file)?;
+    let beside = |given: &Option<PathBuf>, path: PathBuf| match given {
+        Some(given) => Some(given.clone()),
+        None => path.is_file().then_some(path),
+    };
+    let mut form = reqwest::multipart::Form::new().part(
+        "wasm",
+        reqwest::multipart::Part::bytes(wasm).file_name(format!("{name}.wasm")),
+    );
+    let mut sent = Vec::new();
+    for (part, path) in [
+        ("manifest", beside(manifest, file.with_extension("toml"))),
+        ("signature", beside(signature, sig_path(file))),
+    ] {
+        if let Some(path) = path {
+            let text = String::from_utf8(read(&path)?)
+                .map_err(|_| Error::Invalid(format!("{} is not UTF-8 text", path.display())))?;
+            form = form.text(part, text);
+            sent.push(format!("{part} {}", path.display()));
+        }
+    }
+    let answer = api.put_form(&path(&name, ""), form).await?;
+    if json {
+        print_json(&answer);
+        return Ok(());
+    }
+    let with = match sent.is_empty() {
+        true => String::new(),
+        false => format!(" (with its {})", sent.join(" and ")),
+    };
+    println!(
+        "deployer {name} now serves {} on {}{with}",
+        serves(&answer),
+        api.server()
+    );
+    Ok(())
+}
+
+/// `FILE.sig`.
+fn sig_path(file: &Path) -> PathBuf {
+    let mut path = file.as_os_str().to_owned();
+    path.push(".sig");
+    PathBuf::from(path)
+}
+
+/// "version 3 (sha256 ab12…)" of a deployer's JSON.
+fn serves(deployer: &Value) -> String {
+    format!(
+        "version {} (sha256 {})",
+        version(deployer),
+        short(&cell(&deployer["sha256"]))
+    )
+}
+
+/// A stored deployer's version number; empty for a folder deployer.
+pub fn version(deployer: &Value) -> String {
+    cell(&deployer["version"])
+}
+
+fn short(sha256: &str) -> String {
+    sha256.chars().take(12).collect()
+}
+
+async fn versions(api: &Api, name: &str, json: bool) -> Result<(), Error> {
+    let answer = api.get(&path(name, "/versions")).await?;
+    if json {
+        print_json(&answer);
+        return Ok(());
+    }
+    let mut table = Table::new(&[
+        "",
+        "VERSION",
+        "SHA256",
+        "SIZE",
+        "ADDED (UTC)",
+        "BY",
+        "SIGNED",
+    ])
+    .right_align(&[1, 3]);
+    for version in list(&answer, "versions") {
+        table.row(vec![
+            if version["current"] == true { "*" } else { "" }.to_string(),
+            cell(&version["number"]),
+            short(&cell(&version["sha256"])),
+            crate::human::size(version["size"].as_u64().unwrap_or_default()),
+            timestamp(&cell(&version["added_at"])),
+            cell(&version["added_by"]),
+            if version["signed"] == true {
+                "yes"
+            } else {
+                "no"
+            }
+            .to_string(),
+        ]);
+    }
+    print!("{}", table.render());
+    println!("* the version deployer {name} serves");
+    Ok(())
+}
