@@ -1,6 +1,7 @@
 //! Shared fixtures: built plugins, a loopback file server, a berth server,
 //! the API in-process, event subscriptions; and the expectations tests share.
 
+pub mod catalog;
 pub mod cli;
 pub mod events;
 pub mod files;

@@ -429,12 +429,21 @@ function deployersBlock() {
   return block;
 }
 
+// Where a deployer comes from: the plugins folder, or a version stored
+// over the API (who pushed it, and when).
+function origin(d) {
+  if (d.origin !== "api") return "plugins folder";
+  const by = d.added_by ? ` by ${d.added_by}` : "";
+  return `stored over the API: version ${d.version}, pushed${by} ${when(d.added_at)}`;
+}
+
 function fillDeployers(block) {
   const cards = state.deployers.map((d) =>
     h("article", { class: "card", "data-deployer": d.name },
       h("h3", {}, d.name),
       h("p", {}, d.description || h("span", { class: "muted" }, "no description")),
       h("dl", { class: "fields" },
+        h("dt", {}, "Origin"), h("dd", { class: "origin" }, origin(d)),
         h("dt", {}, "sha256"), h("dd", { class: "mono", title: d.sha256 }, d.sha256.slice(0, 16) + "…"),
         h("dt", {}, "WIT"), h("dd", {}, d.wit_version),
         h("dt", {}, "Code"), h("dd", { title: "baseline: compiled in seconds, optimized code follows in the background" }, d.tier),
@@ -447,9 +456,12 @@ function fillDeployers(block) {
     "No deployer is loaded, so nothing can be deployed. Copy a deployer (NAME.wasm, with an optional NAME.toml manifest) into the server's plugins folder (--plugins-dir, default ./plugins); berth picks it up within seconds. make plugins builds the examples.");
   const loading = state.loading.length > 0 && h("p", { class: "muted" }, `Still loading: ${state.loading.join(", ")}`);
   const rejected = state.rejected.length > 0 && [
-    h("h3", { id: "refused-title" }, "Refused plugin files"),
-    table(["File", "Reason"], state.rejected.map((r) =>
-      h("tr", { "data-rejected": r.file }, h("td", { class: "mono" }, r.file), h("td", { class: "error-text wrap" }, r.reason))),
+    h("h3", { id: "refused-title" }, "Refused plugins"),
+    table(["File", "Origin", "Reason"], state.rejected.map((r) =>
+      h("tr", { "data-rejected": r.file },
+        h("td", { class: "mono" }, r.file),
+        h("td", {}, r.origin === "api" ? "stored over the API" : "plugins folder"),
+        h("td", { class: "error-text wrap" }, r.reason))),
     { id: "refused" }),
   ];
   const parts = [h("h2", { id: "deployers-title" }, "Deployers"), empty, loading, h("div", { class: "cards" }, cards), rejected];
@@ -663,6 +675,7 @@ async function deploymentView(id) {
     h("dl", { class: "fields", id: "deployment-fields" },
       h("dt", {}, "Status"), h("dd", {}, statusBadge(d.status), " ", progressCell),
       h("dt", {}, "Deployer"), h("dd", {}, d.deployer),
+      h("dt", {}, "Plugin sha256"), h("dd", { class: "mono", title: "the version of the deployer that ran it" }, d.plugin_sha256),
       h("dt", {}, "Ref"), h("dd", { class: "mono" }, refLink(d)),
       h("dt", {}, "Duration"), h("dd", {}, duration(d.duration_ms)),
       h("dt", {}, "Created"), h("dd", {}, when(d.created_at)),
