@@ -29,6 +29,9 @@ on_both_backends!(
     a_pushed_deployer_serves_new_deployments_while_old_ones_finish_on_theirs,
 );
 
+/// One part of an upload form: its name and bytes.
+type Part<'a> = (&'a str, &'a [u8]);
+
 fn read(path: impl AsRef<Path>) -> Vec<u8> {
     std::fs::read(path).unwrap()
 }
@@ -40,7 +43,7 @@ async fn a_refused_push_stores_nothing(backend: Backend) {
     let future = read(test_plugin("future-version"));
     let oversized = vec![7u8; MAX_PLUGIN_BYTES + 1];
     #[rustfmt::skip]
-    let cases: Vec<(&str, Vec<(&str, &[u8])>, StatusCode, &str)> = vec![
+    let cases: Vec<(&str, Vec<Part>, StatusCode, &str)> = vec![
         ("corrupt", vec![("wasm", b"not a plugin")], StatusCode::BAD_REQUEST,
          "deployer corrupt was not stored: is not a WebAssembly file"),
         ("core", vec![("wasm", b"\0asm\x01\0\0\0")], StatusCode::BAD_REQUEST,

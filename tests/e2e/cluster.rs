@@ -1,8 +1,9 @@
 //! Several `berth serve` processes on one PostgreSQL database, one models
 //! volume and one plugins folder, acting as one service: every deployment
 //! runs exactly once on a server with room, a killed server's deployments
-//! fail by lease, a cancel reaches the owner from any server, and a
-//! deployment runs only where its deployer's version is loaded.
+//! fail by lease, a cancel reaches the owner from any server, a
+//! deployment runs only where its deployer's version is loaded, and a
+//! deployer pushed to one server is served by all.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -10,12 +11,13 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::support::catalog::{push, served};
 use crate::support::files::FileServer;
 use crate::support::plugins;
 use berth::db::Db;
 
 use crate::support::server::{Backend, Berth, Shared, fresh_postgres_database};
-use crate::support::{bytes, eventually, has_ended, model, most_at_once};
+use crate::support::{adapter_files, bytes, eventually, has_ended, model, most_at_once};
 
 /// Short enough that a test sees a lease run out; a tick is a third.
 const LEASE_MS: u64 = 1500;
@@ -362,4 +364,75 @@ async fn an_advisory_lock_has_one_holder_at_a_time() {
         .expect("the lock is free once its guard is dropped")
         .unwrap()
         .unwrap();
+}
+
+/// A deployer pushed to one server is served by the others without a
+/// restart, as are its next version, a rollback and its removal; each
+/// server compiles a version once, into its own cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployer_pushed_to_one_server_is_served_by_the_others() {
+    let files = FileServer::start().await;
+    let shared = Shared::new().await;
+    let mut berths = Vec::new();
+    for _ in 0..2 {
+        // No folder plugins: the pushed bytes are new to both caches.
+        let options = Berth::bare(Backend::Postgres).shared(&shared);
+        berths.push(options.private_cache().start().await);
+    }
+    let id = berths[0]
+        .register(&model(&files, "job-pushed", &adapter_files()))
+        .await;
+    let misbehave = std::fs::read(plugins::test_plugin("misbehave")).unwrap();
+    let archive = std::fs::read(plugins::example("archive")).unwrap();
+
+    let (status, pushed) = push(&berths[0], "pushed", &[("wasm", &misbehave)]).await;
+    assert_eq!(status, StatusCode::CREATED, "{pushed}");
+    serving(&berths[1], |d| d.is_some_and(|d| d["version"] == 1)).await;
+    let (status, ran) = berths[1]
+        .deploy(id, "pushed", json!({ "mode": "sleep", "ms": 10 }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{ran}");
+    assert_eq!(ran["server"], berths[1].server_id().as_str(), "{ran}");
+    assert_eq!(ran["plugin_sha256"], pushed["sha256"], "{ran}");
+
+    let (status, _) = push(&berths[0], "pushed", &[("wasm", &archive)]).await;
+    assert_eq!(status, StatusCode::OK);
+    serving(&berths[1], |d| d.is_some_and(|d| d["version"] == 2)).await;
+    let (status, back) = berths[1]
+        .post("/v1/deployers/pushed/rollback", &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{back}");
+    serving(&berths[0], |d| d.is_some_and(|d| d["version"] == 1)).await;
+    let (status, _) = berths[1].delete("/v1/deployers/pushed").await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    serving(&berths[0], |d| d.is_none()).await;
+
+    // Server 1 loaded versions 1 and 2 from the database, compiling each
+    // once; server 0 took both from the pushes it checked itself.
+    let log = berths[1].log();
+    let origins: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("deployer stored over the API") && l.contains("plugin=pushed"))
+        .map(|l| l.rsplit("origin=").next().unwrap())
+        .collect();
+    // v1 and v2 from the database, then v1 again for the rollback.
+    assert_eq!(origins, ["Compiled", "Compiled", "Cached"], "{log}");
+}
+
+/// Waits until `berth` serves deployer `pushed` as `condition` wants.
+async fn serving(berth: &Berth, condition: impl Fn(Option<&Value>) -> bool) {
+    eventually(
+        || {
+            format!(
+                "deployer pushed to change on {}; log:\n{}",
+                berth.url,
+                berth.log()
+            )
+        },
+        async || {
+            let (_, listing) = berth.get("/v1/deployers").await;
+            condition(served(&listing, "pushed")).then_some(())
+        },
+    )
+    .await
 }
