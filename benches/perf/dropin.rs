@@ -25,12 +25,12 @@ const BEFORE: [&str; 4] = ["--compiler", "optimized", "--plugins-poll-ms", "1000
 /// Far above any compile here: a hang guard.
 const GUARD: Duration = Duration::from_secs(600);
 
-fn example(name: &str) -> PathBuf {
+pub fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../plugins/{name}.wasm"))
 }
 
 /// Copies like an operator should: to a temp name, then a rename.
-fn drop_in(server_plugins: &Path, name: &str) -> anyhow::Result<()> {
+pub fn drop_in(server_plugins: &Path, name: &str) -> anyhow::Result<()> {
     let temp = server_plugins.join(format!(".{name}.part"));
     std::fs::copy(example(name), &temp)
         .with_context(|| format!("cannot copy {name} (run scripts/build-plugins)"))?;
@@ -40,7 +40,7 @@ fn drop_in(server_plugins: &Path, name: &str) -> anyhow::Result<()> {
 
 /// Asks for a deployment by `deployer` until one completes; the time it
 /// took from `since`.
-async fn first_deployment(
+pub async fn first_deployment(
     server: &Server,
     model_id: i64,
     deployer: &str,
@@ -101,7 +101,7 @@ async fn served(
 
 /// A model every example deploys: an adapter config, a valid one-tensor
 /// safetensors file and some bytes.
-fn model_files(ctx: &Ctx) -> anyhow::Result<Vec<DataFile>> {
+pub fn model_files(ctx: &Ctx) -> anyhow::Result<Vec<DataFile>> {
     let root = ctx.source_root.join("dropin");
     std::fs::create_dir_all(&root)?;
     let header = br#"{"lora_A":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
@@ -135,7 +135,7 @@ async fn start_with_model(ctx: &Ctx, name: &str, args: &[&str]) -> anyhow::Resul
     Ok((server, id))
 }
 
-fn plugins_dir(ctx: &Ctx, name: &str) -> PathBuf {
+pub fn plugins_dir(ctx: &Ctx, name: &str) -> PathBuf {
     ctx.out_dir.join(name).join("plugins")
 }
 

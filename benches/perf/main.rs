@@ -14,7 +14,9 @@
 //! disk's synced-commit bound; every `--berth` build), `dropin` (from a
 //! plugin dropped into the folder to its first deployment, cold),
 //! `cluster` (queued deployments and events on one server against three
-//! sharing the first `--pg`); all by default. Data goes
+//! sharing the first `--pg`), `push` (from a deployer pushed over the API
+//! to one server to its first deployment on another, against dropping it
+//! into that server's folder; the first `--pg`); all by default. Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
@@ -28,6 +30,7 @@ mod load;
 #[path = "../../tests/moto/moto.rs"]
 mod moto;
 mod plugin;
+mod push;
 mod quota;
 mod report;
 mod source;
@@ -71,9 +74,9 @@ pub struct Ctx {
     pub in_flight: Vec<usize>,
 }
 
-const SECTIONS: [&str; 13] = [
+const SECTIONS: [&str; 14] = [
     "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "load", "quota",
-    "deploys", "dropin", "cluster",
+    "deploys", "dropin", "cluster", "push",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -174,6 +177,7 @@ fn main() -> anyhow::Result<()> {
                 "deploys" => deploys::run(&ctx).await?,
                 "dropin" => dropin::run(&ctx).await?,
                 "cluster" => cluster::run(&ctx).await?,
+                "push" => push::run(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
         }
