@@ -207,6 +207,33 @@ def scenario_corrupt_plugin(page, shots):
     shots("models-refused")
 
 
+def scenario_pushed_deployer(page, shots):
+    page.goto(f"{URL}/#/")
+    expect(page.locator('#deployers article[data-deployer="archive"] .origin')).to_have_text("plugins folder")
+    wasm = (PLUGINS / "archive.wasm").read_bytes()
+    headers = {"Content-Type": "application/wasm"}
+    if TOKEN:
+        headers["Authorization"] = f"Bearer {TOKEN}"
+    request = urllib.request.Request(URL + "/v1/deployers/packer", data=wasm, headers=headers, method="PUT")
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        assert answer.status == 201, answer.status
+    # The page hears plugin.loaded and shows where the deployer comes from.
+    origin = page.locator('#deployers article[data-deployer="packer"] .origin')
+    expect(origin).to_contain_text("stored over the API: version 1, pushed")
+    shots("models-pushed-deployer")
+    # Deployed with it, the deployment page names the plugin version it ran.
+    open_model(page)
+    deploy_with(page, "packer")
+    row = newest_row(page)
+    expect(row).to_have_attribute("data-status", "completed")
+    row.locator("a").first.click()
+    expect(page.locator("#deployment-fields")).to_contain_text(api("/v1/deployers/packer/versions")["versions"][0]["sha256"])
+    headers.pop("Content-Type")
+    request = urllib.request.Request(URL + "/v1/deployers/packer", headers=headers, method="DELETE")
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        assert answer.status == 204, answer.status
+
+
 def scenario_reconnects_after_restart(page, shots):
     page.goto(f"{URL}/#/")
     badge = page.locator("#stream")
@@ -279,6 +306,7 @@ SCENARIOS = [
     scenario_register_with_three_mistakes,
     scenario_narrow_and_dark,
     scenario_corrupt_plugin,
+    scenario_pushed_deployer,
     scenario_no_deployers,
     # Last: the restarted process runs target/debug/berth as it is then.
     scenario_reconnects_after_restart,

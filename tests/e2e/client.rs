@@ -360,12 +360,14 @@ async fn tables_list_models_deployments_and_deployers() {
     assert_eq!(run.code, Some(0), "{run:?}");
     assert_eq!(
         cells(line(&run.stdout, "NAME")),
-        ["NAME", "DESCRIPTION", "NETWORK"]
+        ["NAME", "ORIGIN", "VERSION", "DESCRIPTION", "NETWORK"]
     );
+    // A folder deployer has no version: its cell is empty.
     assert_eq!(
         cells(line(&run.stdout, "misbehave ")),
         [
             "misbehave",
+            "folder",
             "Misbehaves on request (berth's sandbox tests)",
             "none"
         ]
@@ -376,7 +378,10 @@ async fn tables_list_models_deployments_and_deployers() {
         "{}",
         run.stdout
     );
-    assert_eq!(cells(line(&run.stdout, "broken.wasm"))[0], "broken.wasm");
+    assert_eq!(
+        cells(line(&run.stdout, "broken.wasm"))[..2],
+        ["broken.wasm", "folder"]
+    );
 
     let run = berth(url, &["models", "--json"]).await;
     let listed: Value = serde_json::from_str(&run.stdout).unwrap();
@@ -460,4 +465,69 @@ async fn ctrl_c_cancels_the_deployment_on_the_server() {
         (&stored["status"], &stored["error"]),
         (&json!("failed"), &json!("cancelled"))
     );
+}
+
+/// `berth deployers push | versions | rollback | rm` against a real server:
+/// the manifest beside the file goes along, each command says what it did,
+/// and a refusal is the server's sentence with exit status 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployers_are_pushed_listed_rolled_back_and_removed() {
+    let server = Berth::start(Backend::Sqlite).await;
+    let url = &server.url;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("packer.wasm");
+    std::fs::copy(crate::support::plugins::example("archive"), &file).unwrap();
+    std::fs::write(dir.path().join("packer.toml"), "memory_mib = 64\n").unwrap();
+    let file = file.display().to_string();
+
+    let run = berth(url, &["deployers", "push", &file]).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout.starts_with("deployer packer now serves version 1 (sha256 "),
+        "{run:?}"
+    );
+    assert!(run.stdout.contains("(with its manifest "), "{run:?}");
+    let misbehave = crate::support::plugins::test_plugin("misbehave");
+    let misbehave = misbehave.display().to_string();
+    let run = berth(url, &["deployers", "push", &misbehave, "--name", "packer"]).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stdout.starts_with("deployer packer now serves version 2"), "{run:?}");
+
+    let run = berth(url, &["deployers"]).await;
+    assert_eq!(
+        cells(line(&run.stdout, "packer "))[..3],
+        ["packer", "api", "2"],
+        "{run:?}"
+    );
+    let run = berth(url, &["deployers", "versions", "packer"]).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let rows: Vec<Vec<&str>> = run.stdout.lines().map(cells).collect();
+    assert_eq!(rows[0][..3], ["VERSION", "SHA256", "SIZE"], "{run:?}");
+    assert_eq!(rows[1][0], "1", "{run:?}");
+    assert_eq!(rows[2][..2], ["*", "2"], "{run:?}");
+
+    let run = berth(url, &["deployers", "rollback", "packer"]).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stdout.starts_with("deployer packer now serves version 1"), "{run:?}");
+    let run = berth(url, &["deployers", "rollback", "packer"]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(
+        run.stderr,
+        "error: deployer packer has no version before the one it serves (version 1)\n"
+    );
+    let run = berth(url, &["deployers", "push", &file, "--name", "archive"]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(
+        run.stderr.contains("is declared in this server's plugins folder"),
+        "{run:?}"
+    );
+
+    let run = berth(url, &["deployers", "rm", "packer"]).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(
+        run.stdout,
+        format!("removed deployer packer and its versions from {url}\n")
+    );
+    let run = berth(url, &["deployers", "rm", "packer"]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
 }
