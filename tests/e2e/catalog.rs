@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use berth::auth::{Role, Tokens, new_token};
 
-use crate::support::catalog::{push, push_in_process, refused, served};
+use crate::support::catalog::{push, push_in_process, refused, served, wait_for_deployers};
 use crate::support::files::FileServer;
 use crate::support::plugins::{example, test_plugin};
 use crate::support::router::{App, MAX_PLUGIN_BYTES, Rule};
@@ -322,7 +322,7 @@ async fn a_pushed_deployer_serves_new_deployments_while_old_ones_finish_on_their
     let temp = berth.plugins_dir().join(".trial.tmp");
     std::fs::write(&temp, &archive).unwrap();
     std::fs::rename(&temp, &folder_file).unwrap();
-    let listing = wait_for(&berth, |l| {
+    let listing = wait_for_deployers(&berth, |l| {
         served(l, "trial").is_some_and(|d| d["origin"] == "folder")
     })
     .await;
@@ -350,7 +350,7 @@ async fn a_pushed_deployer_serves_new_deployments_while_old_ones_finish_on_their
         (StatusCode::OK, &json!(archive_sha))
     );
     std::fs::remove_file(&folder_file).unwrap();
-    let listing = wait_for(&berth, |l| {
+    let listing = wait_for_deployers(&berth, |l| {
         served(l, "trial").is_some_and(|d| d["origin"] == "api")
     })
     .await;
@@ -364,17 +364,6 @@ async fn ended(berth: &Berth, id: i64) -> Value {
         async || {
             let (_, row) = berth.get(&format!("/v1/deployments/{id}")).await;
             has_ended(&row).then_some(row)
-        },
-    )
-    .await
-}
-
-async fn wait_for(berth: &Berth, condition: impl Fn(&Value) -> bool) -> Value {
-    eventually(
-        || format!("the deployers to change; log:\n{}", berth.log()),
-        async || {
-            let (_, listing) = berth.get("/v1/deployers").await;
-            condition(&listing).then_some(listing)
         },
     )
     .await

@@ -483,7 +483,8 @@ async fn deployers_are_pushed_listed_rolled_back_and_removed() {
     let run = berth(url, &["deployers", "push", &file]).await;
     assert_eq!(run.code, Some(0), "{run:?}");
     assert!(
-        run.stdout.starts_with("deployer packer now serves version 1 (sha256 "),
+        run.stdout
+            .starts_with("deployer packer now serves version 1 (sha256 "),
         "{run:?}"
     );
     assert!(run.stdout.contains("(with its manifest "), "{run:?}");
@@ -491,7 +492,11 @@ async fn deployers_are_pushed_listed_rolled_back_and_removed() {
     let misbehave = misbehave.display().to_string();
     let run = berth(url, &["deployers", "push", &misbehave, "--name", "packer"]).await;
     assert_eq!(run.code, Some(0), "{run:?}");
-    assert!(run.stdout.starts_with("deployer packer now serves version 2"), "{run:?}");
+    assert!(
+        run.stdout
+            .starts_with("deployer packer now serves version 2"),
+        "{run:?}"
+    );
 
     let run = berth(url, &["deployers"]).await;
     assert_eq!(
@@ -508,7 +513,11 @@ async fn deployers_are_pushed_listed_rolled_back_and_removed() {
 
     let run = berth(url, &["deployers", "rollback", "packer"]).await;
     assert_eq!(run.code, Some(0), "{run:?}");
-    assert!(run.stdout.starts_with("deployer packer now serves version 1"), "{run:?}");
+    assert!(
+        run.stdout
+            .starts_with("deployer packer now serves version 1"),
+        "{run:?}"
+    );
     let run = berth(url, &["deployers", "rollback", "packer"]).await;
     assert_eq!(run.code, Some(1), "{run:?}");
     assert_eq!(
@@ -518,7 +527,8 @@ async fn deployers_are_pushed_listed_rolled_back_and_removed() {
     let run = berth(url, &["deployers", "push", &file, "--name", "archive"]).await;
     assert_eq!(run.code, Some(1), "{run:?}");
     assert!(
-        run.stderr.contains("is declared in this server's plugins folder"),
+        run.stderr
+            .contains("is declared in this server's plugins folder"),
         "{run:?}"
     );
 

@@ -6,6 +6,7 @@ use std::path::Path;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::support::catalog::wait_for_deployers;
 use crate::support::files::FileServer;
 use crate::support::plugins;
 use crate::support::server::{Backend, Berth};
@@ -20,17 +21,6 @@ fn install(dir: &Path, name: &str, wasm: &[u8]) {
 
 async fn deployers(berth: &Berth) -> Value {
     berth.get("/v1/deployers").await.1
-}
-
-async fn wait_for_deployers(berth: &Berth, condition: impl Fn(&Value) -> bool) -> Value {
-    eventually(
-        || format!("the plugins folder change; log:\n{}", berth.log()),
-        async || {
-            let now = deployers(berth).await;
-            condition(&now).then_some(now)
-        },
-    )
-    .await
 }
 
 fn sha_of(deployers: &Value, name: &str) -> Option<String> {

@@ -6,9 +6,9 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use serde_json::Value;
 
-use super::answer_body;
 use super::router::App;
 use super::server::Berth;
+use super::{answer_body, eventually};
 
 const BOUNDARY: &str = "berth-test-boundary-7MA4YWxkTrZu0gW";
 
@@ -75,4 +75,17 @@ pub fn refused<'a>(deployers: &'a Value, file: &str) -> Option<&'a Value> {
         .as_array()?
         .iter()
         .find(|r| r["file"] == file)
+}
+
+/// Waits until `berth`'s `GET /v1/deployers` answer meets `condition`
+/// (the plugins folder or the stored deployers changed), and returns it.
+pub async fn wait_for_deployers(berth: &Berth, condition: impl Fn(&Value) -> bool) -> Value {
+    eventually(
+        || format!("the deployers to change; log:\n{}", berth.log()),
+        async || {
+            let (_, now) = berth.get("/v1/deployers").await;
+            condition(&now).then_some(now)
+        },
+    )
+    .await
 }
