@@ -463,6 +463,15 @@ pub struct Deployer {
     pub out_mib: u64,
     /// Of the `.wasm` file.
     pub sha256: String,
+    /// The id of the trusted key (`--trusted-key`) whose signature over
+    /// its bytes it loaded with, as minisign prints it; null when it loaded
+    /// without a verified signature.
+    #[schema(
+        required = true,
+        pattern = "^[0-9A-F]{16}$",
+        example = "C3A9D84E0B7F1265"
+    )]
+    pub signed_by: Option<String>,
     pub tier: Tier,
     pub timeout_s: u64,
     /// The `berth:deployer` version it was built for.
@@ -493,6 +502,7 @@ impl From<&Plugin> for Deployer {
                 .and_then(|s| serde_json::from_str(s).ok()),
             out_mib: p.limits.out_mib,
             sha256: p.sha256.clone(),
+            signed_by: p.signed_by.clone(),
             tier: p.tier().into(),
             timeout_s: p.limits.timeout.as_secs(),
             wit_version: p.wit_version.clone(),
