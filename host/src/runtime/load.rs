@@ -188,7 +188,7 @@ impl Runtime {
 }
 
 /// Where a folder plugin's detached signature is: `NAME.wasm.sig`.
-pub(crate) fn signature_path(wasm: &Path) -> std::path::PathBuf {
+pub fn signature_path(wasm: &Path) -> std::path::PathBuf {
     let mut file = wasm.as_os_str().to_owned();
     file.push(".sig");
     file.into()

@@ -44,6 +44,7 @@ use wit::{Answer, Question};
 pub use cache::{CodeCache, Origin};
 pub use error::CallError;
 pub use http_gate::AllowedHost;
+pub use load::signature_path;
 pub use manifest::{MAX_OUT_MIB, MAX_TIMEOUT_S, Manifest};
 pub(crate) use plugins::{Change, Folder, is_plugin_file};
 pub use plugins::{PluginSet, Rejection, check_name, folder_names};
