@@ -478,6 +478,23 @@ mod tests {
     }
 
     #[test]
+    fn a_signature_alone_names_no_deployer_to_wait_for() {
+        let dir = tempfile::tempdir().unwrap();
+        for file in ["a.wasm", "a.wasm.sig", "b.toml", "c.wasm.sig", "notes.txt"] {
+            std::fs::write(dir.path().join(file), "").unwrap();
+        }
+        assert_eq!(
+            folder_names(dir.path()),
+            BTreeSet::from(["a".to_string(), "b".to_string()])
+        );
+        let watched: Vec<_> = ["a.wasm", "a.wasm.sig", "a.toml", "a.sig", "a.wasm.sig.tmp"]
+            .into_iter()
+            .filter(|f| is_plugin_file(f))
+            .collect();
+        assert_eq!(watched, ["a.wasm", "a.wasm.sig", "a.toml"]);
+    }
+
+    #[test]
     fn names_follow_the_file_stem_rules() {
         let long = "a".repeat(65);
         let cases: [(&str, Option<&str>); 8] = [
