@@ -117,12 +117,25 @@ impl Signers {
                 )),
             };
         };
-        let signature = SignatureBox::from_string(text).map_err(|e| {
+        let unreadable = |why: &dyn std::fmt::Display| {
             format!(
-                "its signature cannot be read ({e}): give the text `berth plugin sign` \
+                "its signature cannot be read ({why}): give the text `berth plugin sign` \
                  (or `minisign -S`) wrote"
             )
-        })?;
+        };
+        let signature = SignatureBox::from_string(text).map_err(|e| unreadable(&e))?;
+        // minisign 0.10 slices the 64 bytes of the global signature (the
+        // fourth line, over the trusted comment) without checking that there
+        // are 64, and a cut one panics; 86 base64 characters hold 64 bytes.
+        if text
+            .lines()
+            .nth(3)
+            .is_none_or(|line| line.trim().len() < 86)
+        {
+            return Err(unreadable(
+                &"its fourth line, the global signature, is cut short",
+            ));
+        }
         let key_id = key_id(signature.keynum());
         let Some(trusted) = self.keys.iter().find(|k| k.id == key_id) else {
             return match self.required {
@@ -265,6 +278,24 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_global_signature_is_refused_not_a_panic() {
+        // The fourth line signs the trusted comment; minisign 0.10 reads its
+        // 64 bytes without checking that there are 64.
+        let author = Author::new();
+        let signature = author.sign(WASM);
+        let lines: Vec<&str> = signature.lines().collect();
+        let signers = Signers::new(vec![author.key()], false).unwrap();
+        for cut in ["AAAA", "", &lines[3][..84]] {
+            let text = format!("{}\n{}\n{}\n{cut}\n", lines[0], lines[1], lines[2]);
+            let err = signers.check("p", WASM, Some(&text)).unwrap_err();
+            assert!(
+                err.starts_with("its signature cannot be read ("),
+                "{cut:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn keys_are_read_or_refused_naming_the_value() {
         let author = Author::new();
         let text = author.pair.pk.to_base64();
@@ -296,5 +327,72 @@ mod tests {
             "{err}"
         );
         assert!(!Signers::new(Vec::new(), false).unwrap().required());
+    }
+}
+
+/// Signature texts from anywhere (an API upload is anyone's text): every
+/// one is answered with a verdict or one of the rules' sentences, never a
+/// panic (minisign 0.10 itself panics on a cut global signature).
+#[cfg(test)]
+mod props {
+    use std::sync::LazyLock;
+
+    use minisign::KeyPair;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::strategies;
+
+    const WASM: &[u8] = b"\0asm\x0d\0\x01\0 the plugin";
+
+    /// One key pair for every case: key generation is not under test.
+    static AUTHOR: LazyLock<(KeyPair, String)> = LazyLock::new(|| {
+        let pair = KeyPair::generate_unencrypted_keypair().unwrap();
+        let signature = minisign::sign(Some(&pair.pk), &pair.sk, WASM, None, None)
+            .unwrap()
+            .into_string();
+        (pair, signature)
+    });
+
+    fn signers(required: bool) -> Signers {
+        let key = TrustedKey::parse(&AUTHOR.0.pk.to_base64()).unwrap();
+        Signers::new(vec![key], required).unwrap()
+    }
+
+    /// The real signature with one line replaced, or cut anywhere.
+    fn damaged() -> impl Strategy<Value = String> {
+        let line = prop_oneof![r"[A-Za-z0-9+/=]{0,100}", strategies::text()];
+        prop_oneof![
+            (0..4usize, line).prop_map(|(at, line)| {
+                let mut lines: Vec<String> = AUTHOR.1.lines().map(String::from).collect();
+                lines[at] = line;
+                lines.join("\n")
+            }),
+            (0..=AUTHOR.1.len()).prop_map(|cut| AUTHOR.1[..cut].to_string()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(strategies::cases(256))]
+
+        #[test]
+        fn any_signature_text_is_answered(
+            text in prop_oneof![strategies::text(), damaged()],
+            required in any::<bool>(),
+        ) {
+            match signers(required).check("p", WASM, Some(&text)) {
+                Ok(_) => {}
+                Err(reason) => prop_assert!(
+                    [
+                        "its signature cannot be read (",
+                        "is signed by key ",
+                        "its signature by trusted key ",
+                    ]
+                    .iter()
+                    .any(|rule| reason.starts_with(rule)),
+                    "{}", reason
+                ),
+            }
+        }
     }
 }
