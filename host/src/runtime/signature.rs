@@ -277,6 +277,44 @@ mod tests {
         }
     }
 
+    /// Written by the minisign tool (0.11: `minisign -G -W`, then `minisign
+    /// -Sm` and, legacy, `minisign -Sl`) over `WASM`: the format is
+    /// minisign's, and what it writes is checked the same.
+    const MINISIGN_PUBLIC_KEY: &str = "RWRmRlLOVJoMswUJrxe6bDt3p0Iiq+Uwf5JFK7Jq9wpviZ1ROsDe6Vy/";
+    const MINISIGN_SIGNATURE: &str = "untrusted comment: signature from minisign secret key
+RURmRlLOVJoMs9A1DuNmHMy24UERRJ2S3mZbXG8TRs3HyeakRJsL41o7EfNT5Mgk5/YnbGWvq8wr3KSboio6UxlFLfYye+acMw4=
+trusted comment: fixture for berth
+fEWyk5Fllb3O4w8T5ZeMDdxCr8vdTneKz3jYHXaUW9YKsbYx1TEIjoluJYHFpu1uWFbHMesJLIkeXrf/tVjWCA==
+";
+    const MINISIGN_LEGACY_SIGNATURE: &str = "untrusted comment: signature from minisign secret key
+RWRmRlLOVJoMs/4dED5EtnX3ODo+SgJ8+SS6d2QVE1ye5wmq75/UYwqWaq/5ktr5JGMRRXgMohpmGRv7UgvVHBOQX3m1Uz/eow8=
+trusted comment: fixture for berth, legacy
+AIGV+N20m28ryzyo8Ep9tnTifcGo9CnSdGns8DfiDEApFds/+Gi8OHzeBDoHd77vHu/l+1DUrO+4ZQNHY5P6DA==
+";
+
+    #[test]
+    fn signatures_the_minisign_tool_wrote_are_checked_the_same() {
+        let key = TrustedKey::parse(MINISIGN_PUBLIC_KEY).unwrap();
+        // minisign's `.pub` comment: "minisign public key B30C9A54CE524666".
+        assert_eq!(key.id(), "B30C9A54CE524666");
+        let signers = Signers::new(vec![key], true).unwrap();
+        let mut flipped = WASM.to_vec();
+        flipped[9] ^= 1;
+        for signature in [MINISIGN_SIGNATURE, MINISIGN_LEGACY_SIGNATURE] {
+            assert_eq!(
+                signers.check("p", WASM, Some(signature)),
+                Ok(Verdict::Trusted {
+                    key_id: "B30C9A54CE524666".into()
+                })
+            );
+            let err = signers.check("p", &flipped, Some(signature)).unwrap_err();
+            assert!(
+                err.starts_with("its signature by trusted key B30C9A54CE524666 does not match"),
+                "{err}"
+            );
+        }
+    }
+
     #[test]
     fn a_cut_global_signature_is_refused_not_a_panic() {
         // The fourth line signs the trusted comment; minisign 0.10 reads its

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
-use minisign::{KeyPair, PublicKey, SecretKey, SecretKeyBox};
+use ct_codecs::{Base64, Decoder};
+use minisign::{KeyPair, PublicKey, SecretKey};
 
 use crate::runtime::key_id;
 
@@ -104,7 +105,13 @@ pub fn sign(args: &SignArgs) -> anyhow::Result<()> {
         Some(&trusted),
         Some(&untrusted),
     )
-    .with_context(|| format!("cannot sign {}", args.file.display()))?;
+    .with_context(|| {
+        format!(
+            "cannot sign {} with {} (is the key damaged?)",
+            args.file.display(),
+            args.key.display()
+        )
+    })?;
     let out = args
         .out
         .clone()
@@ -125,7 +132,11 @@ pub fn sign(args: &SignArgs) -> anyhow::Result<()> {
 
 /// An unencrypted minisign secret key; an encrypted one is refused with
 /// what to do instead (asking for its password is not worth a prompt in a
-/// build script).
+/// build script). Read field by field (`SecretKey::from_bytes`) rather than
+/// through the crate's key box, which insists on a checksum that `minisign
+/// -G -W` leaves zero (minisign checks it only on a password-protected
+/// key); a damaged key still fails, as a signature its own public key
+/// refuses (`minisign::sign` checks that).
 fn read_secret_key(path: &Path) -> anyhow::Result<SecretKey> {
     let text = std::fs::read_to_string(path).with_context(|| {
         format!(
@@ -133,15 +144,17 @@ fn read_secret_key(path: &Path) -> anyhow::Result<SecretKey> {
             path.display()
         )
     })?;
-    let sk = SecretKeyBox::from_string(&text)
-        .and_then(|b| b.into_unencrypted_secret_key())
-        .map_err(|e| match e.to_string().contains("encrypted") {
-            true => anyhow::anyhow!(
-                "{}: encrypted keys are not supported; make one with `minisign -G -W` or `berth plugin keygen`",
-                path.display()
-            ),
-            false => anyhow::anyhow!("{}: not a minisign secret key ({e})", path.display()),
-        })?;
+    let not_a_key = |why: &dyn std::fmt::Display| {
+        anyhow::anyhow!("{}: not a minisign secret key ({why})", path.display())
+    };
+    let line = text.lines().nth(1).unwrap_or_default().trim();
+    let bytes = Base64::decode_to_vec(line, None).map_err(|e| not_a_key(&e))?;
+    let sk = SecretKey::from_bytes(&bytes).map_err(|e| not_a_key(&e))?;
+    anyhow::ensure!(
+        !sk.is_encrypted(),
+        "{}: encrypted keys are not supported; make one with `minisign -G -W` or `berth plugin keygen`",
+        path.display()
+    );
     Ok(sk)
 }
 
@@ -163,4 +176,70 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{Signers, TrustedKey, Verdict};
+
+    /// Written by the minisign tool (0.11): `minisign -G -W`, its public
+    /// key, and `minisign -G` with the password "pw". Test keys only.
+    const UNENCRYPTED: &str = "untrusted comment: minisign encrypted secret key
+RWQAAEIyAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAZkZSzlSaDLO5YBDzzIR5Pmeq8COutSXuOczA62xF3ITZgqsywZ/eLgUJrxe6bDt3p0Iiq+Uwf5JFK7Jq9wpviZ1ROsDe6Vy/AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=
+";
+    const UNENCRYPTED_PUBLIC: &str = "RWRmRlLOVJoMswUJrxe6bDt3p0Iiq+Uwf5JFK7Jq9wpviZ1ROsDe6Vy/";
+    const ENCRYPTED: &str = "untrusted comment: minisign encrypted secret key
+RWRTY0Iy6u+AcrL3S5LbDATHnUTzdLg9P8RlLpg8EGhYJp2Ly8oAAAACAAAAAAAAAEAAAAAAFaCFhSNo6moczMzkQabER8IXnM7U4VYpEtvP4Q1CwQg+dcPBHqFmQtQ6po49gA6KM6O0lT6QDs+RhfypA+NQZ+6rVrEUUKMf16VlXaF27uu0dCpRGyPgjztbNoXraDnfB4W8mG1w2Is=
+";
+
+    #[test]
+    fn keys_the_minisign_tool_wrote_sign_or_are_refused_saying_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let wasm = dir.path().join("p.wasm");
+        std::fs::write(&wasm, b"\0asm\x0d\0\x01\0 the plugin").unwrap();
+        let key = |text: &str| {
+            let path = dir.path().join("k");
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+
+        // Its checksum is zero (minisign writes none without a password).
+        sign(&SignArgs {
+            file: wasm.clone(),
+            key: key(UNENCRYPTED),
+            out: None,
+        })
+        .unwrap();
+        let signature = std::fs::read_to_string(dir.path().join("p.wasm.sig")).unwrap();
+        let signers =
+            Signers::new(vec![TrustedKey::parse(UNENCRYPTED_PUBLIC).unwrap()], true).unwrap();
+        let bytes = std::fs::read(&wasm).unwrap();
+        assert_eq!(
+            signers.check("p", &bytes, Some(&signature)),
+            Ok(Verdict::Trusted {
+                key_id: "B30C9A54CE524666".into()
+            })
+        );
+
+        let refused = |text: &str| {
+            let path = key(text);
+            let err = read_secret_key(&path).unwrap_err().to_string();
+            err.strip_prefix(&format!("{}: ", path.display()))
+                .unwrap_or(&err)
+                .to_string()
+        };
+        assert_eq!(
+            refused(ENCRYPTED),
+            "encrypted keys are not supported; make one with `minisign -G -W` or `berth plugin keygen`"
+        );
+        let public_key_file =
+            format!("untrusted comment: minisign public key\n{UNENCRYPTED_PUBLIC}\n");
+        assert!(
+            refused(&public_key_file).starts_with("not a minisign secret key ("),
+            "{}",
+            refused(&public_key_file)
+        );
+        assert!(refused("").starts_with("not a minisign secret key ("));
+    }
 }
