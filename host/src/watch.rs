@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::deployers::Deployers;
 use crate::events::{Event, Events};
-use crate::runtime::{Change, Folder};
+use crate::runtime::{Change, Folder, is_plugin_file};
 
 /// What identifies a file's version without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +30,8 @@ struct Fingerprint {
 
 type Scan = BTreeMap<String, Fingerprint>;
 
-/// The plugin files (`*.wasm`, `*.toml`) of the folder.
+/// The plugin files of the folder (`*.wasm`, `*.toml`, `*.wasm.sig`: the
+/// runtime's folder rules say which).
 fn scan(dir: &Path) -> Scan {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Scan::new();
@@ -39,7 +40,7 @@ fn scan(dir: &Path) -> Scan {
         .flatten()
         .filter_map(|entry| {
             let name = entry.file_name().into_string().ok()?;
-            if !(name.ends_with(".wasm") || name.ends_with(".toml")) {
+            if !is_plugin_file(&name) {
                 return None;
             }
             let meta = entry.metadata().ok().filter(|m| m.is_file())?;

@@ -31,6 +31,7 @@ mod queue;
 mod ready;
 mod runtime;
 mod scaffold;
+mod signatures;
 mod sources;
 mod space;
 mod webhook;

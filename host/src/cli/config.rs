@@ -4,7 +4,8 @@
 //! above the built-in defaults: each value in the file becomes that flag's
 //! default before the command line is parsed, so precedence is clap's own
 //! (flag > env > default) and a new flag is a config key without a line of
-//! its own. `berth config` prints the effective settings and where each
+//! its own. A flag that may be repeated takes a list (`trusted_key =
+//! ["RW…", "RW…"]`), handed to clap as one value split at its delimiter. `berth config` prints the effective settings and where each
 //! came from, secrets redacted.
 
 use std::collections::BTreeMap;
@@ -95,11 +96,32 @@ fn parse(text: &str) -> Result<BTreeMap<String, Setting>, Refusal> {
         let Some(arg) = arg else {
             return Err((Some(line), unknown(&key, &serve)));
         };
-        let value = match value.into_inner() {
-            toml::Value::String(s) => s,
-            toml::Value::Integer(i) => i.to_string(),
-            toml::Value::Float(f) => f.to_string(),
-            toml::Value::Boolean(b) => b.to_string(),
+        let value = match (value.into_inner(), list_delimiter(arg)) {
+            (toml::Value::String(s), _) => s,
+            (toml::Value::Integer(i), _) => i.to_string(),
+            (toml::Value::Float(f), _) => f.to_string(),
+            (toml::Value::Boolean(b), _) => b.to_string(),
+            (toml::Value::Array(items), Some(delimiter)) => {
+                let mut values = Vec::new();
+                for item in items {
+                    match item {
+                        toml::Value::String(s) if !s.contains(delimiter) && !s.is_empty() => {
+                            values.push(s)
+                        }
+                        _ => {
+                            return Err((
+                                Some(line),
+                                format!("{key} must be a list of strings without {delimiter:?}"),
+                            ));
+                        }
+                    }
+                }
+                // An empty list sets nothing: the flag's own default.
+                if values.is_empty() {
+                    continue;
+                }
+                values.join(&delimiter.to_string())
+            }
             _ => {
                 return Err((
                     Some(line),
@@ -112,6 +134,14 @@ fn parse(text: &str) -> Result<BTreeMap<String, Setting>, Refusal> {
         settings.insert(key, Setting { value, line });
     }
     Ok(settings)
+}
+
+/// The delimiter clap splits a repeatable flag's values at, which a list
+/// in the file is joined with; `None` for a flag of one value.
+fn list_delimiter(arg: &clap::Arg) -> Option<char> {
+    matches!(arg.get_action(), clap::ArgAction::Append)
+        .then(|| arg.get_value_delimiter())
+        .flatten()
 }
 
 /// Whether `serve` would take `value` for `arg` on its command line.
@@ -197,10 +227,20 @@ pub fn describe(matches: &ArgMatches, file: Option<&File>) -> String {
         if id == "config" {
             continue;
         }
-        let value = matches
+        let values: Vec<String> = matches
             .get_raw(id)
-            .and_then(|mut values| values.next())
-            .map(|v| v.to_string_lossy().into_owned());
+            .map(|values| values.map(|v| v.to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        let value = match (values.first(), list_delimiter(arg)) {
+            // Flags set to false, and options nobody set.
+            (None, _) => None,
+            (Some(_), _) if SECRETS.contains(&id) => Some("\"(redacted)\"".to_string()),
+            (Some(_), Some(_)) => Some(toml_list(&values)),
+            (Some(url), None) if id == "database_url" => {
+                Some(toml_value(&super::serve::redact(url)))
+            }
+            (Some(value), None) => Some(toml_value(value)),
+        };
         let env = arg
             .get_env()
             .map(|e| e.to_string_lossy().into_owned())
@@ -220,17 +260,17 @@ pub fn describe(matches: &ArgMatches, file: Option<&File>) -> String {
             _ => "default".into(),
         };
         let line = match value {
-            // Flags set to false, and options nobody set.
             None => format!("# {id} is not set"),
-            Some(_) if SECRETS.contains(&id) => format!("{id} = \"(redacted)\""),
-            Some(value) if id == "database_url" => {
-                format!("{id} = {}", toml_value(&super::serve::redact(&value)))
-            }
-            Some(value) => format!("{id} = {}", toml_value(&value)),
+            Some(value) => format!("{id} = {value}"),
         };
         lines.push(format!("{line:<48} # {from}"));
     }
     lines.join("\n") + "\n"
+}
+
+/// A repeatable flag's values as a TOML list of strings.
+fn toml_list(values: &[String]) -> String {
+    toml::Value::Array(values.iter().cloned().map(toml::Value::String).collect()).to_string()
 }
 
 /// A value as TOML writes it: numbers and booleans bare, the rest quoted.
@@ -293,6 +333,34 @@ mod tests {
                 Err((Some(1), "listen must be a single value")),
             ),
             ("listen = ", Err((Some(1), "not valid TOML"))),
+            (
+                "trusted_key = [\"RWQf6LRCGA9i53mlYecO4IzT51TGPpvWucNSCh1CBM0QTaLn73Y7GFO3\", \"RWRzq51bKcS8oJvZ4xEm+nRvGYPdsNRD3ciFPu1YJEL8Bl/3daWaj72r\"]",
+                Ok((
+                    "trusted_key",
+                    "RWQf6LRCGA9i53mlYecO4IzT51TGPpvWucNSCh1CBM0QTaLn73Y7GFO3,RWRzq51bKcS8oJvZ4xEm+nRvGYPdsNRD3ciFPu1YJEL8Bl/3daWaj72r",
+                    1,
+                )),
+            ),
+            (
+                "trusted_key = \"RWRzq51bKcS8oJvZ4xEm+nRvGYPdsNRD3ciFPu1YJEL8Bl/3daWaj72r\"",
+                Ok((
+                    "trusted_key",
+                    "RWRzq51bKcS8oJvZ4xEm+nRvGYPdsNRD3ciFPu1YJEL8Bl/3daWaj72r",
+                    1,
+                )),
+            ),
+            (
+                "trusted_key = [\"RWQnotakey\"]",
+                Err((
+                    Some(1),
+                    "trusted_key = \"RWQnotakey\": invalid value 'RWQnotakey' for '--trusted-key <KEY>': \"RWQnotakey\" is not a minisign public key",
+                )),
+            ),
+            (
+                "trusted_key = [1]",
+                Err((Some(1), "trusted_key must be a list of strings without ','")),
+            ),
+            ("require_signed = true", Ok(("require_signed", "true", 1))),
         ];
         for (text, expected) in cases {
             match (parse(text), expected) {

@@ -35,7 +35,8 @@ enum Command {
     /// environment, same --config file) and where each comes from; secrets
     /// are redacted.
     Config(serve::ServeArgs),
-    /// Tools for plugin authors: check and run a deployer without a server.
+    /// Tools for plugin authors: start, check and run a deployer without a
+    /// server, and sign it.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
     /// API tokens for `berth serve --api-tokens-file`.

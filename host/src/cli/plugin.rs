@@ -1,13 +1,15 @@
 //! `berth plugin check` and `berth plugin run`: load a deployer exactly as
 //! the server would, and run one deployment on a local directory; `berth
-//! plugin new` (`scaffold`) starts a deployer project. The compiled-code
-//! cache lives in `cache`, the model handed to the deployer in `model`,
-//! the guest's lines on stderr in `guest_lines`.
+//! plugin new` (`scaffold`) starts a deployer project; `berth plugin keygen`
+//! and `sign` (`sign`) make a signing key and a plugin's signature. The
+//! compiled-code cache lives in `cache`, the model handed to the deployer
+//! in `model`, the guest's lines on stderr in `guest_lines`.
 
 mod cache;
 mod guest_lines;
 mod model;
 mod scaffold;
+mod sign;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -19,7 +21,7 @@ use anyhow::Context;
 use clap::Subcommand;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::{DeployCall, LogReporter, Reporter};
+use crate::runtime::{DeployCall, LogReporter, Reporter, Signers, TrustedKey, signature_path};
 use cache::CacheArgs;
 use guest_lines::GuestLines;
 
@@ -28,11 +30,24 @@ pub enum PluginCommand {
     /// Writes a new deployer project in Rust, Python or JavaScript that
     /// builds NAME.wasm on its own, outside berth's repository.
     New(scaffold::NewArgs),
-    /// Loads FILE.wasm (and FILE.toml beside it) as the server would and
-    /// reports its name, description, WIT version and any problem.
+    /// Makes a key pair for signing plugins: an unencrypted secret key
+    /// (keep it secret) and its public key, which servers trust with
+    /// --trusted-key.
+    Keygen(sign::KeygenArgs),
+    /// Writes FILE.sig: a detached signature over FILE's bytes, made with
+    /// a secret key from `berth plugin keygen` (or `minisign -G -W`).
+    Sign(sign::SignArgs),
+    /// Loads FILE.wasm (and FILE.toml and FILE.wasm.sig beside it) as the
+    /// server would and reports its name, description, WIT version,
+    /// signature and any problem.
     Check {
         /// The plugin's .wasm file.
         file: PathBuf,
+        /// Check its signature against this public key (repeatable), as a
+        /// server with --trusted-key would.
+        #[arg(long = "trusted-key", value_name = "KEY", action = clap::ArgAction::Append,
+              value_parser = TrustedKey::parse)]
+        trusted_key: Vec<TrustedKey>,
         /// Also time N fresh instantiate + describe calls (median, p99).
         #[arg(long, value_name = "N")]
         repeat: Option<usize>,
@@ -85,9 +100,10 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
     match command {
         PluginCommand::Check {
             file,
+            trusted_key,
             repeat,
             cache,
-        } => check(&file, repeat, &cache).await,
+        } => check(&file, trusted_key, repeat, &cache).await,
         PluginCommand::Run {
             file,
             dir,
@@ -115,6 +131,8 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             run_once(run, &cache).await
         }
         PluginCommand::New(args) => scaffold::run(&args),
+        PluginCommand::Keygen(args) => sign::keygen(&args).map(|()| ExitCode::SUCCESS),
+        PluginCommand::Sign(args) => sign::sign(&args).map(|()| ExitCode::SUCCESS),
     }
 }
 
@@ -127,16 +145,33 @@ fn plugin_name(file: &Path) -> anyhow::Result<&str> {
         .with_context(|| format!("{}: the file name is not valid UTF-8", file.display()))
 }
 
-async fn check(file: &Path, repeat: Option<usize>, code: &CacheArgs) -> anyhow::Result<ExitCode> {
+async fn check(
+    file: &Path,
+    trusted: Vec<TrustedKey>,
+    repeat: Option<usize>,
+    code: &CacheArgs,
+) -> anyhow::Result<ExitCode> {
     let name = plugin_name(file)?;
     let cache = code.dir();
-    let runtime = code.runtime(cache.as_deref())?;
+    let verifying = !trusted.is_empty();
+    let signers = Signers::new(trusted, false).map_err(anyhow::Error::msg)?;
+    let runtime = code.runtime(cache.as_deref())?.signers(signers);
+    let signed = signature_path(file).exists();
     match cache::load(&runtime, file, name, cache.as_deref()).await {
         Ok(plugin) => {
             println!("name:        {}", plugin.name);
             println!("description: {}", plugin.description);
             println!("wit:         berth:deployer@{}", plugin.wit_version);
             println!("sha256:      {}", plugin.sha256);
+            let signature = match (&plugin.signed_by, signed, verifying) {
+                (Some(id), _, _) => format!("verified: signed by trusted key {id}"),
+                (None, false, _) => "none (no .sig beside it)".into(),
+                (None, true, false) => {
+                    "present, not verified: give --trusted-key KEY to check it".into()
+                }
+                (None, true, true) => "present, by a key not given with --trusted-key".into(),
+            };
+            println!("signature:   {signature}");
             println!(
                 "limits:      {} MiB memory, {} per deployment",
                 plugin.limits.memory_mib,

@@ -18,7 +18,9 @@ use crate::events::Events;
 use crate::fetch::{Access, Fetcher, Split};
 use crate::http::{ApiContext, Webhook};
 use crate::pipeline::{Pipeline, QueueSettings, Stop, interrupted, remove_failed_output};
-use crate::runtime::{CodeCache, Compiler, Engines, Limits, Origin, Runtime, folder_names};
+use crate::runtime::{
+    CodeCache, Compiler, Engines, Limits, Origin, Runtime, Signers, TrustedKey, folder_names,
+};
 use crate::trust::Trust;
 use crate::watch::Watcher;
 
@@ -80,6 +82,21 @@ pub struct ServeArgs {
     /// webhook.
     #[arg(long, env = "BERTH_CA_FILE", value_name = "PEM")]
     ca_file: Option<PathBuf>,
+    /// A public key whose plugin signatures this server trusts: the second
+    /// line of a minisign `.pub` file (`berth plugin keygen` writes one).
+    /// Repeat it for several keys (BERTH_TRUSTED_KEYS: comma-separated; in
+    /// the config file a list, `trusted_key = ["RW…", "RW…"]`).
+    #[arg(long = "trusted-key", env = "BERTH_TRUSTED_KEYS", value_name = "KEY",
+          value_delimiter = ',', action = clap::ArgAction::Append,
+          value_parser = TrustedKey::parse)]
+    trusted_key: Vec<TrustedKey>,
+    /// Load only plugins that come with a detached signature over their
+    /// bytes by a --trusted-key (`NAME.wasm.sig` beside a folder plugin);
+    /// others are refused with the reason. Without it, unsigned plugins
+    /// load too, but a trusted key's signature that does not match still
+    /// refuses its plugin.
+    #[arg(long, env = "BERTH_REQUIRE_SIGNED")]
+    require_signed: bool,
     /// Limit on fetching all files of one deployment, in seconds.
     #[arg(long, env = "BERTH_FETCH_TIMEOUT_S", default_value_t = 1800)]
     fetch_timeout_s: u64,
@@ -195,11 +212,12 @@ pub struct ServeArgs {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let clock = std::time::Instant::now();
     let args = args.absolute()?;
-    // First: tokens, a sources file or a CA file that cannot be used stop
-    // the start before anything is opened.
+    // First: tokens, a sources file, a CA file or signature settings that
+    // cannot be used stop the start before anything is opened.
     let tokens = open_tokens(&args)?;
     let access = load_access(&args)?;
     let trust = load_trust(&args)?;
+    let signers = signers(&args)?;
     if args.metrics {
         crate::metrics::install();
     } else if let Some(addr) = args.metrics_listen {
@@ -208,7 +226,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let webhook = webhook(&args)?;
     let (db, server_id) = open_records(&args).await?;
     let events = Events::stored(db.clone(), server_id.clone());
-    let (deployers, watcher, runtime) = prepare_deployers(&args, &trust, &db).await?;
+    let (deployers, watcher, runtime) = prepare_deployers(&args, &trust, signers, &db).await?;
     let catalog = Arc::new(
         Catalog::new(
             db.clone(),
@@ -513,6 +531,7 @@ async fn fail_leftovers(db: &Db, server_id: &str) -> Result<(), crate::db::Error
 async fn prepare_deployers(
     args: &ServeArgs,
     trust: &Trust,
+    signers: Signers,
     db: &Db,
 ) -> anyhow::Result<(Arc<Deployers>, Watcher, Arc<Runtime>)> {
     let limits = Limits {
@@ -525,7 +544,11 @@ async fn prepare_deployers(
         compiler: args.compiler,
         pool: (args.instance_pool > 0).then_some(args.instance_pool),
     };
-    let runtime = Arc::new(Runtime::new(limits, cache, engines)?.trust(trust));
+    let runtime = Arc::new(
+        Runtime::new(limits, cache, engines)?
+            .trust(trust)
+            .signers(signers),
+    );
     let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
     let names = folder_names(&args.plugins_dir);
     let stored = db
@@ -588,6 +611,26 @@ fn load_trust(args: &ServeArgs) -> anyhow::Result<Trust> {
         "CA file loaded: trusted for HTTPS beside the public roots"
     );
     Ok(trust)
+}
+
+/// The plugin signature settings, checked: `--require-signed` needs a
+/// `--trusted-key` (each key was checked as it was parsed).
+fn signers(args: &ServeArgs) -> anyhow::Result<Signers> {
+    let signers =
+        Signers::new(args.trusted_key.clone(), args.require_signed).map_err(anyhow::Error::msg)?;
+    let keys: Vec<&str> = signers.keys().iter().map(|k| k.id()).collect();
+    tracing::info!(
+        trusted_keys = keys.len(),
+        keys = %keys.join(" "),
+        required = signers.required(),
+        "plugin signatures: {}",
+        match (signers.required(), keys.is_empty()) {
+            (true, _) => "required: only plugins signed by a trusted key load",
+            (false, true) => "not required, and no key is trusted (--trusted-key)",
+            (false, false) => "not required; a trusted key's signature that does not match refuses its plugin",
+        }
+    );
+    Ok(signers)
 }
 
 /// `--metrics-listen`: `/metrics` alone on its own address, until the

@@ -483,6 +483,15 @@ pub struct Deployer {
     pub out_mib: u64,
     /// Of the `.wasm` file.
     pub sha256: String,
+    /// The id of the trusted key (`--trusted-key`) whose signature over
+    /// its bytes it loaded with, as minisign prints it; null when it loaded
+    /// without a verified signature.
+    #[schema(
+        required = true,
+        pattern = "^[0-9A-F]{16}$",
+        example = "C3A9D84E0B7F1265"
+    )]
+    pub signed_by: Option<String>,
     pub tier: Tier,
     pub timeout_s: u64,
     /// Which of its versions it serves (1 is the first pushed); null for
@@ -527,6 +536,7 @@ impl Deployer {
             },
             out_mib: p.limits.out_mib,
             sha256: p.sha256.clone(),
+            signed_by: p.signed_by.clone(),
             tier: p.tier().into(),
             timeout_s: p.limits.timeout.as_secs(),
             version: stored.map(|v| v.number),

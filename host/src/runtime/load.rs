@@ -1,5 +1,7 @@
-//! Loading a plugin: reading its `.wasm` and `NAME.toml`, compiling it or
-//! taking it from the code cache, checking which `berth:deployer` version it
+//! Loading a plugin: reading its `.wasm`, `NAME.toml` and `NAME.wasm.sig`,
+//! checking its manifest's sha256 pin and its signature (`signature` holds
+//! those rules) before anything is compiled, compiling it or taking it from
+//! the code cache, checking which `berth:deployer` version it
 //! exports, and asking it to describe itself. Every refusal is a reason a
 //! plugin author can act on. Never decides which files of the plugins folder
 //! become deployers (`plugins` does).
@@ -17,11 +19,12 @@ use wasmtime::component::types::ComponentItem;
 use super::plugins::check_name;
 use super::tier::{Backend, Code, CodeSlot, Compiler, Job, Tier};
 use super::wit::{self, PLUGIN_FUNCTIONS, PLUGIN_INTERFACE, WIT_VERSION};
-use super::{Limits, LogReporter, Manifest, Origin, Plugin, Runtime};
+use super::{Limits, LogReporter, Manifest, Origin, Plugin, Runtime, Verdict};
 
 impl Runtime {
-    /// Loads `path` as the deployer `name`, with `NAME.toml` beside it when
-    /// present; the manifest's `${VAR}`s come from this process's environment.
+    /// Loads `path` as the deployer `name`, with `NAME.toml` and its
+    /// detached signature `NAME.wasm.sig` beside it when present; the
+    /// manifest's `${VAR}`s come from this process's environment.
     pub async fn load_file(&self, path: &Path, name: &str) -> Result<Plugin, String> {
         check_name(name)?;
         let manifest_path = path.with_extension("toml");
@@ -32,24 +35,52 @@ impl Runtime {
             Err(e) => return Err(format!("manifest {name}.toml cannot be read: {e}")),
         };
         let wasm = std::fs::read(path).map_err(|e| format!("cannot be read: {e}"))?;
-        self.load(name, wasm, manifest, None).await
+        let signature = match std::fs::read_to_string(signature_path(path)) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(format!("signature {name}.wasm.sig cannot be read: {e}")),
+        };
+        self.load(name, wasm, manifest, signature).await
     }
 
     /// Compiles (or loads from the cache) and checks one plugin, and asks it
     /// to describe itself. The error is the reason to show for the file.
     /// Under `Compiler::Tiered` the plugin may start on baseline code, its
     /// optimized code following in the background. `signature` is the
-    /// detached signature over `wasm` that came with it, if any.
+    /// text of the detached signature over `wasm` that came with it, if any
+    /// (what `NAME.wasm.sig` holds). The sha256 pin and the signature are
+    /// checked before compiling: a refused plugin costs no compile.
     pub async fn load(
         &self,
         name: &str,
         wasm: Vec<u8>,
         manifest: Manifest,
-        _signature: Option<String>,
+        signature: Option<String>,
     ) -> Result<Plugin, String> {
         check_name(name)?;
         check_magic(&wasm)?;
         let sha256 = hex::encode(Sha256::digest(&wasm));
+        if let Some(pinned) = &manifest.sha256
+            && *pinned != sha256
+        {
+            return Err(format!(
+                "its sha256 is {sha256} but its manifest {name}.toml pins {pinned}"
+            ));
+        }
+        let signed_by = match self.signers.check(name, &wasm, signature.as_deref())? {
+            Verdict::Unsigned => None,
+            Verdict::Untrusted { key_id } => {
+                tracing::warn!(
+                    plugin = name,
+                    key_id,
+                    "plugin {name} is signed by key {key_id}, which this server does not trust \
+                     (--trusted-key): loading it unverified, since signatures are not required \
+                     (--require-signed)"
+                );
+                None
+            }
+            Verdict::Trusted { key_id } => Some(key_id),
+        };
         let (backend, component, origin, wasm) = self.compile(wasm, &sha256).await?;
         let wit_version = check_world(&backend.engine, &component)?;
         let code = CodeSlot::new(Code {
@@ -71,6 +102,7 @@ impl Runtime {
             manifest,
             limits,
             origin,
+            signed_by,
             code,
         };
         let reporter = Arc::new(LogReporter::new(name, None));
@@ -153,6 +185,13 @@ impl Runtime {
         }
         Ok((first, component, Origin::Compiled, wasm))
     }
+}
+
+/// Where a folder plugin's detached signature is: `NAME.wasm.sig`.
+pub fn signature_path(wasm: &Path) -> std::path::PathBuf {
+    let mut file = wasm.as_os_str().to_owned();
+    file.push(".sig");
+    file.into()
 }
 
 /// The cheap checks that the bytes are a component at all.

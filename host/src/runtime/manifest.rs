@@ -1,5 +1,5 @@
 //! A plugin's optional manifest, `NAME.toml` beside `NAME.wasm`: the
-//! capabilities it is granted. Parsing resolves `${VAR}` against the
+//! capabilities it is granted, and the sha256 its `.wasm` must have. Parsing resolves `${VAR}` against the
 //! environment given (`host_env`). Does no I/O of its own.
 
 use std::collections::BTreeMap;
@@ -21,6 +21,10 @@ pub struct Manifest {
     pub memory_mib: Option<u64>,
     pub timeout: Option<Duration>,
     pub out_mib: Option<u64>,
+    /// The `.wasm` this manifest is for, pinned by its sha256 (64 lowercase
+    /// hex digits): another build is refused, so a manifest's grants never
+    /// pass to a plugin they were not written for.
+    pub sha256: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -34,6 +38,7 @@ struct RawManifest {
     memory_mib: Option<u64>,
     timeout_s: Option<u64>,
     out_mib: Option<u64>,
+    sha256: Option<String>,
 }
 
 /// At most this much memory may be granted: 16 GiB, far beyond a deployer's needs.
@@ -100,6 +105,14 @@ impl Manifest {
             problems.push("description is empty: remove it to use the plugin's own".to_string());
         }
 
+        if let Some(sha256) = &raw.sha256
+            && !(sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            problems.push(format!(
+                "sha256 = {sha256:?}: must be 64 hex digits (`sha256sum NAME.wasm` prints them)"
+            ));
+        }
+
         if !problems.is_empty() {
             return Err(problems.join("; "));
         }
@@ -110,6 +123,7 @@ impl Manifest {
             memory_mib: raw.memory_mib,
             timeout: raw.timeout_s.map(Duration::from_secs),
             out_mib: raw.out_mib,
+            sha256: raw.sha256.map(|s| s.to_ascii_lowercase()),
         })
     }
 }
@@ -140,6 +154,7 @@ mod tests {
             memory_mib = 256
             timeout_s = 600
             out_mib = 64
+            sha256 = "ABab000000000000000000000000000000000000000000000000000000000000"
             "#,
             env,
         )
@@ -156,6 +171,8 @@ mod tests {
         assert_eq!(m.memory_mib, Some(256));
         assert_eq!(m.timeout, Some(Duration::from_secs(600)));
         assert_eq!(m.out_mib, Some(64));
+        // Compared with the digest berth prints, which is lowercase.
+        assert_eq!(m.sha256, Some(format!("abab{}", "0".repeat(60))));
         assert_eq!(Manifest::parse("", env).unwrap(), Manifest::default());
     }
 
@@ -186,6 +203,15 @@ mod tests {
             ("env = { \"1X\" = \"a\" }", "not a valid variable name"),
             ("allowed_hosts = [\"a/b\"]", "allowed host \"a/b\""),
             ("description = \" \"", "description is empty"),
+            (
+                "sha256 = \"abc\"",
+                "sha256 = \"abc\": must be 64 hex digits (`sha256sum NAME.wasm` prints them)",
+            ),
+            (
+                "sha256 = \"000000000000000000000000000000000000000000000000000000000000000g\"",
+                "must be 64 hex digits",
+            ),
+            ("sha256 = 5", "invalid type"),
             ("this is not toml", "expected"),
         ];
         for (text, expected) in cases {
@@ -244,6 +270,13 @@ mod props {
             .boxed()
     }
 
+    /// Mostly digests, some a digit short or with a letter past `f`.
+    fn digest() -> BoxedStrategy<Value> {
+        r"[0-9a-fA-F]{63,64}|[0-9a-g]{64}"
+            .prop_map(Value::String)
+            .boxed()
+    }
+
     fn manifest() -> impl Strategy<Value = String> {
         let text = || strategies::text().prop_map(Value::String).boxed();
         (
@@ -252,24 +285,28 @@ mod props {
             prop::option::of(value(env())),
             prop::option::of(value(number())),
             prop::option::of(value(number())),
+            prop::option::of(value(digest())),
             prop::option::of(value(text())),
         )
-            .prop_map(|(description, hosts, env, memory, timeout, unknown)| {
-                let mut table = Table::new();
-                for (key, value) in [
-                    ("description", description),
-                    ("allowed_hosts", hosts),
-                    ("env", env),
-                    ("memory_mib", memory),
-                    ("timeout_s", timeout),
-                    ("colour", unknown),
-                ] {
-                    if let Some(value) = value {
-                        table.insert(key.into(), value);
+            .prop_map(
+                |(description, hosts, env, memory, timeout, sha256, unknown)| {
+                    let mut table = Table::new();
+                    for (key, value) in [
+                        ("description", description),
+                        ("allowed_hosts", hosts),
+                        ("env", env),
+                        ("memory_mib", memory),
+                        ("timeout_s", timeout),
+                        ("sha256", sha256),
+                        ("colour", unknown),
+                    ] {
+                        if let Some(value) = value {
+                            table.insert(key.into(), value);
+                        }
                     }
-                }
-                toml::to_string(&table).unwrap()
-            })
+                    toml::to_string(&table).unwrap()
+                },
+            )
     }
 
     fn lookup(name: &str) -> Option<String> {
@@ -298,6 +335,11 @@ mod props {
                 prop_assert!(std::time::Instant::now().checked_add(timeout * 2).is_some());
             }
             prop_assert!(manifest.description.is_none_or(|d| !d.trim().is_empty()));
+            // A pin is comparable with the digest berth computes.
+            if let Some(pin) = &manifest.sha256 {
+                let digits = pin.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+                prop_assert!(pin.len() == 64 && digits, "sha256 {pin:?}");
+            }
             for (name, _) in &manifest.env {
                 prop_assert!(is_env_name(name), "{name:?}");
             }

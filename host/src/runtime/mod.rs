@@ -2,9 +2,9 @@
 //! (`describe`, `check-options`, `deploy`), each in a fresh `Store` bounded in
 //! memory and time. Loading lives in `load`, the grants of a call in
 //! `sandbox`, the WIT contract in `wit`, the plugins-folder rules in
-//! `plugins`. It never touches the database or the network on its own
-//! behalf, and knows nothing of HTTP requests: it is handed a model
-//! directory and an out-dir.
+//! `plugins`, the signature rules in `signature`. It never touches the
+//! database or the network on its own behalf, and knows nothing of HTTP
+//! requests: it is handed a model directory and an out-dir.
 
 mod cache;
 pub mod caps;
@@ -19,6 +19,7 @@ mod plugins;
 mod quota;
 mod report;
 mod sandbox;
+mod signature;
 mod state;
 mod tier;
 mod wit;
@@ -43,12 +44,14 @@ use wit::{Answer, Question};
 pub use cache::{CodeCache, Origin};
 pub use error::CallError;
 pub use http_gate::AllowedHost;
+pub use load::signature_path;
 pub use manifest::{MAX_OUT_MIB, MAX_TIMEOUT_S, Manifest};
-pub(crate) use plugins::{Change, Folder};
+pub(crate) use plugins::{Change, Folder, is_plugin_file};
 pub use plugins::{PluginSet, Rejection, check_name, folder_names};
 pub(crate) use report::one_line;
 pub use report::{GuestLevel, LogReporter, Reporter};
 pub use sandbox::{MODEL_DIR, OUT_DIR};
+pub use signature::{Signers, TrustedKey, Verdict, key_id};
 pub use tier::{Compiler, Engines, Tier};
 
 /// How often the engine's epoch advances: the granularity of deadlines and
@@ -89,6 +92,9 @@ pub struct Plugin {
     pub manifest: Manifest,
     pub limits: Limits,
     pub origin: Origin,
+    /// The id of the trusted key whose signature over its bytes it came
+    /// with; `None` when it loaded without a verified signature.
+    pub signed_by: Option<String>,
     code: Arc<CodeSlot>,
 }
 
@@ -137,6 +143,8 @@ pub struct Runtime {
     cache: Option<CodeCache>,
     /// Guests' outgoing connections: the TLS roots they trust.
     connector: connect::Connector,
+    /// Whose signatures a plugin may load with, and whether it must.
+    signers: Signers,
     ticker_stop: Arc<AtomicBool>,
     guests: GuestThreads,
     /// One permit per instance the pool holds (`Engines::pool`): a call
@@ -203,6 +211,7 @@ impl Runtime {
             defaults,
             cache,
             connector: connect::Connector::new(&Trust::default()),
+            signers: Signers::default(),
             ticker_stop,
             guests: GuestThreads::new()?,
             slots: pool.map(|n| Arc::new(tokio::sync::Semaphore::new(n as usize))),
@@ -213,6 +222,13 @@ impl Runtime {
     /// (`--ca-file`).
     pub fn trust(mut self, trust: &Trust) -> Self {
         self.connector = connect::Connector::new(trust);
+        self
+    }
+
+    /// Plugins load under these signature rules (`--trusted-key`,
+    /// `--require-signed`); by default none is required and none verified.
+    pub fn signers(mut self, signers: Signers) -> Self {
+        self.signers = signers;
         self
     }
 

@@ -93,8 +93,9 @@ struct Reconciled<P> {
 /// deployer name with a changed file and leaves the others as they are (their
 /// deployer, or their rejection, carries over):
 ///
-/// - `NAME.wasm` gone: the deployer is dropped, and a `NAME.toml` left behind
-///   is rejected as a manifest without a plugin;
+/// - `NAME.wasm` gone: the deployer is dropped, and a `NAME.toml` or
+///   `NAME.wasm.sig` left behind is rejected as a manifest or a signature
+///   without a plugin;
 /// - a new name beyond `max` deployers, or one that is not a valid name, is
 ///   rejected without loading it (in that order);
 /// - otherwise `load(NAME)` decides; when a served deployer's new version
@@ -130,12 +131,17 @@ async fn reconcile<P: Served, F: Future<Output = Result<P, String>>>(
             .filter(|name| served.contains_key(**name) && folder.files.contains(&wasm_of(name)))
             .count();
     for name in stale {
-        let (wasm, toml) = (wasm_of(name), format!("{name}.toml"));
+        let wasm = wasm_of(name);
         let previous = served.get(name);
         if !folder.files.contains(&wasm) {
-            if folder.files.contains(&toml) {
-                let reason = format!("a manifest without a plugin: there is no {wasm} beside it");
-                next.reject(toml, reason);
+            for (file, what) in [
+                (format!("{name}.toml"), "a manifest"),
+                (format!("{wasm}.sig"), "a signature"),
+            ] {
+                if folder.files.contains(&file) {
+                    let reason = format!("{what} without a plugin: there is no {wasm} beside it");
+                    next.reject(file, reason);
+                }
             }
             if previous.is_some() {
                 next.changes.push(Change::Removed {
@@ -201,21 +207,34 @@ fn folder_files(dir: &Path) -> Result<BTreeSet<String>, Rejection> {
     }
 }
 
-/// The deployer names the plugins folder holds files for (`NAME.wasm`,
-/// `NAME.toml`), in name order; none if it cannot be read.
+/// The deployer names the plugins folder holds a plugin or a manifest for
+/// (`NAME.wasm`, `NAME.toml`), in name order; none if it cannot be read. A
+/// signature alone names no deployer to wait for.
 pub fn folder_names(dir: &Path) -> BTreeSet<String> {
     folder_files(dir)
         .unwrap_or_default()
         .iter()
+        .filter(|f| !f.ends_with(SIGNATURE))
         .filter_map(|f| stem(f))
         .map(str::to_string)
         .collect()
 }
 
-/// The deployer name a plugin file belongs to; `None` for other files.
+/// A folder plugin's detached signature is `NAME.wasm.sig`.
+const SIGNATURE: &str = ".wasm.sig";
+
+/// The deployer name a plugin file belongs to (`NAME.wasm`, `NAME.toml`,
+/// `NAME.wasm.sig`); `None` for other files.
 fn stem(file: &str) -> Option<&str> {
-    file.strip_suffix(".wasm")
+    file.strip_suffix(SIGNATURE)
+        .or_else(|| file.strip_suffix(".wasm"))
         .or_else(|| file.strip_suffix(".toml"))
+}
+
+/// Whether a change of `file` is a change of a deployer: what the watcher
+/// looks at.
+pub(crate) fn is_plugin_file(file: &str) -> bool {
+    stem(file).is_some()
 }
 
 impl Runtime {
@@ -248,10 +267,14 @@ impl Runtime {
         let mut set = PluginSet::default();
         for name in names {
             let folder = Folder {
-                changed: [format!("{name}.wasm"), format!("{name}.toml")]
-                    .into_iter()
-                    .filter(|f| files.contains(f))
-                    .collect(),
+                changed: [
+                    format!("{name}.wasm"),
+                    format!("{name}.toml"),
+                    format!("{name}{SIGNATURE}"),
+                ]
+                .into_iter()
+                .filter(|f| files.contains(f))
+                .collect(),
                 files: files.clone(),
             };
             let changes;
@@ -317,7 +340,10 @@ mod tests {
         # the first load: everything changed, nothing served
         a.wasm b.wasm                    | *             |             | 9 || a=new b=new | | +a +b
         a.wasm a.toml notes.txt          | *             |             | 9 || a=new | | +a
+        a.wasm a.wasm.sig a.sig          | *             |             | 9 || a=new | | +a
         a.toml                           | *             |             | 9 || | a.toml:orphan | !a.toml
+        a.wasm.sig                       | *             |             | 9 || | a.wasm.sig:orphan-sig | !a.wasm.sig
+        a.toml a.wasm.sig                | *             |             | 9 || | a.toml:orphan a.wasm.sig:orphan-sig | !a.toml !a.wasm.sig
         -a.wasm                          | *             |             | 9 || | -a.wasm:bad-name | !-a.wasm
         broken.wasm                      | *             |             | 9 || | broken.wasm:broken | !broken.wasm
         a.wasm b.wasm c.wasm             | *             |             | 2 || a=new b=new | c.wasm:too-many | +a +b !c.wasm
@@ -328,6 +354,12 @@ mod tests {
         a.wasm a.toml                    | a.toml        | a           | 9 || a=new | | ~a
         a.wasm                           | b.wasm        | a b         | 9 || a=old | | -b
         b.toml                           | b.wasm        | b           | 9 || | b.toml:orphan | !b.toml -b
+        b.wasm.sig                       | b.wasm        | b           | 9 || | b.wasm.sig:orphan-sig | !b.wasm.sig -b
+        # a signature added, replaced or removed: its deployer loads again
+        a.wasm a.wasm.sig                | a.wasm.sig    | a           | 9 || a=new | | ~a
+        a.wasm                           | a.wasm.sig    | a           | 9 || a=new | | ~a
+        a.wasm a.wasm.sig                | a.wasm.sig    | !a.wasm     | 9 || a=new | | +a
+        a.wasm a.wasm.sig                | a.wasm        | !a.wasm.sig | 9 || a=new | | +a
         broken.wasm                      | broken.wasm   | broken      | 9 || broken=old | broken.wasm:broken-old-serves | !broken.wasm
                                          | broken.wasm   | !broken.wasm| 9 || | |
         a.wasm                           | a.wasm        | !a.wasm     | 9 || a=new | | +a
@@ -435,6 +467,7 @@ mod tests {
         let kept = reason.ends_with("(still serving the previous version, sha256 old)");
         match reason {
             _ if reason.starts_with("a manifest without a plugin: there is no ") => "orphan",
+            _ if reason.starts_with("a signature without a plugin: there is no ") => "orphan-sig",
             _ if reason.starts_with("too many deployers: this server loads at most ") => "too-many",
             _ if reason.starts_with("name ") => "bad-name",
             _ if reason.starts_with("broken") && kept => "broken-old-serves",
@@ -442,6 +475,23 @@ mod tests {
             "earlier" => "earlier",
             _ => panic!("unexpected reason {reason:?}"),
         }
+    }
+
+    #[test]
+    fn a_signature_alone_names_no_deployer_to_wait_for() {
+        let dir = tempfile::tempdir().unwrap();
+        for file in ["a.wasm", "a.wasm.sig", "b.toml", "c.wasm.sig", "notes.txt"] {
+            std::fs::write(dir.path().join(file), "").unwrap();
+        }
+        assert_eq!(
+            folder_names(dir.path()),
+            BTreeSet::from(["a".to_string(), "b".to_string()])
+        );
+        let watched: Vec<_> = ["a.wasm", "a.wasm.sig", "a.toml", "a.sig", "a.wasm.sig.tmp"]
+            .into_iter()
+            .filter(|f| is_plugin_file(f))
+            .collect();
+        assert_eq!(watched, ["a.wasm", "a.wasm.sig", "a.toml"]);
     }
 
     #[test]
