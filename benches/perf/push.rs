@@ -36,42 +36,37 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
         ("model-card", "Python"),
         ("safetensors-check", "JavaScript"),
     ] {
-        let (mut dropped, mut pushed, mut answered) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut dropped, mut pushed, mut answered, mut shared) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for round in 0..ctx.rounds {
             let name = format!("push-{deployer}-{round}");
             let (_, url) = fresh_database(admin, &name).await?;
             let files = model_files(ctx)?;
             let args = ["--metrics", "off", "--database-url", &url];
             let baseline = Server::start(ctx, &format!("{name}-dropin"), &args)?;
-            let id = baseline.register(ctx, &format!("{name}-a"), &files).await?;
+            // model_files puts them where the source serves job "dropin".
+            let id = baseline.register(ctx, "dropin", &files).await?;
             let since = Instant::now();
             drop_in(&plugins_dir(ctx, &format!("{name}-dropin")), deployer)?;
             dropped.push(first_deployment(&baseline, id, deployer, since).await?);
             drop(baseline);
 
-            let (_, url) = fresh_database(admin, &format!("{name}-b")).await?;
-            let args = ["--metrics", "off", "--database-url", &url];
-            let to = Server::start(ctx, &format!("{name}-to"), &args)?;
-            let other = Server::start(ctx, &format!("{name}-other"), &args)?;
-            let id = other.register(ctx, &format!("{name}-b"), &files).await?;
-            let before = catalog_bytes(&url).await?;
             let wasm = std::fs::read(example(deployer))?;
-            let since = Instant::now();
-            let response = to
-                .client
-                .put(format!("{}/v1/deployers/{deployer}", to.url))
-                .header("content-type", "application/wasm")
-                .body(wasm.clone())
-                .send()
-                .await?;
-            answered.push(since.elapsed());
-            ensure!(
-                response.status().is_success(),
-                "the push of {deployer} failed: {}",
-                response.text().await?
-            );
-            pushed.push(first_deployment(&other, id, deployer, since).await?);
-            let grew = catalog_bytes(&url).await? - before;
+            let (grew, took, answer) =
+                push_across(ctx, admin, &format!("{name}-b"), deployer, &wasm, None).await?;
+            pushed.push(took);
+            answered.push(answer);
+            let cache = ctx.out_dir.join(format!("{name}-cache"));
+            let (_, took, _) = push_across(
+                ctx,
+                admin,
+                &format!("{name}-c"),
+                deployer,
+                &wasm,
+                Some(&cache),
+            )
+            .await?;
+            shared.push(took);
             if round == 0 {
                 storage.row(
                     &format!("{deployer} ({language}): the .wasm"),
@@ -85,10 +80,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 );
             }
         }
-        let (dropped, pushed, answered) = (
+        let (dropped, pushed, answered, shared) = (
             median_of(&dropped),
             median_of(&pushed),
             median_of(&answered),
+            median_of(&shared),
         );
         table.row(
             &format!("{deployer} ({language}), dropped into the other server's folder"),
@@ -104,10 +100,55 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 secs(answered)
             ),
         );
+        table.row(
+            &format!("{deployer} ({language}), the same, the servers sharing --cache-dir"),
+            secs(shared),
+            format!("{:.2}× the drop-in", shared / dropped),
+        );
     }
     table.print();
     storage.print();
     Ok(())
+}
+
+/// Two servers on a fresh database (sharing `cache` if given): the time
+/// from sending `PUT /v1/deployers/DEPLOYER` to one to the first completed
+/// deployment on the other, and to the `PUT`'s answer; and what the
+/// catalog's tables grew by.
+async fn push_across(
+    ctx: &Ctx,
+    admin: &str,
+    name: &str,
+    deployer: &str,
+    wasm: &[u8],
+    cache: Option<&std::path::Path>,
+) -> anyhow::Result<(i64, Duration, Duration)> {
+    let (_, url) = fresh_database(admin, name).await?;
+    let mut args = vec!["--metrics", "off", "--database-url", &url];
+    let cache = cache.map(|c| c.display().to_string());
+    if let Some(cache) = &cache {
+        args.extend(["--cache-dir", cache]);
+    }
+    let to = Server::start(ctx, &format!("{name}-to"), &args)?;
+    let other = Server::start(ctx, &format!("{name}-other"), &args)?;
+    let id = other.register(ctx, "dropin", &model_files(ctx)?).await?;
+    let before = catalog_bytes(&url).await?;
+    let since = Instant::now();
+    let response = to
+        .client
+        .put(format!("{}/v1/deployers/{deployer}", to.url))
+        .header("content-type", "application/wasm")
+        .body(wasm.to_vec())
+        .send()
+        .await?;
+    let answered = since.elapsed();
+    ensure!(
+        response.status().is_success(),
+        "the push of {deployer} failed: {}",
+        response.text().await?
+    );
+    let usable = first_deployment(&other, id, deployer, since).await?;
+    Ok((catalog_bytes(&url).await? - before, usable, answered))
 }
 
 fn median_of(times: &[Duration]) -> f64 {
