@@ -421,3 +421,140 @@ fn check_tells_whether_the_signature_beside_a_plugin_is_verified() {
         lossy(&run.stdout)
     );
 }
+
+/// An upload is judged by the same rules as a folder plugin, its signature
+/// sent as a form part or in the header; a refused one leaves nothing
+/// stored. And a stored deployer is judged again by every server that
+/// loads it: one requiring signatures refuses a version another server,
+/// which does not, accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushed_plugins_are_judged_by_the_same_signature_rules_on_every_server() {
+    use base64::Engine;
+    use reqwest::StatusCode;
+
+    use crate::support::assert_error;
+    use crate::support::catalog::{push, refused, served, wait_for_deployers};
+    use crate::support::server::Shared;
+
+    let (trusted, stranger) = (Key::new(), Key::new());
+    let archive = std::fs::read(plugins::example("archive")).unwrap();
+    let other = std::fs::read(plugins::test_plugin("misbehave")).unwrap();
+    let shared = Shared::new().await;
+    let start = |required: bool| {
+        let mut options = Berth::bare(Backend::Postgres)
+            .shared(&shared)
+            .arg("--trusted-key")
+            .arg(&trusted.public);
+        if required {
+            options = options.arg("--require-signed");
+        }
+        options.start()
+    };
+    let open = start(false).await;
+    let strict = start(true).await;
+    let (valid, untrusted, tampered) = (
+        trusted.sign(&archive),
+        stranger.sign(&archive),
+        trusted.sign(&other),
+    );
+    let sig = |text: &String| text.clone().into_bytes();
+
+    // Without --require-signed: unsigned and untrusted load unverified; a
+    // trusted key's signature over other bytes never loads.
+    let (status, body) = push(&open, "unsigned", &[("wasm", &archive)]).await;
+    assert_eq!(
+        (status, &body["signed_by"]),
+        (StatusCode::CREATED, &json!(null)),
+        "{body}"
+    );
+    let parts = [("wasm", &archive[..]), ("signature", &sig(&untrusted)[..])];
+    let (status, body) = push(&open, "untrusted", &parts).await;
+    assert_eq!(
+        (status, &body["signed_by"]),
+        (StatusCode::CREATED, &json!(null)),
+        "{body}"
+    );
+    let parts = [("wasm", &archive[..]), ("signature", &sig(&tampered)[..])];
+    let answer = push(&open, "tampered", &parts).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        &format!(
+            "deployer tampered was not stored: its signature by trusted key {} does not match its bytes",
+            trusted.id
+        ),
+    );
+    let parts = [("wasm", &archive[..]), ("signature", &sig(&valid)[..])];
+    let (status, body) = push(&open, "valid", &parts).await;
+    assert_eq!(
+        (status, &body["signed_by"]),
+        (StatusCode::CREATED, &json!(trusted.id)),
+        "{body}"
+    );
+
+    // With it: only the valid one, here sent in the header.
+    let answer = push(&strict, "unsigned-too", &[("wasm", &archive)]).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "deployer unsigned-too was not stored: is not signed, and this server loads only signed plugins (--require-signed)",
+    );
+    let parts = [("wasm", &archive[..]), ("signature", &sig(&untrusted)[..])];
+    let answer = push(&strict, "untrusted-too", &parts).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        &format!(
+            "is signed by key {}, which this server does not trust",
+            stranger.id
+        ),
+    );
+    let header = base64::engine::general_purpose::STANDARD.encode(&valid);
+    let response = strict
+        .client()
+        .put(format!("{}/v1/deployers/valid-too", strict.url))
+        .header("content-type", "application/wasm")
+        .header("x-berth-plugin-signature", header)
+        .body(archive.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["signed_by"], json!(trusted.id), "{body}");
+    for name in ["tampered", "unsigned-too", "untrusted-too"] {
+        let (status, _) = open.get(&format!("/v1/deployers/{name}/versions")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{name} was stored");
+    }
+
+    // What the open server stored unsigned, the strict one refuses to load
+    // (listed as refused, from the API); the signed ones it serves.
+    let listing = wait_for_deployers(&strict, |l| refused(l, "untrusted.wasm").is_some()).await;
+    for (file, reason) in [
+        (
+            "unsigned.wasm",
+            "is not signed, and this server loads only signed plugins".to_string(),
+        ),
+        (
+            "untrusted.wasm",
+            format!(
+                "is signed by key {}, which this server does not trust",
+                stranger.id
+            ),
+        ),
+    ] {
+        let refusal = refused(&listing, file).unwrap_or_else(|| panic!("{listing}"));
+        assert_eq!(refusal["origin"], "api", "{refusal}");
+        assert!(
+            refusal["reason"].as_str().unwrap().starts_with(&reason),
+            "{refusal}"
+        );
+    }
+    assert_eq!(
+        served(&listing, "valid").unwrap()["signed_by"],
+        json!(trusted.id)
+    );
+    assert!(served(&listing, "unsigned").is_none(), "{listing}");
+    let listing = wait_for_deployers(&open, |l| served(l, "valid-too").is_some()).await;
+    assert_eq!(served(&listing, "unsigned").unwrap()["origin"], "api");
+}

@@ -444,6 +444,7 @@ function fillDeployers(block) {
       h("p", {}, d.description || h("span", { class: "muted" }, "no description")),
       h("dl", { class: "fields" },
         h("dt", {}, "Origin"), h("dd", { class: "origin" }, origin(d)),
+        h("dt", {}, "Signed by"), h("dd", { class: "mono", title: "the trusted key whose signature matched its bytes" }, d.signed_by ?? "no trusted key"),
         h("dt", {}, "sha256"), h("dd", { class: "mono", title: d.sha256 }, d.sha256.slice(0, 16) + "…"),
         h("dt", {}, "WIT"), h("dd", {}, d.wit_version),
         h("dt", {}, "Code"), h("dd", { title: "baseline: compiled in seconds, optimized code follows in the background" }, d.tier),
