@@ -148,7 +148,16 @@ impl Catalog {
         };
         let (version, pushed) = self.db.store_version(new).await?;
         let plugin = match pushed {
-            Pushed::Unchanged => self.served(&name).unwrap_or_else(|| Arc::new(plugin)),
+            // Served already, unless this server could not load it before
+            // (it can now: it just did).
+            Pushed::Unchanged => match self.served(&name) {
+                Some(served) if served.sha256 == version.sha256 => served,
+                _ => {
+                    let plugin = Arc::new(plugin);
+                    self.serve(plugin.clone(), version.clone(), false);
+                    plugin
+                }
+            },
             Pushed::Added | Pushed::Replaced => {
                 let plugin = Arc::new(plugin);
                 self.serve(plugin.clone(), version.clone(), pushed == Pushed::Replaced);
