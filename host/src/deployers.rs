@@ -3,16 +3,19 @@
 //! stored over the API (`catalog`). The served set is the two merged, and a
 //! name the folder declares always comes from the folder: a stored deployer
 //! under that name is listed as rejected, never loaded over it. Each
-//! source's set is swapped whole on a change. While the server's first
+//! source's set is swapped whole on a change; a version that stops being
+//! served stays runnable while queued deployments ask for it (they run the
+//! version they were accepted for). While the server's first
 //! load runs, it also knows the names still to load. Never decides the
 //! folder's rules (`runtime::plugins` does), never polls the folder
 //! (`watch` does) and never reads the database (`catalog` does).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
-use crate::db::StoredVersion;
+use crate::db::{Runnable, StoredVersion};
 use crate::metrics;
 use crate::runtime::{Plugin, PluginSet, Rejection, Runtime};
 
@@ -62,6 +65,10 @@ struct State {
     loading: BTreeSet<String>,
     /// Stored names the first load has yet to reach.
     loading_stored: BTreeSet<String>,
+    /// Versions no longer served, by `deployer@sha256`, kept while
+    /// deployments accepted for them may still wait in the queue, and
+    /// since when.
+    retired: BTreeMap<String, (Arc<Plugin>, Instant)>,
 }
 
 impl Deployers {
@@ -77,6 +84,7 @@ impl Deployers {
                 api: ApiSet::default(),
                 loading: BTreeSet::new(),
                 loading_stored: BTreeSet::new(),
+                retired: BTreeMap::new(),
             }),
             folder_changed: tokio::sync::Notify::new(),
         }
@@ -211,14 +219,67 @@ impl Deployers {
         }
     }
 
+    /// What queued deployments may be claimed for, by `deployer@sha256`:
+    /// the served versions, and the ones replaced or removed while
+    /// deployments accepted for them may still wait (they run the version
+    /// they were accepted for, as a running one finishes on its own).
+    pub fn runnable(&self) -> BTreeMap<String, Arc<Plugin>> {
+        let state = self.state.read().expect("deployers lock");
+        let retired = state
+            .retired
+            .iter()
+            .map(|(key, (plugin, _))| (key.clone(), plugin.clone()));
+        let served = state
+            .current
+            .deployers
+            .values()
+            .map(|p| (Runnable::key(&p.name, &p.sha256), p.clone()));
+        retired.chain(served).collect()
+    }
+
+    /// Whether versions are kept for the queue (`drop_retired` has work).
+    pub fn has_retired(&self) -> bool {
+        !self
+            .state
+            .read()
+            .expect("deployers lock")
+            .retired
+            .is_empty()
+    }
+
+    /// Lets go of the retired versions no queued deployment asks for
+    /// (`queued`: their keys), once retired for `grace`: a deployment
+    /// accepted just before its version was replaced may not be recorded
+    /// yet.
+    pub fn drop_retired(&self, queued: &HashSet<String>, grace: Duration) {
+        let mut state = self.state.write().expect("deployers lock");
+        state
+            .retired
+            .retain(|key, (_, since)| queued.contains(key) || since.elapsed() < grace);
+    }
+
     /// Recomputes the served set after `edit`, under the lock, so the
-    /// gauges follow the swaps in their order.
+    /// gauges follow the swaps in their order; a version that stops being
+    /// served is retired.
     fn change(&self, edit: impl FnOnce(&mut State)) {
         let mut state = self.state.write().expect("deployers lock");
         edit(&mut state);
         let current = merge(&state.folder, &state.loading, &state.api);
         metrics::plugins(current.deployers.len(), current.rejected.len());
-        state.current = Arc::new(current);
+        let before = std::mem::replace(&mut state.current, Arc::new(current));
+        let key = |p: &Plugin| Runnable::key(&p.name, &p.sha256);
+        for plugin in before.deployers.values() {
+            let still = state.current.deployers.get(&plugin.name);
+            if still.is_none_or(|now| now.sha256 != plugin.sha256) {
+                state
+                    .retired
+                    .insert(key(plugin), (plugin.clone(), Instant::now()));
+            }
+        }
+        let served: Vec<String> = state.current.deployers.values().map(|p| key(p)).collect();
+        for served in served {
+            state.retired.remove(&served);
+        }
     }
 
     pub fn runtime(&self) -> &Arc<Runtime> {

@@ -601,8 +601,8 @@ impl Pipeline {
     /// Claims the oldest queued deployments this server can run (at most
     /// `limit`) and makes them live here.
     async fn claim(&self, limit: usize) -> Result<Vec<Started>, db::Error> {
-        let plugins = self.deployers.current();
-        let runnable = runnable(&plugins.deployers);
+        let plugins = self.deployers.runnable();
+        let runnable = Runnable(plugins.keys().cloned().collect());
         let lease_until = db::now_ms() + db::millis(self.queue.lease);
         let claimed = self
             .db
@@ -617,9 +617,12 @@ impl Pipeline {
         let mut started = Vec::with_capacity(claimed.len());
         let mut models: HashMap<i64, Option<TrainedModel>> = HashMap::new();
         for deployment in claimed {
+            let key = Runnable::key(
+                &deployment.deployer,
+                deployment.plugin_sha256.as_deref().unwrap_or_default(),
+            );
             let plugin = plugins
-                .deployers
-                .get(&deployment.deployer)
+                .get(&key)
                 .cloned()
                 .expect("a deployment is claimed by the key of a plugin of this set");
             // Once claimed, a row is run or left to its lease: a row
@@ -689,6 +692,12 @@ impl Pipeline {
                         Ok(n) => metrics::deployments_queued(n),
                         Err(e) => tracing::debug!("could not count the queue: {e}"),
                     }
+                    if self.deployers.has_retired() {
+                        match self.db.queued_keys().await {
+                            Ok(keys) => self.deployers.drop_retired(&keys, self.queue.lease),
+                            Err(e) => tracing::debug!("could not read the queue's versions: {e}"),
+                        }
+                    }
                     if let Err(e) = self.sweep().await {
                         tracing::warn!("could not end deployments nobody will finish: {e}");
                     }
@@ -733,7 +742,7 @@ impl Pipeline {
             .beat(Beat {
                 server_id: self.server_id.clone(),
                 name: self.server_name.clone(),
-                runnable: runnable(&self.deployers.current().deployers),
+                runnable: Runnable(self.deployers.runnable().into_keys().collect()),
                 now_ms,
                 lease_until: now_ms + db::millis(self.queue.lease),
                 live: live.iter().map(|r| r.deploy_id).collect(),
@@ -1090,16 +1099,6 @@ async fn heard_of(ended: &mut tokio::sync::broadcast::Receiver<String>, id: i64)
             _ => return,
         }
     }
-}
-
-/// The keys of the deployers this server can run.
-fn runnable(deployers: &std::collections::BTreeMap<String, Arc<Plugin>>) -> Runnable {
-    Runnable(
-        deployers
-            .values()
-            .map(|p| Runnable::key(&p.name, &p.sha256))
-            .collect(),
-    )
 }
 
 /// A failed deployment's output is half made and nobody's product: it is

@@ -27,6 +27,7 @@ on_both_backends!(
     a_refused_push_stores_nothing,
     versions_are_kept_and_rolled_back_by_the_rules,
     a_pushed_deployer_serves_new_deployments_while_old_ones_finish_on_theirs,
+    a_queued_deployment_runs_the_version_it_was_accepted_for,
 );
 
 /// One part of an upload form: its name and bytes.
@@ -356,6 +357,54 @@ async fn a_pushed_deployer_serves_new_deployments_while_old_ones_finish_on_their
     .await;
     assert_eq!(served(&listing, "trial").unwrap()["version"], 1);
     assert!(refused(&listing, "trial.wasm").is_none(), "{listing}");
+}
+
+/// A deployment waiting in the queue when its deployer gets a new version
+/// runs the version it was accepted for, as a running one does; the next
+/// one runs the new version.
+async fn a_queued_deployment_runs_the_version_it_was_accepted_for(backend: Backend) {
+    let files = FileServer::start().await;
+    let berth = Berth::options(backend)
+        .arg("--max-running")
+        .arg("1")
+        .start()
+        .await;
+    let id = berth
+        .register(&model(&files, "job-queued-version", &adapter_files()))
+        .await;
+    let archive = read(example("archive"));
+    let misbehave = read(test_plugin("misbehave"));
+    let (archive_sha, misbehave_sha) = (sha256_hex(&archive), sha256_hex(&misbehave));
+    let (status, _) = push(&berth, "trial", &[("wasm", &misbehave)]).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let running = berth
+        .deploy_detached(id, "trial", json!({ "mode": "sleep", "ms": 2000 }))
+        .await;
+    let queued = berth
+        .deploy_detached(id, "trial", json!({ "mode": "sleep", "ms": 10 }))
+        .await;
+    assert_eq!(
+        (&queued["status"], &queued["plugin_sha256"]),
+        (&json!("queued"), &json!(misbehave_sha)),
+        "{queued}"
+    );
+
+    let (status, _) = push(&berth, "trial", &[("wasm", &archive)]).await;
+    assert_eq!(status, StatusCode::OK);
+    for row in [&running, &queued] {
+        let ended = ended(&berth, row["id"].as_i64().unwrap()).await;
+        assert_eq!(
+            (&ended["status"], &ended["plugin_sha256"]),
+            (&json!("completed"), &json!(misbehave_sha)),
+            "{ended}"
+        );
+    }
+    let (status, next) = berth.deploy(id, "trial", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{next}");
+    assert_eq!(next["plugin_sha256"], archive_sha, "{next}");
+    // The listing shows only the version served.
+    let (_, listing) = berth.get("/v1/deployers").await;
+    assert_eq!(served(&listing, "trial").unwrap()["sha256"], archive_sha);
 }
 
 async fn ended(berth: &Berth, id: i64) -> Value {

@@ -351,6 +351,25 @@ impl Db {
         Ok(u64::try_from(count).unwrap_or_default())
     }
 
+    /// The `deployer@sha256` keys of the queued deployments.
+    pub async fn queued_keys(&self) -> Result<std::collections::HashSet<String>> {
+        let rows = sqlx::query(
+            "SELECT DISTINCT deployer, plugin_sha256 FROM deployments WHERE status = 'queued'",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let sha256: Option<String> = row.try_get("plugin_sha256")?;
+                let deployer: String = row.try_get("deployer")?;
+                Ok(Runnable::key(
+                    &deployer,
+                    sha256.as_deref().unwrap_or_default(),
+                ))
+            })
+            .collect()
+    }
+
     /// The cancel asked for a deployment, if any.
     pub async fn cancel_reason(&self, id: i64) -> Result<Option<String>> {
         let row = sqlx::query("SELECT cancel FROM deployments WHERE id = $1")
