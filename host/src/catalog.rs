@@ -169,11 +169,10 @@ impl Catalog {
     }
 
     /// Removes a stored deployer and its versions, here and everywhere.
-    pub async fn remove(&self, name: &str) -> Result<StoredVersion, Error> {
+    pub async fn remove(&self, name: &str) -> Result<(), Error> {
         let _changing = self.changing.lock().await;
-        let (_, current) = self.stored_versions(name, REMOVE_HINT).await?;
         if !self.db.remove_stored(name).await? {
-            return Err(Error::Unknown(name.to_string()));
+            return Err(self.not_stored(name, REMOVE_HINT));
         }
         let mut api = self.deployers.api();
         api.stored.remove(name);
@@ -187,7 +186,7 @@ impl Catalog {
             }]);
         }
         self.tell_others(name).await;
-        Ok(current)
+        Ok(())
     }
 
     /// Every version of a stored deployer, oldest first, and the one it
@@ -206,11 +205,19 @@ impl Catalog {
         let current = current.and_then(|id| versions.iter().find(|v| v.id == id).cloned());
         match current {
             Some(current) => Ok((versions, current)),
-            None if self.deployers.declared(name) => Err(Error::Folder {
+            None => Err(self.not_stored(name, hint)),
+        }
+    }
+
+    /// Why `name` has no stored versions: a folder deployer (`hint` says
+    /// what to do instead), or none at all.
+    fn not_stored(&self, name: &str, hint: &'static str) -> Error {
+        match self.deployers.declared(name) {
+            true => Error::Folder {
                 name: name.to_string(),
                 hint,
-            }),
-            None => Err(Error::Unknown(name.to_string())),
+            },
+            false => Error::Unknown(name.to_string()),
         }
     }
 
@@ -244,11 +251,10 @@ impl Catalog {
                 sha256: sha256.to_string(),
             },
         })?;
-        if target.id == current.id {
-            let served = self.served(name);
-            if let Some(plugin) = served {
-                return Ok((plugin, current));
-            }
+        if target.id == current.id
+            && let Some(plugin) = self.served(name)
+        {
+            return Ok((plugin, current));
         }
         let plugin =
             Arc::new(

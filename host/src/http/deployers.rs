@@ -214,7 +214,7 @@ fn too_large(limit: usize) -> Error {
 /// The whole body, up to `limit` bytes.
 async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, Error> {
     match axum::body::to_bytes(body, limit).await {
-        Ok(bytes) => Ok(bytes.to_vec()),
+        Ok(bytes) => Ok(bytes.into()),
         Err(e) if exceeded(&e) => Err(too_large(limit)),
         Err(e) => Err(Error::BadRequest(format!("the upload broke off: {e}"))),
     }
@@ -262,17 +262,17 @@ async fn read_form(
     };
     while let Some(field) = form.next_field().await.map_err(malformed)? {
         let part = field.name().unwrap_or_default().to_string();
-        let bytes = field.bytes().await.map_err(malformed)?.to_vec();
-        let text = || {
-            String::from_utf8(bytes.clone())
+        let bytes: Vec<u8> = field.bytes().await.map_err(malformed)?.into();
+        let text = |bytes| {
+            String::from_utf8(bytes)
                 .map_err(|_| Error::BadRequest(format!("the {part} part is not UTF-8 text")))
         };
-        let slot = match part.as_str() {
-            "wasm" => wasm.replace(bytes.clone()).is_some(),
-            "manifest" => manifest.replace(text()?).is_some(),
-            _ => signature.replace(text()?).is_some(),
+        let twice = match part.as_str() {
+            "wasm" => wasm.replace(bytes).is_some(),
+            "manifest" => manifest.replace(text(bytes)?).is_some(),
+            _ => signature.replace(text(bytes)?).is_some(),
         };
-        if slot {
+        if twice {
             return Err(Error::BadRequest(format!("the form has two {part} parts")));
         }
     }
