@@ -1,5 +1,6 @@
 # Entry points; see README. Each target is self-contained on a fresh machine:
-# scripts/setup installs toolchains, scripts/pg-test-server provides PostgreSQL.
+# scripts/setup installs toolchains (`scripts/setup test` also what only the
+# tests use), scripts/pg-test-server provides PostgreSQL.
 .PHONY: run test lint plugins
 
 # The main job: build everything, serve on SQLite with the example
@@ -10,7 +11,7 @@ run:
 # Host tests (guest crates are not default workspace members). The test
 # database URL comes from scripts/pg-test-server (or BERTH_TEST_DATABASE_URL).
 test:
-	scripts/setup
+	scripts/setup test
 	scripts/build-plugins
 	url="$$(scripts/pg-test-server)" && BERTH_TEST_DATABASE_URL="$$url" cargo test
 
