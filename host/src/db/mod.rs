@@ -9,8 +9,8 @@
 //!
 //! `Db` is the facade: reads go to a pool; every write goes through
 //! `Db::write`. One file per group of tables: `models`, `deployments`,
-//! `queue`, `events`, `catalog`; `notify` names the wake-ups. Never
-//! decides anything of the domain: statuses, phases and sentences come in
+//! `queue`, `events`, `catalog`; `notify` names the wake-ups. Never words
+//! a deployment's error: what a sweep, a restart or a cancel records comes
 //! from the caller.
 
 use std::sync::Arc;

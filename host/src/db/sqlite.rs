@@ -56,8 +56,10 @@ pub(super) async fn pool(url: &str, connections: u32) -> Result<AnyPool> {
 /// its own (a write that fails leaves the others intact), and answers each
 /// caller only after the COMMIT: a write is as durable as before when its
 /// caller hears back, and one sync carries many. (PostgreSQL groups
-/// concurrent commits itself.) A write never queues another, so the task
-/// never waits for room in its own queue.
+/// concurrent commits itself.) The queue is bounded, so a burst of writes
+/// makes callers wait rather than pile up; that cannot deadlock, as the
+/// task never queues a write (a write's statements get a connection, never
+/// the `Db`).
 #[derive(Clone)]
 pub(super) struct Committer {
     jobs: mpsc::Sender<Job>,
