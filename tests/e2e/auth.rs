@@ -137,6 +137,37 @@ async fn without_tokens_nothing_is_asked_and_nobody_is_recorded(backend: Backend
     let (status, stored) = app.get(&format!("/v1/models/{id}")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(stored["created_by"], Value::Null);
+    let deployments = format!("/v1/models/{id}/deployments");
+    let (status, deployment) = app
+        .post(&deployments, &json!({ "deployer": "archive" }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+    assert_eq!(deployment["created_by"], Value::Null, "{deployment}");
+    let (_, listed) = app.get(&deployments).await;
+    assert_eq!(listed["deployments"][0]["created_by"], Value::Null);
+
+    // What needs a token when tokens are configured is answered without
+    // one, and a token is not looked at.
+    let stranger = app.with_token(Some("berth_0000000000000000"));
+    let reads = [
+        "/v1/models".to_string(),
+        format!("/v1/models/{id}"),
+        deployments,
+        format!("/v1/deployments/{}", deployment["id"]),
+        "/v1/deployers".to_string(),
+    ];
+    for caller in [&app, &stranger] {
+        for path in &reads {
+            let (status, body) = caller.get(path).await;
+            assert_eq!(status, StatusCode::OK, "{path}: {body}");
+        }
+        let (status, body) = caller.get("/v1/no-such-endpoint").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        let cancel = format!("/v1/deployments/{}/cancel", deployment["id"]);
+        let (status, body) = caller.post(&cancel, &json!({})).await;
+        assert_eq!(status, StatusCode::CONFLICT, "it has ended: {body}");
+    }
+    stranger.events().await;
 }
 
 #[tokio::test]

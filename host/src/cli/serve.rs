@@ -248,7 +248,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .access(access)
         .reserve(args.min_free_mib << 20);
     // Servers on other machines may share the models volume.
-    let fetcher = match db.shared() {
+    let fetcher = match db.backend().is_postgres() {
         true => fetcher.shared_locks(Arc::new(db.clone())),
         false => fetcher,
     };

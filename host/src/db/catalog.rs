@@ -105,19 +105,17 @@ impl Db {
     /// the name is not stored (removed meanwhile).
     pub async fn serve_version(&self, name: &str, version_id: i64) -> Result<bool> {
         let name = name.to_string();
-        self.write(move |conn| {
-            Box::pin(async move {
-                let updated = sqlx::query(
-                    "UPDATE stored_deployers SET version_id = $1 WHERE name = $2 \
-                     AND EXISTS (SELECT 1 FROM deployer_versions WHERE id = $1 AND name = $2)",
-                )
-                .bind(version_id)
-                .bind(&name)
-                .execute(conn)
-                .await?;
-                Ok(updated.rows_affected() > 0)
-            })
-        })
+        self.write(statements!(|conn| {
+            let updated = sqlx::query(
+                "UPDATE stored_deployers SET version_id = $1 WHERE name = $2 \
+                 AND EXISTS (SELECT 1 FROM deployer_versions WHERE id = $1 AND name = $2)",
+            )
+            .bind(version_id)
+            .bind(&name)
+            .execute(conn)
+            .await?;
+            Ok(updated.rows_affected() > 0)
+        }))
         .await
     }
 
@@ -125,25 +123,23 @@ impl Db {
     /// other version uses. False if there was no such stored deployer.
     pub async fn remove_stored(&self, name: &str) -> Result<bool> {
         let name = name.to_string();
-        self.write(move |conn| {
-            Box::pin(async move {
-                let removed = sqlx::query("DELETE FROM stored_deployers WHERE name = $1")
-                    .bind(&name)
-                    .execute(&mut *conn)
-                    .await?;
-                sqlx::query("DELETE FROM deployer_versions WHERE name = $1")
-                    .bind(&name)
-                    .execute(&mut *conn)
-                    .await?;
-                sqlx::query(
-                    "DELETE FROM plugin_blobs WHERE sha256 NOT IN \
-                     (SELECT sha256 FROM deployer_versions)",
-                )
+        self.write(statements!(|conn| {
+            let removed = sqlx::query("DELETE FROM stored_deployers WHERE name = $1")
+                .bind(&name)
                 .execute(&mut *conn)
                 .await?;
-                Ok(removed.rows_affected() > 0)
-            })
-        })
+            sqlx::query("DELETE FROM deployer_versions WHERE name = $1")
+                .bind(&name)
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query(
+                "DELETE FROM plugin_blobs WHERE sha256 NOT IN \
+                 (SELECT sha256 FROM deployer_versions)",
+            )
+            .execute(&mut *conn)
+            .await?;
+            Ok(removed.rows_affected() > 0)
+        }))
         .await
     }
 }

@@ -8,13 +8,7 @@ use std::fmt::Write;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{Db, Result};
-
-/// The key of the advisory lock every append takes on PostgreSQL, so that
-/// appends commit one after the other and ids become visible in id order:
-/// a reader following `id > cursor` never sees a later id before an
-/// earlier one that was still to commit. ("berth ev" in ASCII.)
-const APPEND_LOCK: i64 = 0x6265_7274_6820_6576;
+use super::{Db, Result, postgres};
 
 /// Deployment events, the ones a webhook carries.
 const DEPLOYMENT_KINDS: &str = "deployment.%";
@@ -88,48 +82,43 @@ impl Db {
         if events.is_empty() {
             return Ok(self.event_bounds().await?.last);
         }
-        let shared = self.shared();
+        let backend = self.backend;
         let events = events.to_vec();
         let server_id = server_id.to_string();
-        self.write(move |conn| {
-            Box::pin(async move {
-                if shared {
-                    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                        .bind(APPEND_LOCK)
-                        .execute(&mut *conn)
-                        .await?;
-                }
-                let mut sql =
-                    String::from("INSERT INTO events (kind, data, server_id, created_at) VALUES ");
-                for i in 0..events.len() {
-                    let n = 4 * i;
-                    let comma = if i == 0 { "" } else { ", " };
-                    let _ = write!(
-                        sql,
-                        "{comma}(${}, ${}, ${}, ${})",
-                        n + 1,
-                        n + 2,
-                        n + 3,
-                        n + 4
-                    );
-                }
-                sql.push_str(" RETURNING id");
-                let mut query = sqlx::query(&sql);
-                for event in events {
-                    query = query
-                        .bind(event.kind)
-                        .bind(event.data)
-                        .bind(server_id.clone())
-                        .bind(event.created_at);
-                }
-                let rows = query.fetch_all(&mut *conn).await?;
-                let mut last = 0;
-                for row in &rows {
-                    last = last.max(row.try_get::<i64, _>(0)?);
-                }
-                Ok(last)
-            })
-        })
+        self.write(statements!(|conn| {
+            if backend.is_postgres() {
+                postgres::lock_appends(&mut *conn).await?;
+            }
+            let mut sql =
+                String::from("INSERT INTO events (kind, data, server_id, created_at) VALUES ");
+            for i in 0..events.len() {
+                let n = 4 * i;
+                let comma = if i == 0 { "" } else { ", " };
+                let _ = write!(
+                    sql,
+                    "{comma}(${}, ${}, ${}, ${})",
+                    n + 1,
+                    n + 2,
+                    n + 3,
+                    n + 4
+                );
+            }
+            sql.push_str(" RETURNING id");
+            let mut query = sqlx::query(&sql);
+            for event in events {
+                query = query
+                    .bind(event.kind)
+                    .bind(event.data)
+                    .bind(server_id.clone())
+                    .bind(event.created_at);
+            }
+            let rows = query.fetch_all(&mut *conn).await?;
+            let mut last = 0;
+            for row in &rows {
+                last = last.max(row.try_get::<i64, _>(0)?);
+            }
+            Ok(last)
+        }))
         .await
     }
 
@@ -176,36 +165,34 @@ impl Db {
     /// many rows went and whether older ones are left for another call.
     pub async fn prune_events(&self, before: &str, chunk: i64) -> Result<(u64, bool)> {
         let before = before.to_string();
-        self.write(move |conn| {
-            Box::pin(async move {
-                let row = sqlx::query(
-                    "SELECT (SELECT MAX(id) FROM events WHERE created_at < $1) AS target, \
-                     (SELECT MIN(id) FROM events) AS oldest",
-                )
-                .bind(before)
-                .fetch_one(&mut *conn)
-                .await?;
-                let target: Option<i64> = row.try_get("target")?;
-                let oldest: Option<i64> = row.try_get("oldest")?;
-                let (Some(target), Some(oldest)) = (target, oldest) else {
-                    return Ok((0, false));
-                };
-                let through = target.min(oldest.saturating_add(chunk - 1));
-                let deleted = sqlx::query("DELETE FROM events WHERE id <= $1")
-                    .bind(through)
-                    .execute(&mut *conn)
-                    .await?
-                    .rows_affected();
-                sqlx::query(
-                    "UPDATE event_log SET pruned_through = \
-                     CASE WHEN pruned_through < $1 THEN $1 ELSE pruned_through END",
-                )
+        self.write(statements!(|conn| {
+            let row = sqlx::query(
+                "SELECT (SELECT MAX(id) FROM events WHERE created_at < $1) AS target, \
+                 (SELECT MIN(id) FROM events) AS oldest",
+            )
+            .bind(before)
+            .fetch_one(&mut *conn)
+            .await?;
+            let target: Option<i64> = row.try_get("target")?;
+            let oldest: Option<i64> = row.try_get("oldest")?;
+            let (Some(target), Some(oldest)) = (target, oldest) else {
+                return Ok((0, false));
+            };
+            let through = target.min(oldest.saturating_add(chunk - 1));
+            let deleted = sqlx::query("DELETE FROM events WHERE id <= $1")
                 .bind(through)
                 .execute(&mut *conn)
-                .await?;
-                Ok((deleted, through < target))
-            })
-        })
+                .await?
+                .rows_affected();
+            sqlx::query(
+                "UPDATE event_log SET pruned_through = \
+                 CASE WHEN pruned_through < $1 THEN $1 ELSE pruned_through END",
+            )
+            .bind(through)
+            .execute(&mut *conn)
+            .await?;
+            Ok((deleted, through < target))
+        }))
         .await
     }
 
@@ -213,22 +200,20 @@ impl Db {
     /// the log: it gets the events from now on.
     pub async fn webhook_join(&self, key: &str, url: &str) -> Result<()> {
         let (key, url) = (key.to_string(), url.to_string());
-        self.write(move |conn| {
-            Box::pin(async move {
-                sqlx::query(
-                    "INSERT INTO webhook_state (key, url, delivered_id) \
-                     SELECT $1, $2, CASE WHEN l.pruned_through > e.last THEN l.pruned_through \
-                     ELSE e.last END \
-                     FROM event_log l, (SELECT COALESCE(MAX(id), 0) AS last FROM events) e \
-                     WHERE true ON CONFLICT (key) DO NOTHING",
-                )
-                .bind(key)
-                .bind(url)
-                .execute(conn)
-                .await?;
-                Ok(())
-            })
-        })
+        self.write(statements!(|conn| {
+            sqlx::query(
+                "INSERT INTO webhook_state (key, url, delivered_id) \
+                 SELECT $1, $2, CASE WHEN l.pruned_through > e.last THEN l.pruned_through \
+                 ELSE e.last END \
+                 FROM event_log l, (SELECT COALESCE(MAX(id), 0) AS last FROM events) e \
+                 WHERE true ON CONFLICT (key) DO NOTHING",
+            )
+            .bind(key)
+            .bind(url)
+            .execute(conn)
+            .await?;
+            Ok(())
+        }))
         .await
     }
 
@@ -243,22 +228,20 @@ impl Db {
         until_ms: i64,
     ) -> Result<Option<i64>> {
         let (key, server_id) = (key.to_string(), server_id.to_string());
-        self.write(move |conn| {
-            Box::pin(async move {
-                let row = sqlx::query(
-                    "UPDATE webhook_state SET holder = $1, lease_until = $2 \
-                     WHERE key = $3 AND (holder = $1 OR holder IS NULL OR lease_until < $4) \
-                     RETURNING delivered_id",
-                )
-                .bind(server_id)
-                .bind(until_ms)
-                .bind(key)
-                .bind(now_ms)
-                .fetch_optional(conn)
-                .await?;
-                Ok(row.map(|r| r.try_get(0)).transpose()?)
-            })
-        })
+        self.write(statements!(|conn| {
+            let row = sqlx::query(
+                "UPDATE webhook_state SET holder = $1, lease_until = $2 \
+                 WHERE key = $3 AND (holder = $1 OR holder IS NULL OR lease_until < $4) \
+                 RETURNING delivered_id",
+            )
+            .bind(server_id)
+            .bind(until_ms)
+            .bind(key)
+            .bind(now_ms)
+            .fetch_optional(conn)
+            .await?;
+            Ok(row.map(|r| r.try_get(0)).transpose()?)
+        }))
         .await
     }
 
@@ -274,25 +257,23 @@ impl Db {
         until_ms: i64,
     ) -> Result<bool> {
         let (key, server_id) = (key.to_string(), server_id.to_string());
-        self.write(move |conn| {
-            Box::pin(async move {
-                let updated = sqlx::query(
-                    "UPDATE webhook_state SET \
-                     delivered_id = CASE WHEN delivered_id < $1 THEN $1 ELSE delivered_id END, \
-                     given_up = given_up + $2, lease_until = $3, failing_id = NULL, \
-                     failing_since = NULL, last_error = NULL, next_attempt = NULL \
-                     WHERE key = $4 AND holder = $5",
-                )
-                .bind(id)
-                .bind(i64::from(gave_up))
-                .bind(until_ms)
-                .bind(key)
-                .bind(server_id)
-                .execute(conn)
-                .await?;
-                Ok(updated.rows_affected() > 0)
-            })
-        })
+        self.write(statements!(|conn| {
+            let updated = sqlx::query(
+                "UPDATE webhook_state SET \
+                 delivered_id = CASE WHEN delivered_id < $1 THEN $1 ELSE delivered_id END, \
+                 given_up = given_up + $2, lease_until = $3, failing_id = NULL, \
+                 failing_since = NULL, last_error = NULL, next_attempt = NULL \
+                 WHERE key = $4 AND holder = $5",
+            )
+            .bind(id)
+            .bind(i64::from(gave_up))
+            .bind(until_ms)
+            .bind(key)
+            .bind(server_id)
+            .execute(conn)
+            .await?;
+            Ok(updated.rows_affected() > 0)
+        }))
         .await
     }
 
@@ -306,25 +287,23 @@ impl Db {
         until_ms: i64,
     ) -> Result<bool> {
         let (key, server_id, failure) = (key.to_string(), server_id.to_string(), failure.clone());
-        self.write(move |conn| {
-            Box::pin(async move {
-                let updated = sqlx::query(
-                    "UPDATE webhook_state SET failing_id = $1, failing_since = $2, \
-                     last_error = $3, next_attempt = $4, lease_until = $5 \
-                     WHERE key = $6 AND holder = $7",
-                )
-                .bind(failure.event_id)
-                .bind(failure.since)
-                .bind(failure.last_error)
-                .bind(failure.next_attempt)
-                .bind(until_ms)
-                .bind(key)
-                .bind(server_id)
-                .execute(conn)
-                .await?;
-                Ok(updated.rows_affected() > 0)
-            })
-        })
+        self.write(statements!(|conn| {
+            let updated = sqlx::query(
+                "UPDATE webhook_state SET failing_id = $1, failing_since = $2, \
+                 last_error = $3, next_attempt = $4, lease_until = $5 \
+                 WHERE key = $6 AND holder = $7",
+            )
+            .bind(failure.event_id)
+            .bind(failure.since)
+            .bind(failure.last_error)
+            .bind(failure.next_attempt)
+            .bind(until_ms)
+            .bind(key)
+            .bind(server_id)
+            .execute(conn)
+            .await?;
+            Ok(updated.rows_affected() > 0)
+        }))
         .await
     }
 
@@ -332,19 +311,17 @@ impl Db {
     /// another server takes over at once.
     pub async fn webhook_release(&self, key: &str, server_id: &str) -> Result<()> {
         let (key, server_id) = (key.to_string(), server_id.to_string());
-        self.write(move |conn| {
-            Box::pin(async move {
-                sqlx::query(
-                    "UPDATE webhook_state SET holder = NULL, lease_until = 0 \
-                     WHERE key = $1 AND holder = $2",
-                )
-                .bind(key)
-                .bind(server_id)
-                .execute(conn)
-                .await?;
-                Ok(())
-            })
-        })
+        self.write(statements!(|conn| {
+            sqlx::query(
+                "UPDATE webhook_state SET holder = NULL, lease_until = 0 \
+                 WHERE key = $1 AND holder = $2",
+            )
+            .bind(key)
+            .bind(server_id)
+            .execute(conn)
+            .await?;
+            Ok(())
+        }))
         .await
     }
 

@@ -1,15 +1,12 @@
-//! Wake-ups between servers sharing a database. The tables are the truth;
-//! a wake-up only says "look again now" so that a replica need not wait
-//! for its next poll. On PostgreSQL they travel as `NOTIFY` on one
-//! channel per topic, heard by one `LISTEN`ing connection per server; on
-//! SQLite (one server) they stay in the process. A wake-up can be lost (a
-//! listener reconnecting): whoever waits on one also looks on a tick.
+//! Wake-ups between servers sharing a database: their topics, and how
+//! this process hands them to its waiters. The tables are the truth; a
+//! wake-up only says "look again now" so that a replica need not wait for
+//! its next poll. On SQLite (one server) they stay in the process; on
+//! PostgreSQL they travel as `NOTIFY`, one channel per topic (`postgres`
+//! sends and hears them). A wake-up can be lost (a listener reconnecting):
+//! whoever waits on one also looks on a tick. Never reads a table.
 
-use std::time::Duration;
-
-use sqlx::postgres::PgListener;
 use tokio::sync::broadcast;
-use tokio_util::sync::CancellationToken;
 
 /// What changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +24,7 @@ pub enum Topic {
     Deployers,
 }
 
-const TOPICS: [Topic; 5] = [
+pub(super) const TOPICS: [Topic; 5] = [
     Topic::Queue,
     Topic::Cancel,
     Topic::Ended,
@@ -50,7 +47,7 @@ impl Topic {
         self as usize
     }
 
-    fn of(channel: &str) -> Option<Topic> {
+    pub(super) fn of(channel: &str) -> Option<Topic> {
         TOPICS.into_iter().find(|t| t.channel() == channel)
     }
 }
@@ -77,56 +74,11 @@ impl Wakeups {
         let _ = self.senders[topic.index()].send(payload);
     }
 
-    /// Listens on PostgreSQL until `stop`, reconnecting after a lost
-    /// connection (waiters look on their own tick meanwhile).
-    pub(super) async fn listen(&self, url: &str, stop: CancellationToken) {
-        let mut wait = Duration::from_millis(250);
-        loop {
-            let failure = tokio::select! {
-                _ = stop.cancelled() => return,
-                failure = self.listen_once(url) => failure,
-            };
-            tracing::warn!(
-                "listening for other berth servers' wake-ups: {failure}; connecting again in {}",
-                crate::human::duration(wait)
-            );
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
-            }
-            wait = (wait * 2).min(Duration::from_secs(5));
-        }
-    }
-
-    async fn listen_once(&self, url: &str) -> sqlx::Error {
-        let mut listener = match PgListener::connect(url).await {
-            Ok(listener) => listener,
-            Err(e) => return e,
-        };
-        let channels = TOPICS.map(Topic::channel);
-        if let Err(e) = listener.listen_all(channels).await {
-            return e;
-        }
-        // Whatever was missed while not listening: every waiter looks.
+    /// Tells every waiter to look: what was said while nobody listened
+    /// is lost.
+    pub(super) fn deliver_all(&self) {
         for topic in TOPICS {
             self.deliver(topic, String::new());
-        }
-        loop {
-            match listener.try_recv().await {
-                Ok(Some(notification)) => {
-                    if let Some(topic) = Topic::of(notification.channel()) {
-                        self.deliver(topic, notification.payload().to_string());
-                    }
-                }
-                // The connection was lost; the next call connects again.
-                // What was sent meanwhile is gone: every waiter looks.
-                Ok(None) => {
-                    for topic in TOPICS {
-                        self.deliver(topic, String::new());
-                    }
-                }
-                Err(e) => return e,
-            }
         }
     }
 }

@@ -7,7 +7,8 @@ use std::collections::HashSet;
 
 use sqlx::Row;
 
-use super::{DEPLOYMENT_COLUMNS, Db, Error, Result, deployment_row, now};
+use super::deployments::{DEPLOYMENT_COLUMNS, deployment_row};
+use super::{Db, Error, Result, now};
 use crate::model::{Deployment, Phase, Status};
 
 /// What a server can run: `deployer@sha256` of each loaded deployer. A
@@ -76,49 +77,42 @@ impl Db {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let keys = runnable.0.clone();
         let server_id = server_id.to_string();
-        // Other servers skip the row this transaction holds instead of
-        // waiting for it. SQLite has one writer (one server): nothing to
-        // skip.
-        let skip_locked = if self.shared() {
-            " FOR UPDATE SKIP LOCKED"
-        } else {
-            ""
-        };
-        self.write(move |conn| {
-            Box::pin(async move {
-                let placeholders = placeholders(2, keys.len());
-                let sql = format!(
-                    "SELECT id FROM deployments WHERE status = 'queued' \
-                     AND deployer || '@' || plugin_sha256 IN ({placeholders}) \
-                     ORDER BY id LIMIT $1{skip_locked}"
-                );
-                let mut query = sqlx::query(&sql).bind(limit);
-                for key in keys {
-                    query = query.bind(key);
-                }
-                let ids = query.fetch_all(&mut *conn).await?;
-                let mut claimed = Vec::with_capacity(ids.len());
-                let started_at = now();
-                for row in &ids {
-                    let id: i64 = row.try_get(0)?;
-                    let row = sqlx::query(&format!(
-                        "UPDATE deployments SET status = 'running', server_id = $1, lease_until = $2, \
-                     phase = $3, started_at = $4, out_dir = $5 WHERE id = $6 AND status = 'queued' \
+        let skip_locked = self.backend.skip_locked();
+        self.write(statements!(|conn| {
+            let placeholders = placeholders(3, keys.len());
+            let sql = format!(
+                "SELECT id FROM deployments WHERE status = $1 \
+                 AND deployer || '@' || plugin_sha256 IN ({placeholders}) \
+                 ORDER BY id LIMIT $2{skip_locked}"
+            );
+            let mut query = sqlx::query(&sql).bind(Status::Queued.as_str()).bind(limit);
+            for key in keys {
+                query = query.bind(key);
+            }
+            let ids = query.fetch_all(&mut *conn).await?;
+            let mut claimed = Vec::with_capacity(ids.len());
+            let started_at = now();
+            for row in &ids {
+                let id: i64 = row.try_get(0)?;
+                let row = sqlx::query(&format!(
+                    "UPDATE deployments SET status = $1, server_id = $2, lease_until = $3, \
+                     phase = $4, started_at = $5, out_dir = $6 WHERE id = $7 AND status = $8 \
                      RETURNING {DEPLOYMENT_COLUMNS}"
                 ))
-                    .bind(&server_id)
-                    .bind(lease_until)
-                    .bind(Phase::Fetching.as_str())
-                    .bind(&started_at)
-                    .bind(out_dir(id))
-                    .bind(id)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                    claimed.push(deployment_row(&row)?);
-                }
-                Ok(claimed)
-            })
-        })
+                .bind(Status::Running.as_str())
+                .bind(&server_id)
+                .bind(lease_until)
+                .bind(Phase::Fetching.as_str())
+                .bind(&started_at)
+                .bind(out_dir(id))
+                .bind(id)
+                .bind(Status::Queued.as_str())
+                .fetch_one(&mut *conn)
+                .await?;
+                claimed.push(deployment_row(&row)?);
+            }
+            Ok(claimed)
+        }))
         .await
     }
 
@@ -128,21 +122,21 @@ impl Db {
         if ids.is_empty() {
             return Ok(());
         }
-        self.write(move |conn| {
-            Box::pin(async move {
-                let placeholders = placeholders(2, ids.len());
-                let sql = format!(
-                    "UPDATE deployments SET phase = $1 \
-                     WHERE status = 'running' AND id IN ({placeholders})"
-                );
-                let mut query = sqlx::query(&sql).bind(Phase::Deploying.as_str());
-                for id in ids {
-                    query = query.bind(id);
-                }
-                query.execute(conn).await?;
-                Ok(())
-            })
-        })
+        self.write(statements!(|conn| {
+            let placeholders = placeholders(3, ids.len());
+            let sql = format!(
+                "UPDATE deployments SET phase = $1 \
+                 WHERE status = $2 AND id IN ({placeholders})"
+            );
+            let mut query = sqlx::query(&sql)
+                .bind(Phase::Deploying.as_str())
+                .bind(Status::Running.as_str());
+            for id in ids {
+                query = query.bind(id);
+            }
+            query.execute(conn).await?;
+            Ok(())
+        }))
         .await
     }
 
@@ -152,39 +146,38 @@ impl Db {
     pub async fn beat(&self, beat: Beat) -> Result<Vec<(i64, Option<String>)>> {
         let deployers =
             serde_json::to_string(&beat.runnable.0).map_err(|e| Error::Corrupt(e.to_string()))?;
-        self.write(move |conn| {
-            Box::pin(async move {
-                sqlx::query(
-                    "INSERT INTO servers (id, name, seen_ms, deployers) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (id) DO UPDATE SET name = excluded.name, \
-                     seen_ms = excluded.seen_ms, deployers = excluded.deployers",
-                )
+        self.write(statements!(|conn| {
+            sqlx::query(
+                "INSERT INTO servers (id, name, seen_ms, deployers) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (id) DO UPDATE SET name = excluded.name, \
+                 seen_ms = excluded.seen_ms, deployers = excluded.deployers",
+            )
+            .bind(&beat.server_id)
+            .bind(&beat.name)
+            .bind(beat.now_ms)
+            .bind(deployers)
+            .execute(&mut *conn)
+            .await?;
+            if beat.live.is_empty() {
+                return Ok(Vec::new());
+            }
+            let placeholders = placeholders(4, beat.live.len());
+            let sql = format!(
+                "UPDATE deployments SET lease_until = $1 WHERE server_id = $2 \
+                 AND status = $3 AND id IN ({placeholders}) RETURNING id, cancel"
+            );
+            let mut query = sqlx::query(&sql)
+                .bind(beat.lease_until)
                 .bind(&beat.server_id)
-                .bind(&beat.name)
-                .bind(beat.now_ms)
-                .bind(deployers)
-                .execute(&mut *conn)
-                .await?;
-                if beat.live.is_empty() {
-                    return Ok(Vec::new());
-                }
-                let placeholders = placeholders(3, beat.live.len());
-                let sql = format!(
-                    "UPDATE deployments SET lease_until = $1 WHERE server_id = $2 \
-                     AND status = 'running' AND id IN ({placeholders}) RETURNING id, cancel"
-                );
-                let mut query = sqlx::query(&sql)
-                    .bind(beat.lease_until)
-                    .bind(&beat.server_id);
-                for id in &beat.live {
-                    query = query.bind(*id);
-                }
-                let rows = query.fetch_all(&mut *conn).await?;
-                rows.iter()
-                    .map(|row| Ok((row.try_get("id")?, row.try_get("cancel")?)))
-                    .collect()
-            })
-        })
+                .bind(Status::Running.as_str());
+            for id in &beat.live {
+                query = query.bind(*id);
+            }
+            let rows = query.fetch_all(&mut *conn).await?;
+            rows.iter()
+                .map(|row| Ok((row.try_get("id")?, row.try_get("cancel")?)))
+                .collect()
+        }))
         .await
     }
 
@@ -192,15 +185,13 @@ impl Db {
     /// is queued.
     pub async fn leave(&self, server_id: &str) -> Result<()> {
         let server_id = server_id.to_string();
-        self.write(move |conn| {
-            Box::pin(async move {
-                sqlx::query("DELETE FROM servers WHERE id = $1")
-                    .bind(server_id)
-                    .execute(conn)
-                    .await?;
-                Ok(())
-            })
-        })
+        self.write(statements!(|conn| {
+            sqlx::query("DELETE FROM servers WHERE id = $1")
+                .bind(server_id)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }))
         .await
     }
 
@@ -212,36 +203,33 @@ impl Db {
         now_ms: i64,
         error: impl Fn(&str, Option<Phase>) -> String + Send + 'static,
     ) -> Result<Vec<Deployment>> {
-        let skip_locked = if self.shared() {
-            " FOR UPDATE OF d SKIP LOCKED"
-        } else {
-            ""
-        };
-        self.write(move |conn| {
-            Box::pin(async move {
-                let expired = sqlx::query(&format!(
-                    "SELECT d.id, d.phase, d.server_id, s.name FROM deployments d \
-                     LEFT JOIN servers s ON s.id = d.server_id \
-                     WHERE d.status = 'running' AND d.lease_until < $1{skip_locked}"
-                ))
-                .bind(now_ms)
-                .fetch_all(&mut *conn)
-                .await?;
-                let mut failed = Vec::new();
-                for row in &expired {
-                    let id: i64 = row.try_get("id")?;
-                    let phase: Option<String> = row.try_get("phase")?;
-                    let server: String = row.try_get("server_id")?;
-                    let owner = match row.try_get::<Option<String>, _>("name")? {
-                        Some(name) => format!("{name} ({server})"),
-                        None => server,
-                    };
-                    let message = error(&owner, phase.as_deref().and_then(Phase::parse));
-                    failed.extend(end_with(conn, id, "running", &message).await?);
-                }
-                Ok(failed)
-            })
-        })
+        let skip_locked = self.backend.skip_locked();
+        self.write(statements!(|conn| {
+            // The owner's name in a subquery, not a join: PostgreSQL
+            // locks no row of the nullable side of an outer join.
+            let expired = sqlx::query(&format!(
+                "SELECT d.id, d.phase, d.server_id, \
+                 (SELECT s.name FROM servers s WHERE s.id = d.server_id) AS name \
+                 FROM deployments d WHERE d.status = $1 AND d.lease_until < $2{skip_locked}"
+            ))
+            .bind(Status::Running.as_str())
+            .bind(now_ms)
+            .fetch_all(&mut *conn)
+            .await?;
+            let mut failed = Vec::new();
+            for row in &expired {
+                let id: i64 = row.try_get("id")?;
+                let phase: Option<String> = row.try_get("phase")?;
+                let server: String = row.try_get("server_id")?;
+                let owner = match row.try_get::<Option<String>, _>("name")? {
+                    Some(name) => format!("{name} ({server})"),
+                    None => server,
+                };
+                let message = error(&owner, phase.as_deref().and_then(Phase::parse));
+                failed.extend(end_with(conn, id, Status::Running, &message).await?);
+            }
+            Ok(failed)
+        }))
         .await
     }
 
@@ -254,47 +242,42 @@ impl Db {
         alive_since_ms: i64,
         error: impl Fn(&str, &str) -> String + Send + 'static,
     ) -> Result<Vec<Deployment>> {
-        let skip_locked = if self.shared() {
-            " FOR UPDATE SKIP LOCKED"
-        } else {
-            ""
-        };
-        self.write(move |conn| {
-            Box::pin(async move {
-                let servers = sqlx::query("SELECT deployers FROM servers WHERE seen_ms >= $1")
-                    .bind(alive_since_ms)
-                    .fetch_all(&mut *conn)
-                    .await?;
-                let mut runnable = HashSet::new();
-                for row in &servers {
-                    let keys: String = row.try_get("deployers")?;
-                    let keys: Vec<String> = serde_json::from_str(&keys)
-                        .map_err(|e| Error::Corrupt(format!("servers.deployers: {e}")))?;
-                    runnable.extend(keys);
-                }
-                let waiting = sqlx::query(&format!(
-                    "SELECT id, deployer, plugin_sha256 FROM deployments \
-                     WHERE status = 'queued' AND created_at < $1 ORDER BY id{skip_locked}"
-                ))
-                .bind(queued_before)
+        let skip_locked = self.backend.skip_locked();
+        self.write(statements!(|conn| {
+            let servers = sqlx::query("SELECT deployers FROM servers WHERE seen_ms >= $1")
+                .bind(alive_since_ms)
                 .fetch_all(&mut *conn)
                 .await?;
-                let mut failed = Vec::new();
-                for row in &waiting {
-                    let id: i64 = row.try_get("id")?;
-                    let deployer: String = row.try_get("deployer")?;
-                    let sha256: String = row
-                        .try_get::<Option<String>, _>("plugin_sha256")?
-                        .unwrap_or_default();
-                    if runnable.contains(&Runnable::key(&deployer, &sha256)) {
-                        continue;
-                    }
-                    let message = error(&deployer, &sha256);
-                    failed.extend(end_with(conn, id, "queued", &message).await?);
+            let mut runnable = HashSet::new();
+            for row in &servers {
+                let keys: String = row.try_get("deployers")?;
+                let keys: Vec<String> = serde_json::from_str(&keys)
+                    .map_err(|e| Error::Corrupt(format!("servers.deployers: {e}")))?;
+                runnable.extend(keys);
+            }
+            let waiting = sqlx::query(&format!(
+                "SELECT id, deployer, plugin_sha256 FROM deployments \
+                 WHERE status = $1 AND created_at < $2 ORDER BY id{skip_locked}"
+            ))
+            .bind(Status::Queued.as_str())
+            .bind(queued_before)
+            .fetch_all(&mut *conn)
+            .await?;
+            let mut failed = Vec::new();
+            for row in &waiting {
+                let id: i64 = row.try_get("id")?;
+                let deployer: String = row.try_get("deployer")?;
+                let sha256: String = row
+                    .try_get::<Option<String>, _>("plugin_sha256")?
+                    .unwrap_or_default();
+                if runnable.contains(&Runnable::key(&deployer, &sha256)) {
+                    continue;
                 }
-                Ok(failed)
-            })
-        })
+                let message = error(&deployer, &sha256);
+                failed.extend(end_with(conn, id, Status::Queued, &message).await?);
+            }
+            Ok(failed)
+        }))
         .await
     }
 
@@ -308,43 +291,43 @@ impl Db {
         dequeued: &str,
     ) -> Result<CancelAsked> {
         let (reason, dequeued) = (reason.to_string(), dequeued.to_string());
-        self.write(move |conn| {
-            Box::pin(async move {
-                if let Some(row) = end_with(conn, id, "queued", &dequeued).await? {
-                    return Ok(CancelAsked::Dequeued(Box::new(row)));
-                }
-                let running = sqlx::query(
-                    "UPDATE deployments SET cancel = COALESCE(cancel, $1) \
-                     WHERE id = $2 AND status = 'running' RETURNING server_id",
-                )
-                .bind(reason)
+        self.write(statements!(|conn| {
+            if let Some(row) = end_with(conn, id, Status::Queued, &dequeued).await? {
+                return Ok(CancelAsked::Dequeued(Box::new(row)));
+            }
+            let running = sqlx::query(
+                "UPDATE deployments SET cancel = COALESCE(cancel, $1) \
+                 WHERE id = $2 AND status = $3 RETURNING server_id",
+            )
+            .bind(reason)
+            .bind(id)
+            .bind(Status::Running.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
+            if let Some(row) = running {
+                return Ok(CancelAsked::Running {
+                    server: row.try_get("server_id")?,
+                });
+            }
+            let row = sqlx::query("SELECT status FROM deployments WHERE id = $1")
                 .bind(id)
                 .fetch_optional(&mut *conn)
                 .await?;
-                if let Some(row) = running {
-                    return Ok(CancelAsked::Running {
-                        server: row.try_get("server_id")?,
-                    });
-                }
-                let row = sqlx::query("SELECT status FROM deployments WHERE id = $1")
-                    .bind(id)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                let Some(row) = row else {
-                    return Ok(CancelAsked::Unknown);
-                };
-                let status: String = row.try_get("status")?;
-                Status::parse(&status)
-                    .map(CancelAsked::Ended)
-                    .ok_or_else(|| Error::Corrupt(format!("status = {status:?}")))
-            })
-        })
+            let Some(row) = row else {
+                return Ok(CancelAsked::Unknown);
+            };
+            let status: String = row.try_get("status")?;
+            Status::parse(&status)
+                .map(CancelAsked::Ended)
+                .ok_or_else(|| Error::Corrupt(format!("status = {status:?}")))
+        }))
         .await
     }
 
     /// How many deployments wait in the queue, for any server.
     pub async fn queued_count(&self) -> Result<u64> {
-        let row = sqlx::query("SELECT COUNT(*) FROM deployments WHERE status = 'queued'")
+        let row = sqlx::query("SELECT COUNT(*) FROM deployments WHERE status = $1")
+            .bind(Status::Queued.as_str())
             .fetch_one(&self.pool)
             .await?;
         let count: i64 = row.try_get(0)?;
@@ -354,8 +337,9 @@ impl Db {
     /// The `deployer@sha256` keys of the queued deployments.
     pub async fn queued_keys(&self) -> Result<std::collections::HashSet<String>> {
         let rows = sqlx::query(
-            "SELECT DISTINCT deployer, plugin_sha256 FROM deployments WHERE status = 'queued'",
+            "SELECT DISTINCT deployer, plugin_sha256 FROM deployments WHERE status = $1",
         )
+        .bind(Status::Queued.as_str())
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
@@ -392,18 +376,23 @@ fn placeholders(first: usize, count: usize) -> String {
 async fn end_with(
     conn: &mut sqlx::AnyConnection,
     id: i64,
-    status: &str,
+    status: Status,
     error: &str,
 ) -> Result<Option<Deployment>> {
     let row = sqlx::query(&format!(
-        "UPDATE deployments SET status = 'failed', error = $1, completed_at = $2, phase = NULL \
-         WHERE id = $3 AND status = $4 RETURNING {DEPLOYMENT_COLUMNS}"
+        "UPDATE deployments SET status = $1, error = $2, completed_at = $3, phase = NULL \
+         WHERE id = $4 AND status = $5 RETURNING {DEPLOYMENT_COLUMNS}"
     ))
+    .bind(Status::Failed.as_str())
     .bind(error)
     .bind(now())
     .bind(id)
-    .bind(status)
+    .bind(status.as_str())
     .fetch_optional(&mut *conn)
     .await?;
     row.as_ref().map(deployment_row).transpose()
 }
+
+#[cfg(test)]
+#[path = "queue_tests.rs"]
+mod tests;

@@ -1,0 +1,158 @@
+//! The schema's migrations, compiled in, and applying them at connect.
+//! Never edits a migration: a change to the schema is a new file in both
+//! `migrations/sqlite/` and `migrations/postgres/`, under the same number
+//! and name, and a line in each list below.
+
+use sqlx::AnyPool;
+
+use super::{Backend, Result};
+
+/// The schema's migrations, compiled in: (version, description, SQL) per
+/// backend, one entry per file of `migrations/<backend>/`. Listed by hand
+/// rather than by `sqlx::migrate!`, whose macro compiles both database
+/// drivers a second time; a test keeps the list and the folders in step.
+const SQLITE_MIGRATIONS: Migrations = Migrations(&[
+    (
+        1,
+        "initial",
+        include_str!("../../../migrations/sqlite/0001_initial.sql"),
+    ),
+    (
+        2,
+        "live deployments",
+        include_str!("../../../migrations/sqlite/0002_live_deployments.sql"),
+    ),
+    (
+        3,
+        "created by",
+        include_str!("../../../migrations/sqlite/0003_created_by.sql"),
+    ),
+    (
+        4,
+        "queue",
+        include_str!("../../../migrations/sqlite/0004_queue.sql"),
+    ),
+    (
+        5,
+        "events",
+        include_str!("../../../migrations/sqlite/0005_events.sql"),
+    ),
+    (
+        6,
+        "catalog",
+        include_str!("../../../migrations/sqlite/0006_catalog.sql"),
+    ),
+]);
+const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
+    (
+        1,
+        "initial",
+        include_str!("../../../migrations/postgres/0001_initial.sql"),
+    ),
+    (
+        2,
+        "live deployments",
+        include_str!("../../../migrations/postgres/0002_live_deployments.sql"),
+    ),
+    (
+        3,
+        "created by",
+        include_str!("../../../migrations/postgres/0003_created_by.sql"),
+    ),
+    (
+        4,
+        "queue",
+        include_str!("../../../migrations/postgres/0004_queue.sql"),
+    ),
+    (
+        5,
+        "events",
+        include_str!("../../../migrations/postgres/0005_events.sql"),
+    ),
+    (
+        6,
+        "catalog",
+        include_str!("../../../migrations/postgres/0006_catalog.sql"),
+    ),
+]);
+
+#[derive(Debug, Clone, Copy)]
+struct Migrations(&'static [(i64, &'static str, &'static str)]);
+
+impl sqlx::migrate::MigrationSource<'static> for Migrations {
+    fn resolve(
+        self,
+    ) -> futures::future::BoxFuture<
+        'static,
+        std::result::Result<Vec<sqlx::migrate::Migration>, sqlx::error::BoxDynError>,
+    > {
+        let migrations = self
+            .0
+            .iter()
+            .map(|&(version, description, sql)| {
+                sqlx::migrate::Migration::new(
+                    version,
+                    description.into(),
+                    sqlx::migrate::MigrationType::Simple,
+                    sql.into(),
+                    false,
+                )
+            })
+            .collect();
+        Box::pin(std::future::ready(Ok(migrations)))
+    }
+}
+
+/// Brings the database at `pool` up to the newest migration of `backend`.
+pub(super) async fn apply(pool: &AnyPool, backend: Backend) -> Result<()> {
+    let migrations = match backend {
+        Backend::Sqlite => SQLITE_MIGRATIONS,
+        Backend::Postgres => POSTGRES_MIGRATIONS,
+    };
+    sqlx::migrate::Migrator::new(migrations)
+        .await?
+        .run(pool)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every file of `migrations/<backend>/` is compiled in, under the
+    /// version and description sqlx gives a file of that name, so databases
+    /// migrated before the list existed keep matching it.
+    #[test]
+    fn compiled_in_migrations_are_the_migration_files() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+        for (backend, Migrations(listed)) in [
+            ("sqlite", SQLITE_MIGRATIONS),
+            ("postgres", POSTGRES_MIGRATIONS),
+        ] {
+            let mut files: Vec<_> = std::fs::read_dir(root.join(backend))
+                .unwrap()
+                .map(|entry| entry.unwrap().path())
+                .collect();
+            files.sort();
+            let on_disk: Vec<(i64, String, String)> = files
+                .iter()
+                .map(|path| {
+                    let name = path.file_name().unwrap().to_str().unwrap();
+                    let (version, rest) =
+                        name.strip_suffix(".sql").unwrap().split_once('_').unwrap();
+                    let sql = std::fs::read_to_string(path).unwrap();
+                    (version.parse().unwrap(), rest.replace('_', " "), sql)
+                })
+                .collect();
+            let compiled: Vec<(i64, String, String)> = listed
+                .iter()
+                .map(|&(v, d, sql)| (v, d.to_string(), sql.to_string()))
+                .collect();
+            assert_eq!(
+                compiled, on_disk,
+                "{backend}: the list in db/migrations.rs and the folder differ"
+            );
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! berth's records: models and their files, deployments and the queue,
+//! the event log and webhook state, the stored deployers. The only module
+//! with SQL. SQLite and PostgreSQL run the same statements through
+//! `sqlx::Any` (`$N` placeholders work on both); where they differ the
+//! code asks `Backend` by name, and what only one of them does lives in
+//! `sqlite` (group commit, PRAGMAs) or `postgres` (NOTIFY, LISTEN,
+//! advisory locks). The schema is `migrations/<backend>/`, applied at
+//! connect (`migrations`).
+//!
+//! `Db` is the facade: reads go to a pool; every write goes through
+//! `Db::write`. One file per group of tables: `models`, `deployments`,
+//! `queue`, `events`, `catalog`; `notify` names the wake-ups. Never words
+//! a deployment's error: what a sweep, a restart or a cancel records comes
+//! from the caller.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use futures::future::BoxFuture;
+use sqlx::{AnyConnection, AnyPool};
+use tokio_util::sync::CancellationToken;
+
+/// The statements of one write, as `Db::write` takes them:
+/// `self.write(statements!(|conn| { … }))`. It is the closure over the
+/// connection that returns its future boxed, with everything it uses moved
+/// in; an async closure cannot stand in, as its future must be `Send` for
+/// SQLite's committer task.
+macro_rules! statements {
+    (|$conn:ident| $body:block) => {
+        move |$conn| Box::pin(async move $body)
+    };
+}
+
+mod catalog;
+mod deployments;
+pub mod events;
+mod migrations;
+mod models;
+mod notify;
+mod postgres;
+mod queue;
+mod sqlite;
+#[cfg(test)]
+mod testing;
+
+pub use catalog::{NewVersion, Pushed, StoredVersion};
+pub use deployments::{Ending, NewDeployment};
+pub use notify::Topic;
+pub use queue::{Beat, CancelAsked, Claim, Runnable};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("a model with job id {0:?} is already registered")]
+    DuplicateJob(String),
+    #[error("deployment {0} is not running")]
+    NotRunning(i64),
+    #[error("database: {0}")]
+    Sql(sqlx::Error),
+    /// The database's disk is full: nothing can be written until space is
+    /// freed, while reads keep working.
+    #[error("the database has no room to write (its disk is full): {0}")]
+    NoRoom(sqlx::Error),
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("database holds a value berth cannot read: {0}")]
+    Corrupt(String),
+    /// Another write of the same group commit failed, so this one was not
+    /// made either; nothing of it is stored and it may be tried again.
+    #[error("the database did not take the write: {0}")]
+    Unwritten(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        if no_room(&e) {
+            Error::NoRoom(e)
+        } else {
+            Error::Sql(e)
+        }
+    }
+}
+
+/// Whether a statement failed because the database's disk is full:
+/// SQLite's SQLITE_FULL (13), PostgreSQL's disk_full (53100).
+fn no_room(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(e) = e else {
+        return false;
+    };
+    matches!(e.code().as_deref(), Some("13" | "53100"))
+}
+
+/// Which database holds the records, told by the URL it was opened with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A file of one server: its writes are group-committed, its wake-ups
+    /// stay in the process.
+    Sqlite,
+    /// Possibly shared by several servers (and their models volume): row
+    /// locks, `NOTIFY`, advisory locks.
+    Postgres,
+}
+
+impl Backend {
+    fn of(url: &str) -> Self {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Backend::Postgres
+        } else {
+            Backend::Sqlite
+        }
+    }
+
+    pub fn is_postgres(self) -> bool {
+        self == Backend::Postgres
+    }
+
+    /// Ends a `SELECT` of rows to change so that other servers skip the
+    /// rows it takes instead of waiting for them. SQLite has one writer
+    /// (one server): nothing to skip.
+    pub fn skip_locked(self) -> &'static str {
+        match self {
+            Backend::Postgres => " FOR UPDATE SKIP LOCKED",
+            Backend::Sqlite => "",
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Db {
+    backend: Backend,
+    /// Reads, and on PostgreSQL writes too.
+    pool: AnyPool,
+    /// On SQLite, and only there, every write: see `sqlite::Committer`.
+    committer: Option<sqlite::Committer>,
+    /// What other servers on this database (and this one) said changed.
+    wakeups: Arc<notify::Wakeups>,
+    /// Cancelled by `close`: stops listening.
+    closing: CancellationToken,
+}
+
+pub fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+/// The clock of leases and liveness: Unix milliseconds, as stored. The
+/// servers sharing a database must agree on it to well within a lease.
+pub fn now_ms() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    millis(since)
+}
+
+/// A duration in the milliseconds the records store.
+pub fn millis(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Db {
+    /// Connects (creating a SQLite file if missing) and applies migrations.
+    pub async fn connect(url: &str) -> Result<Self> {
+        sqlx::any::install_default_drivers();
+        let backend = Backend::of(url);
+        let wakeups = Arc::new(notify::Wakeups::new());
+        let closing = CancellationToken::new();
+        let (pool, committer) = match backend {
+            Backend::Sqlite => {
+                let url = sqlite::url(url);
+                let pool = sqlite::pool(&url, 8).await?;
+                migrations::apply(&pool, backend).await?;
+                (pool, Some(sqlite::Committer::start(&url).await?))
+            }
+            Backend::Postgres => {
+                let pool = postgres::pool(url, 16).await?;
+                migrations::apply(&pool, backend).await?;
+                postgres::listen(url, wakeups.clone(), closing.clone());
+                (pool, None)
+            }
+        };
+        Ok(Self {
+            backend,
+            pool,
+            committer,
+            wakeups,
+            closing,
+        })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Tells every server on this database (this one included) that
+    /// `topic` changed. Made after the write it reports was committed.
+    pub async fn notify(&self, topic: Topic, payload: &str) -> Result<()> {
+        match self.backend {
+            Backend::Postgres => postgres::notify(&self.pool, topic, payload).await,
+            Backend::Sqlite => {
+                self.wakeups.deliver(topic, payload.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    /// Hears what `notify` said from now on, from any server.
+    pub fn wakeups(&self, topic: Topic) -> tokio::sync::broadcast::Receiver<String> {
+        self.wakeups.subscribe(topic)
+    }
+
+    pub async fn close(&self) {
+        self.closing.cancel();
+        if let Some(committer) = &self.committer {
+            committer.close().await;
+        }
+        self.pool.close().await;
+    }
+
+    /// Makes one write, in a transaction of its own on PostgreSQL and in
+    /// the committer's group on SQLite; returns once it is committed.
+    async fn write<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<T>> + Send + 'static,
+    {
+        if let Some(committer) = &self.committer {
+            return committer.write(work).await;
+        }
+        let mut tx = self.pool.begin().await?;
+        let value = work(&mut tx).await?;
+        tx.commit().await?;
+        Ok(value)
+    }
+}

@@ -1,0 +1,165 @@
+//! The models and their files: registering, reading, deleting. A model's
+//! deployments go with it (`ON DELETE CASCADE`); its files on disk are
+//! never touched here.
+
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row};
+
+use super::{Db, Error, Result, now};
+use crate::model::{ModelFile, TrainedModel};
+
+const MODEL_COLUMNS: &str = "id, name, job_id, base_model, model_size, dataset, num_examples, \
+     num_train_steps, final_loss, params, source, created_at, created_by";
+
+impl Db {
+    /// Records a model and its files in one transaction; `id` and
+    /// `created_at` of the argument are ignored.
+    pub async fn insert_model(&self, model: &TrainedModel) -> Result<TrainedModel> {
+        let mut model = model.clone();
+        model.created_at = now();
+        self.write(move |conn| Box::pin(insert_model(conn, model)))
+            .await
+    }
+
+    pub async fn models(&self) -> Result<Vec<TrainedModel>> {
+        let rows = sqlx::query(&format!("SELECT {MODEL_COLUMNS} FROM models ORDER BY id"))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut models = rows.iter().map(model_row).collect::<Result<Vec<_>>>()?;
+        let files = sqlx::query(
+            "SELECT model_id, path, size_bytes, sha256 FROM model_files ORDER BY model_id, position",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        for row in &files {
+            let model_id: i64 = row.try_get("model_id")?;
+            if let Ok(at) = models.binary_search_by_key(&model_id, |m| m.id) {
+                models[at].files.push(file_row(row)?);
+            }
+        }
+        Ok(models)
+    }
+
+    pub async fn model(&self, id: i64) -> Result<Option<TrainedModel>> {
+        let Some(row) = sqlx::query(&format!("SELECT {MODEL_COLUMNS} FROM models WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let mut model = model_row(&row)?;
+        let files = sqlx::query(
+            "SELECT path, size_bytes, sha256 FROM model_files WHERE model_id = $1 ORDER BY position",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        model.files = files.iter().map(file_row).collect::<Result<_>>()?;
+        Ok(Some(model))
+    }
+
+    /// Deletes a model with its files' records and its deployments. Returns
+    /// false if there was no such model.
+    pub async fn delete_model(&self, id: i64) -> Result<bool> {
+        self.write(statements!(|conn| {
+            let deleted = sqlx::query("DELETE FROM models WHERE id = $1")
+                .bind(id)
+                .execute(conn)
+                .await?;
+            Ok(deleted.rows_affected() > 0)
+        }))
+        .await
+    }
+}
+
+/// The statements of `Db::insert_model`: the model as recorded, its id set.
+async fn insert_model(conn: &mut AnyConnection, mut model: TrainedModel) -> Result<TrainedModel> {
+    let insert = sqlx::query(
+        "INSERT INTO models (name, job_id, base_model, model_size, dataset, num_examples, \
+         num_train_steps, final_loss, params, source, created_at, created_by) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id",
+    )
+    .bind(&model.name)
+    .bind(&model.job_id)
+    .bind(&model.base_model)
+    .bind(&model.model_size)
+    .bind(&model.dataset)
+    .bind(to_i64(model.num_examples))
+    .bind(to_i64(model.num_train_steps));
+    // sqlx 0.8's Any driver sends a NULL f64 to PostgreSQL as a `real`
+    // and a NULL f32 as a `double precision` (the two are swapped). The
+    // connection caches the statement with the first parameter types it
+    // saw, so a `real` NULL made every later loss on that connection
+    // fail; a NULL f32 keeps the statement `double precision`.
+    let insert = match model.final_loss {
+        Some(loss) => insert.bind(loss),
+        None => insert.bind(None::<f32>),
+    };
+    let inserted = insert
+        .bind(&model.params_json)
+        .bind(&model.source)
+        .bind(&model.created_at)
+        .bind(&model.created_by)
+        .fetch_one(&mut *conn)
+        .await;
+    let id: i64 = match inserted {
+        Ok(row) => row.try_get(0)?,
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+            return Err(Error::DuplicateJob(model.job_id));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    for (position, file) in model.files.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO model_files (model_id, position, path, size_bytes, sha256) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(id)
+        .bind(position as i64)
+        .bind(&file.path)
+        .bind(to_i64(file.size_bytes))
+        .bind(&file.sha256)
+        .execute(&mut *conn)
+        .await?;
+    }
+    model.id = id;
+    Ok(model)
+}
+
+/// Sizes and counts are u64 in the domain and BIGINT in both databases;
+/// validation keeps them below 2^63.
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn to_u64(value: i64, column: &str) -> Result<u64> {
+    u64::try_from(value).map_err(|_| Error::Corrupt(format!("{column} = {value}")))
+}
+
+fn model_row(row: &AnyRow) -> Result<TrainedModel> {
+    Ok(TrainedModel {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        job_id: row.try_get("job_id")?,
+        base_model: row.try_get("base_model")?,
+        model_size: row.try_get("model_size")?,
+        dataset: row.try_get("dataset")?,
+        num_examples: to_u64(row.try_get("num_examples")?, "num_examples")?,
+        num_train_steps: to_u64(row.try_get("num_train_steps")?, "num_train_steps")?,
+        final_loss: row.try_get("final_loss")?,
+        params_json: row.try_get("params")?,
+        source: row.try_get("source")?,
+        files: Vec::new(),
+        created_at: row.try_get("created_at")?,
+        created_by: row.try_get("created_by")?,
+    })
+}
+
+fn file_row(row: &AnyRow) -> Result<ModelFile> {
+    Ok(ModelFile {
+        path: row.try_get("path")?,
+        size_bytes: to_u64(row.try_get("size_bytes")?, "size_bytes")?,
+        sha256: row.try_get("sha256")?,
+    })
+}
