@@ -155,12 +155,6 @@ pub(crate) struct Written {
     pub(crate) sha256: String,
 }
 
-enum Message {
-    Chunk(Bytes),
-    /// No more bytes: make them durable.
-    Finish,
-}
-
 /// What tells the hash thread of a partial file to give up: the download
 /// it serves is gone, and reading on (gigabytes, perhaps) serves nobody.
 pub(crate) trait StopHash: Send + Sync + 'static {
@@ -180,8 +174,8 @@ pub(crate) type LastHash = std::sync::mpsc::Receiver<Sha256>;
 /// The disk thread and the hash thread behind one partial file, as both
 /// writers run them (`Writer` for one stream, `pieces::PieceWriter` for
 /// pieces): each at its own pace, holding the directory lock until it ends.
-/// Dropped before the download is finished, they tell the hash to stop (`StopHash`); the
-/// caller closes their queues, then `end` waits for both.
+/// Dropped before the download is finished, they tell the hash to stop
+/// (`StopHash`). The writer closes their queues, then `end` waits for both.
 pub(crate) struct Threads<S: StopHash> {
     disk: tokio::task::JoinHandle<std::io::Result<()>>,
     hash: tokio::task::JoinHandle<std::io::Result<Sha256>>,
@@ -258,6 +252,12 @@ impl<S: StopHash> Drop for Threads<S> {
             self.stop();
         }
     }
+}
+
+enum Message {
+    Chunk(Bytes),
+    /// No more bytes: make them durable.
+    Finish,
 }
 
 /// The threads behind a partial file read in one stream: one hashes the

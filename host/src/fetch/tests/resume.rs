@@ -5,6 +5,8 @@
 use super::*;
 use crate::fetch::partial::Checkpoint;
 use crate::fetch::ranges::Ranges;
+use crate::fetch::sha::Sha256 as HashState;
+use crate::fetch::stamp::Stamp;
 
 #[tokio::test]
 async fn a_broken_off_download_continues_where_it_stopped() {
@@ -114,7 +116,8 @@ async fn a_partial_changed_since_its_checkpoint_is_hashed_again() {
 
 #[tokio::test]
 async fn an_untouched_partial_is_continued_from_its_checkpoint() {
-    let (_setup, contents, partial, record, kept) = cut_halfway(13).await;
+    let (setup, contents, partial, record, kept) = cut_halfway(13).await;
+    std::fs::copy(&record, record.with_extension("copy")).unwrap();
     let hashed =
         Checkpoint::take(&record, &partial, &sha(&contents)).expect("the checkpoint vouches");
     assert_eq!(hashed.have, Ranges::prefix(kept));
@@ -122,6 +125,41 @@ async fn an_untouched_partial_is_continued_from_its_checkpoint() {
         hashed.hash.map(|h| h.len()),
         Some(kept),
         "the checkpoint's hash covers every kept byte"
+    );
+
+    // Through a fetch: continued from the kept bytes with a range request,
+    // verified, and the checkpoint used up.
+    std::fs::rename(record.with_extension("copy"), &record).unwrap();
+    setup.source.with(|s| s.cut_after = None);
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "big.bin", &contents);
+    assert_eq!(
+        setup.source.requests("job/big.bin"),
+        [None, Some(format!("bytes={kept}-"))]
+    );
+    assert!(!record.exists(), "the checkpoint is used up");
+}
+
+#[tokio::test]
+async fn a_checkpoint_is_believed_without_reading_the_kept_bytes_back() {
+    let (setup, contents, partial, record, kept) = cut_halfway(15).await;
+    // A checkpoint that vouches for the partial as it is, with the hash of
+    // other bytes of the same length: were the kept bytes read back and
+    // hashed, the file would verify at once; believed, the file fails its
+    // hash and is downloaded whole.
+    let mut other = HashState::default();
+    other.update(&vec![0; kept as usize]);
+    let stamp = Stamp::of(&std::fs::metadata(&partial).unwrap(), Some(&sha(&contents)));
+    Checkpoint::new(stamp, other, Ranges::prefix(kept))
+        .save(&record)
+        .unwrap();
+
+    setup.source.with(|s| s.cut_after = None);
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "big.bin", &contents);
+    assert_eq!(
+        setup.source.requests("job/big.bin"),
+        [None, Some(format!("bytes={kept}-")), None]
     );
 }
 
