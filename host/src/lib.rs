@@ -9,6 +9,7 @@
 pub mod artifacts;
 pub mod auth;
 pub mod catalog;
+mod causes;
 pub mod cli;
 pub mod db;
 pub mod deployers;

@@ -127,22 +127,11 @@ pub(crate) fn hint(error: &(dyn std::error::Error + 'static)) -> &'static str {
             ))
         )
     };
-    let mut cause = Some(error);
-    while let Some(e) = cause {
-        if unknown_issuer(e) {
-            return UNKNOWN_ISSUER;
-        }
-        // io::Error's `source` skips the error it wraps (rustls' is wrapped
-        // twice on the way through hyper-rustls): step into it instead.
-        cause = match e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-        {
-            Some(wrapped) => Some(wrapped),
-            None => e.source(),
-        };
+    if crate::causes::causes(error).any(unknown_issuer) {
+        UNKNOWN_ISSUER
+    } else {
+        ""
     }
-    ""
 }
 
 #[cfg(test)]

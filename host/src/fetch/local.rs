@@ -8,8 +8,9 @@ use std::path::Path;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
+use super::Error;
+use super::file::{sha256_mismatch, size_contradicts, wrong_length};
 use super::source::{self, Location, Span};
-use super::{Error, sha256_mismatch, size_contradicts, wrong_length};
 use crate::model::ModelFile;
 
 /// Checks each recorded file at `dir/<path>` against its size and, when

@@ -10,8 +10,15 @@
 //! vouches for every file is ready without reading a byte or taking the
 //! lock. Never deletes a model file; knows nothing of deployers or the
 //! database.
+//!
+//! This file is the whole model's order: vouched for, locked, checked in
+//! place, room, downloads, settled. One file's download is `file`; the
+//! disk work around the downloads, run off the runtime's threads, `disk`;
+//! the bytes' way in, `source`, `partial` and `pieces`.
 
 mod access;
+mod disk;
+mod file;
 mod local;
 mod lock;
 mod partial;
@@ -20,33 +27,27 @@ mod ranges;
 mod sha;
 mod source;
 mod stamp;
-mod store;
-#[cfg(test)]
-mod store_tests;
+mod tally;
 #[cfg(test)]
 mod tests;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::{ModelFile, TrainedModel};
 use crate::trust::Trust;
 pub use access::Access;
+use disk::disk_error;
 pub use local::check_local;
 use lock::DirLock;
 pub use lock::SharedLocks;
-use partial::{Checkpoint, Kept, Resumable, TEMP_PREFIX, Writer, Written, partial_path};
-use pieces::PieceWriter;
-use ranges::Ranges;
-use sha::Sha256 as ResumableSha256;
 use stamp::{Stamp, Stamps};
+use tally::Tally;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
@@ -183,15 +184,8 @@ impl Fetcher {
     /// `fetch` does in that case.
     pub fn verified(&self, model: &TrainedModel) -> Option<PathBuf> {
         let dir = self.dir_of(&model.job_id);
-        let books = self.bookkeeping(&model.job_id);
-        if model.files.is_empty() || !Stamps::load(&books.stamps).vouch_for_all(&dir, &model.files)
-        {
-            return None;
-        }
-        for file in &model.files {
-            crate::metrics::stamp_verified_bytes(file.size_bytes);
-        }
-        Some(dir)
+        let stamps = self.bookkeeping(&model.job_id).stamps;
+        disk::vouched(&stamps, &dir, &model.files).then_some(dir)
     }
 
     /// Makes the model's directory hold exactly-verified copies of all its
@@ -221,67 +215,59 @@ impl Fetcher {
     ) -> Result<PathBuf, Error> {
         let dir = self.dir_of(&model.job_id);
         let books = self.bookkeeping(&model.job_id);
-        let total_bytes: u64 = model.files.iter().map(|f| f.size_bytes).sum();
-        let tally = Arc::new(Tally::new(progress, total_bytes, model.files.len()));
+        let files: Arc<[ModelFile]> = model.files.as_slice().into();
+        let total_bytes: u64 = files.iter().map(|f| f.size_bytes).sum();
+        let tally = Arc::new(Tally::new(progress, total_bytes, files.len()));
 
         // A re-deployment of an unchanged model: real names are only ever
         // given verified files, so this needs neither the lock nor a read
         // of any byte.
-        if let Some(dir) = self.verified(model) {
-            for file in &model.files {
+        let vouched = disk::blocking({
+            let (stamps, dir, files) = (books.stamps.clone(), dir.clone(), files.clone());
+            move || disk::vouched(&stamps, &dir, &files)
+        })
+        .await;
+        if vouched {
+            for file in files.iter() {
                 tally.file_done(file.size_bytes);
             }
             return Ok(dir);
         }
 
-        // Shared with the writer threads: a download that is dropped
-        // (cancelled, timed out) keeps the directory locked until its
-        // writer has stopped touching it.
+        // Shared with the writer threads and the disk work: a download that
+        // is dropped (cancelled, timed out) keeps the directory locked until
+        // nothing of it touches the directory any more.
         let lock = Arc::new(
             DirLock::acquire(&books.lock, self.shared_locks.as_deref())
                 .await
                 .map_err(disk_error(&dir))?,
         );
-        std::fs::create_dir_all(&dir).map_err(disk_error(&dir))?;
-        // Read again: the fetch we may have waited for has just written it.
-        let mut stamps = Stamps::load(&books.stamps);
-        let missing = self
-            .check_in_place(&dir, &model.files, &mut stamps, &tally)
-            .await;
-        remove_leftovers(&dir, &missing);
-        self.check_room(&dir, &missing)?;
+        let mut stamps = disk::holding(&lock, {
+            let (dir, stamps) = (dir.clone(), books.stamps.clone());
+            move || {
+                std::fs::create_dir_all(&dir).map_err(disk_error(&dir))?;
+                // Read again: the fetch we may have waited for has just
+                // written it.
+                Ok::<_, Error>(Stamps::load(&stamps))
+            }
+        })
+        .await?;
+        let missing = self.check_in_place(&dir, &files, &mut stamps, &tally).await;
+        let missing = disk::holding(&lock, {
+            let (dir, reserve) = (dir.clone(), self.reserve);
+            move || {
+                disk::remove_leftovers(&dir, &missing);
+                disk::check_room(&dir, &missing, reserve).map(|()| missing)
+            }
+        })
+        .await?;
         let downloaded = self
             .download_all(model, missing, &dir, &tally, &lock, &mut stamps)
             .await;
-        settle(&dir, &books, &stamps, downloaded)
-    }
-
-    /// Refuses before downloading what would not fit: the missing files'
-    /// bytes, less what their kept partials already hold, plus the reserve.
-    fn check_room(&self, dir: &Path, missing: &[ModelFile]) -> Result<(), Error> {
-        use std::os::unix::fs::MetadataExt;
-        let needed: u64 = missing
-            .iter()
-            .map(|file| {
-                // Blocks, not length: a download in pieces is sparse.
-                let kept = std::fs::metadata(partial_path(&dir.join(&file.path)))
-                    .map_or(0, |m| m.len().min(m.blocks() * 512));
-                file.size_bytes.saturating_sub(kept)
-            })
-            .sum();
-        if needed == 0 {
-            return Ok(());
-        }
-        let free = crate::space::free_bytes(dir).map_err(disk_error(dir))?;
-        if free >= needed.saturating_add(self.reserve) {
-            return Ok(());
-        }
-        Err(Error::NoRoom {
-            dir: dir.display().to_string(),
-            needed,
-            free,
-            reserve: self.reserve,
+        disk::holding(&lock, move || {
+            disk::settle(&dir, &books, &stamps, downloaded)
         })
+        .await
     }
 
     /// Where this fetcher keeps its bookkeeping of one model directory.
@@ -307,7 +293,8 @@ impl Fetcher {
         let checked: Vec<Option<Stamp>> = futures::stream::iter(files.to_vec())
             .map(|file| {
                 let stamp = stamps.get(&file.path).cloned();
-                verified_in_place(dir.join(&file.path), file, stamp)
+                let path = dir.join(&file.path);
+                disk::blocking(move || disk::verified_in_place(&path, &file, stamp))
             })
             .buffered(self.parallel)
             .collect()
@@ -370,291 +357,6 @@ impl Fetcher {
         // next time.
         downloaded
     }
-
-    /// Puts one file in place. A partial download left by an earlier
-    /// attempt is continued; if the result then fails its hash, the file is
-    /// downloaded whole once more, in case the kept bytes were the wrong ones.
-    async fn download(
-        &self,
-        model: &TrainedModel,
-        file: &ModelFile,
-        dir: &Path,
-        tally: &Tally,
-        lock: Arc<DirLock>,
-    ) -> Result<Stamp, String> {
-        let target_path = dir.join(&file.path);
-        let parent = target_path
-            .parent()
-            .expect("a model file has a parent directory");
-        std::fs::create_dir_all(parent)
-            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-        let location = source::locate(&model.source, &model.job_id, &file.path)?;
-        let partial = partial_path(&target_path);
-        // The checkpoint an interrupted download of this file left, kept
-        // beside the verification record, out of the deployers' sight.
-        let record = self
-            .bookkeeping(&model.job_id)
-            .resume
-            .join(format!("{}.json", file.path));
-        let kept = match (&file.sha256, std::fs::metadata(&partial)) {
-            (Some(sha256), Ok(meta)) if meta.len() <= file.size_bytes => {
-                Checkpoint::take(&record, &partial, sha256).unwrap_or(Kept {
-                    have: Ranges::prefix(meta.len()),
-                    hash: None,
-                })
-            }
-            _ => {
-                let _ = std::fs::remove_file(&record);
-                Kept::nothing()
-            }
-        };
-        let resumable = file.sha256.as_ref().map(|sha256| Resumable {
-            record: record.clone(),
-            sha256: sha256.clone(),
-        });
-        let target = Target {
-            file,
-            location: &location,
-            partial: &partial,
-            resumable: &resumable,
-            tally,
-            lock: &lock,
-        };
-        let outcome = match self.attempt(&target, kept).await {
-            Err(Failure::Rejected {
-                counted,
-                resumed: true,
-                ..
-            }) => {
-                tally.rewind(counted);
-                self.attempt(&target, Kept::nothing()).await
-            }
-            outcome => outcome,
-        };
-        let sha256 = outcome.map_err(|failure| match failure {
-            Failure::Interrupted(reason) => reason,
-            Failure::Rejected { reason, .. } => {
-                // Known-bad bytes are not worth continuing.
-                let _ = std::fs::remove_file(&partial);
-                reason
-            }
-        })?;
-        std::fs::rename(&partial, &target_path)
-            .map_err(|e| format!("cannot move the verified file into place: {e}"))?;
-        let meta = std::fs::metadata(&target_path).map_err(|e| e.to_string())?;
-        Ok(Stamp::of(
-            &meta,
-            file.sha256.as_ref().map(|_| sha256.as_str()),
-        ))
-    }
-
-    /// One try at filling the partial file, continuing what `kept` says
-    /// it holds (if the source does ranges). A file with at least two
-    /// pieces' worth missing is read over several connections; others, and
-    /// sources that send whole files only, in one stream. Returns the
-    /// verified hash.
-    async fn attempt(&self, target: &Target<'_>, kept: Kept) -> Result<String, Failure> {
-        let size = target.file.size_bytes;
-        let missing = kept.have.missing(size);
-        let missing_bytes: u64 = missing.iter().map(|(start, end)| end - start).sum();
-        let in_pieces = self.split.connections > 1
-            && !missing.is_empty()
-            && (missing_bytes >= 2 * self.split.piece_bytes || !kept.have.is_prefix());
-        if !in_pieces {
-            let from = kept.have.contiguous();
-            // An earlier attempt that got every byte but died before the
-            // rename left nothing to ask the source for.
-            let body = match from {
-                from if from == size && from > 0 => None,
-                from => Some(self.open(target, source::Span::from(from)).await?),
-            };
-            return self.stream(target, body, from, kept.hash).await;
-        }
-        let pieces = pieces::cut(&missing, self.split.piece_bytes);
-        let first = pieces
-            .clone()
-            .next()
-            .expect("a missing range makes a piece");
-        let body = self.open(target, first.span()).await?;
-        if !(body.ranged && body.start == first.start) {
-            // The source sends whole files only: one stream from the start.
-            return self.stream(target, Some(body), 0, None).await;
-        }
-        let resumed = !kept.have.is_empty();
-        target.tally.bytes(kept.have.len());
-        let writer = PieceWriter::start(
-            target.partial,
-            size,
-            kept.have,
-            kept.hash,
-            target.resumable.clone(),
-            target.lock.clone(),
-        )
-        .map_err(Failure::Interrupted)?;
-        let written = pieces::download(
-            &self.sources,
-            target.location,
-            pieces,
-            body,
-            self.split.connections,
-            writer,
-            target.tally,
-        )
-        .await
-        .map_err(Failure::Interrupted)?;
-        verified(target, written, resumed, size)
-    }
-
-    /// Opens the file at the source, refusing at once a file whose size
-    /// the source tells and which is not the recorded one.
-    async fn open(&self, target: &Target<'_>, span: source::Span) -> Result<source::Body, Failure> {
-        let body = self
-            .sources
-            .open(target.location, span)
-            .await
-            .map_err(Failure::Interrupted)?;
-        let size = target.file.size_bytes;
-        match body.total {
-            // Nothing proves the kept bytes wrong: they stay.
-            Some(total) if total != size => Err(Failure::Interrupted(size_contradicts(
-                total,
-                size,
-                target.location,
-            ))),
-            _ => Ok(body),
-        }
-    }
-
-    /// Fills the partial file from one stream, which starts at byte
-    /// `body.start` (the `from` asked for, or 0 if the source ignored the
-    /// range); `hashed`, if known, is the hash of the bytes before `from`.
-    /// No body: the file is complete on disk and is only hashed.
-    async fn stream(
-        &self,
-        target: &Target<'_>,
-        body: Option<source::Body>,
-        from: u64,
-        hashed: Option<ResumableSha256>,
-    ) -> Result<String, Failure> {
-        let Target {
-            file,
-            location,
-            partial,
-            tally,
-            ..
-        } = *target;
-        let size = file.size_bytes;
-        let start = body.as_ref().map_or(from, |body| body.start);
-        let hashed = hashed.filter(|hashed| hashed.len() == start);
-        let writer = Writer::start(
-            partial,
-            start,
-            hashed,
-            target.resumable.clone(),
-            target.lock.clone(),
-        )
-        .map_err(Failure::Interrupted)?;
-        tally.bytes(start);
-        let mut received = start;
-        let rejected = |reason, received| Failure::Rejected {
-            reason,
-            resumed: start > 0,
-            counted: received,
-        };
-        if let Some(mut body) = body {
-            while let Some(chunk) = body.stream.next().await {
-                let chunk = match chunk {
-                    Ok(chunk) => chunk,
-                    Err(e) => {
-                        let _ = writer.abandon().await;
-                        return Err(Failure::Interrupted(format!(
-                            "{e} after {received} of {size} bytes"
-                        )));
-                    }
-                };
-                let len = chunk.len() as u64;
-                crate::metrics::fetched_bytes(len);
-                received += len;
-                if received > size {
-                    let _ = writer.abandon().await;
-                    let reason =
-                        format!("the source sent more than the expected {size} bytes ({location})");
-                    return Err(rejected(reason, received - len));
-                }
-                if writer.write(chunk).await.is_err() {
-                    let reason = writer.abandon().await.err().unwrap_or_default();
-                    return Err(Failure::Interrupted(reason));
-                }
-                tally.bytes(len);
-            }
-        }
-        if received != size {
-            let _ = writer.abandon().await;
-            return Err(rejected(wrong_length(size, received, location), received));
-        }
-        let written = writer.finish().await.map_err(Failure::Interrupted)?;
-        verified(target, written, start > 0, received)
-    }
-}
-
-/// One file being put in place, as every attempt at it sees it.
-struct Target<'a> {
-    file: &'a ModelFile,
-    location: &'a source::Location,
-    /// The `.fetch-*` file the bytes go to.
-    partial: &'a Path,
-    /// Where an interruption leaves its checkpoint.
-    resumable: &'a Option<Resumable>,
-    tally: &'a Tally,
-    lock: &'a Arc<DirLock>,
-}
-
-/// The written file's hash if it is the recorded one. `counted`: the bytes
-/// reported as progress, taken back if the file is downloaded again.
-fn verified(
-    target: &Target<'_>,
-    written: Written,
-    resumed: bool,
-    counted: u64,
-) -> Result<String, Failure> {
-    match &target.file.sha256 {
-        Some(expected) if *expected != written.sha256 => Err(Failure::Rejected {
-            reason: sha256_mismatch(expected, &written.sha256, target.location),
-            resumed,
-            counted,
-        }),
-        _ => Ok(written.sha256),
-    }
-}
-
-// The sentences for bytes that contradict their record, shared with the
-// check of files already in place (`local`).
-
-fn size_contradicts(total: u64, size: u64, location: &source::Location) -> String {
-    format!("the source has {total} bytes for this file, but the record says {size} ({location})")
-}
-
-fn wrong_length(size: u64, received: u64, location: &source::Location) -> String {
-    format!("expected {size} bytes, got {received} ({location})")
-}
-
-fn sha256_mismatch(expected: &str, got: &str, location: &source::Location) -> String {
-    format!("sha256 mismatch: expected {expected}, got {got} ({location})")
-}
-
-/// Why an attempt at one file did not end with verified bytes.
-enum Failure {
-    /// Cut short (the connection, the disk, the source's answer): the bytes
-    /// so far are kept to be continued.
-    Interrupted(String),
-    /// The bytes are wrong: they are thrown away.
-    Rejected {
-        reason: String,
-        /// Whether the attempt continued bytes kept from an earlier one.
-        resumed: bool,
-        /// Bytes already reported as progress.
-        counted: u64,
-    },
 }
 
 /// berth's own files about one model directory, kept in `META_DIR`.
@@ -674,157 +376,4 @@ struct Downloaded {
     renamed_in: BTreeSet<PathBuf>,
     /// The first download that failed; the others were stopped.
     failed: Option<Error>,
-}
-
-/// Makes the renames durable and records what verified, then answers for
-/// the whole fetch.
-fn settle(
-    dir: &Path,
-    books: &Bookkeeping,
-    stamps: &Stamps,
-    downloaded: Downloaded,
-) -> Result<PathBuf, Error> {
-    // Once per directory, not once per file.
-    for parent in &downloaded.renamed_in {
-        sync_dir(parent).map_err(disk_error(dir))?;
-    }
-    // Also after a failure: the files that did verify need not be hashed
-    // again next time.
-    if stamps.changed() {
-        stamps.save(&books.stamps).map_err(disk_error(dir))?;
-    }
-    match downloaded.failed {
-        Some(e) => Err(e),
-        None => {
-            // Every file is in place: no checkpoint is worth keeping.
-            let _ = std::fs::remove_dir_all(&books.resume);
-            Ok(dir.to_path_buf())
-        }
-    }
-}
-
-fn disk_error(dir: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |e| Error::Disk {
-        dir: dir.display().to_string(),
-        reason: e.to_string(),
-    }
-}
-
-/// Only a file with a recorded hash is continued: the hash is what catches
-/// kept bytes that belong to another version of the file.
-fn resumable(file: &ModelFile) -> bool {
-    file.sha256.is_some()
-}
-
-/// The file's stamp if the copy on disk is already right: trusted from its
-/// verification record when that still matches, re-hashed otherwise.
-async fn verified_in_place(path: PathBuf, file: ModelFile, stamp: Option<Stamp>) -> Option<Stamp> {
-    let meta = std::fs::symlink_metadata(&path).ok()?;
-    if !meta.is_file() || meta.len() != file.size_bytes {
-        return None;
-    }
-    let expected = file.sha256.clone();
-    let vouched = stamp.is_some_and(|s| s.vouches_for(&meta, expected.as_deref()));
-    if vouched {
-        crate::metrics::stamp_verified_bytes(file.size_bytes);
-    }
-    if vouched || expected.is_none() {
-        return Some(Stamp::of(&meta, expected.as_deref()));
-    }
-    let expected = expected?;
-    tokio::task::spawn_blocking(move || {
-        let actual = hash_file(&path).ok()?;
-        // A file that changed while it was read proves nothing.
-        let before = Stamp::of(&meta, Some(&expected));
-        let after = Stamp::of(&std::fs::symlink_metadata(&path).ok()?, Some(&expected));
-        (actual == expected && before == after).then_some(after)
-    })
-    .await
-    .ok()?
-}
-
-fn hash_file(path: &Path) -> std::io::Result<String> {
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0; 1 << 20];
-    loop {
-        match std::io::Read::read(&mut file, &mut buf)? {
-            0 => return Ok(hex::encode(hasher.finalize())),
-            n => hasher.update(&buf[..n]),
-        }
-    }
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
-}
-
-/// Removes the `.fetch-*` files under `dir` that no download will continue.
-/// Called under the lock, so no other fetch writes here: a `.fetch-*` file
-/// is either a missing file's partial download, kept to be continued, or a
-/// leftover with nothing to continue.
-fn remove_leftovers(dir: &Path, missing: &[ModelFile]) {
-    let keep: BTreeSet<PathBuf> = missing
-        .iter()
-        .filter(|file| resumable(file))
-        .map(|file| partial_path(&dir.join(&file.path)))
-        .collect();
-    remove_temp_files(dir, &keep);
-}
-
-/// Removes every `.fetch-*` file under `dir` but those in `keep`.
-fn remove_temp_files(dir: &Path, keep: &BTreeSet<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_temp_files(&path, keep);
-        } else if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX)
-            && !keep.contains(&path)
-        {
-            let _ = std::fs::remove_file(&path);
-        }
-    }
-}
-
-/// Counts a fetch's progress across its parallel downloads.
-struct Tally {
-    progress: Arc<dyn Observer>,
-    total_bytes: u64,
-    total_files: usize,
-    bytes: AtomicU64,
-    files: AtomicUsize,
-}
-
-impl Tally {
-    fn new(progress: Arc<dyn Observer>, total_bytes: u64, total_files: usize) -> Self {
-        Self {
-            progress,
-            total_bytes,
-            total_files,
-            bytes: AtomicU64::new(0),
-            files: AtomicUsize::new(0),
-        }
-    }
-
-    fn bytes(&self, n: u64) {
-        let done = self.bytes.fetch_add(n, Ordering::Relaxed) + n;
-        let files = self.files.load(Ordering::Relaxed);
-        self.progress
-            .fetched(done, self.total_bytes, files, self.total_files);
-    }
-
-    /// Takes back bytes reported for an attempt that is being redone.
-    fn rewind(&self, n: u64) {
-        self.bytes.fetch_sub(n, Ordering::Relaxed);
-    }
-
-    fn file_done(&self, bytes: u64) {
-        let files = self.files.fetch_add(1, Ordering::Relaxed) + 1;
-        let done = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.progress
-            .fetched(done, self.total_bytes, files, self.total_files);
-    }
 }

@@ -1,12 +1,13 @@
 //! A download in progress: the `.fetch-<name>` file beside its target,
 //! written by one thread and hashed by another so that hashing, disk writes
-//! and the network all overlap, pushed towards the disk as it grows so the
-//! final fsync has little left to do, and kept when the download is interrupted
-//! so that the next fetch continues where this one stopped. An interruption
-//! the process lives through also leaves a checkpoint: the hash state and a
-//! stamp of the file, so the next fetch need not read the kept bytes back as
-//! long as the file is untouched since. Knows nothing of where the bytes
-//! come from.
+//! and the network all overlap (`Threads`: the life cycle both writers
+//! share; `Writer`: the one-stream writer), pushed towards the disk as it
+//! grows so the final fsync has little left to do, and kept when the
+//! download is interrupted so that the next fetch continues where this one
+//! stopped. An interruption the process lives through also leaves a
+//! checkpoint: the hash state and a stamp of the file, so the next fetch
+//! need not read the kept bytes back as long as the file is untouched
+//! since. Knows nothing of where the bytes come from.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -48,7 +49,7 @@ pub(crate) fn partial_path(target: &Path) -> PathBuf {
 /// Opens (or creates) a partial file for reading and writing, keeping what
 /// it holds, at length `len`: the writer's handle, and one for the hash
 /// thread to read it back through.
-pub(crate) fn open_partial(path: &Path, len: u64) -> Result<(File, File), String> {
+fn open_partial(path: &Path, len: u64) -> Result<(File, File), String> {
     let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
     let file = File::options()
         .read(true)
@@ -154,38 +155,120 @@ pub(crate) struct Written {
     pub(crate) sha256: String,
 }
 
+/// What tells the hash thread of a partial file to give up: the download
+/// it serves is gone, and reading on (gigabytes, perhaps) serves nobody.
+pub(crate) trait StopHash: Send + Sync + 'static {
+    fn stop_hash(&self);
+}
+
+impl StopHash for AtomicBool {
+    fn stop_hash(&self) {
+        self.store(true, Ordering::Relaxed);
+    }
+}
+
+/// How the hash thread hands its last state to the disk thread when the
+/// download stops, for the checkpoint.
+pub(crate) type LastHash = std::sync::mpsc::Receiver<Sha256>;
+
+/// The disk thread and the hash thread behind one partial file, as both
+/// writers run them (`Writer` for one stream, `pieces::PieceWriter` for
+/// pieces): each at its own pace, holding the directory lock until it ends.
+/// Dropped before the download is finished, they tell the hash to stop
+/// (`StopHash`). The writer closes their queues, then `end` waits for both.
+pub(crate) struct Threads<S: StopHash> {
+    disk: tokio::task::JoinHandle<std::io::Result<()>>,
+    hash: tokio::task::JoinHandle<std::io::Result<Sha256>>,
+    path: PathBuf,
+    stop: Arc<S>,
+    /// Whether dropping stops the hash: until every byte is queued.
+    armed: bool,
+}
+
+impl<S: StopHash> Threads<S> {
+    /// Opens (or creates) the partial file `path` at length `len`, keeping
+    /// what it holds, and starts `disk` on its handle and `hash` on a second
+    /// one to read it back through. Both keep `hold` until they end: the
+    /// directory lock outlives a writer whose download was dropped. The
+    /// state `hash` returns is handed to `disk` for a checkpoint; `stop` is
+    /// what `hash` watches.
+    pub(crate) fn start<H: Send + Sync + 'static>(
+        path: &Path,
+        len: u64,
+        stop: Arc<S>,
+        hold: Arc<H>,
+        disk: impl FnOnce(File, LastHash) -> std::io::Result<()> + Send + 'static,
+        hash: impl FnOnce(File) -> std::io::Result<Sha256> + Send + 'static,
+    ) -> Result<Self, String> {
+        // Opened here, synchronously: a download dropped before the threads
+        // run must still find the file where it expects it.
+        let (file, kept) = open_partial(path, len)?;
+        let (last_hash, hash_at_stop) = std::sync::mpsc::sync_channel(1);
+        let held = hold.clone();
+        let disk = tokio::task::spawn_blocking(move || {
+            let _hold = held;
+            disk(file, hash_at_stop)
+        });
+        let hash = tokio::task::spawn_blocking(move || {
+            let _hold = hold;
+            let hashed = hash(kept)?;
+            let _ = last_hash.try_send(hashed.clone());
+            Ok(hashed)
+        });
+        Ok(Self {
+            disk,
+            hash,
+            path: path.to_path_buf(),
+            stop,
+            armed: true,
+        })
+    }
+
+    /// Every byte is queued: the hash is wanted to the end.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Tells the hash thread to give up now.
+    pub(crate) fn stop(&self) {
+        self.stop.stop_hash();
+    }
+
+    /// Waits for both threads, once the caller has closed their queues:
+    /// the hash of what was written, or why the writing failed.
+    pub(crate) async fn end(mut self) -> Result<Sha256, String> {
+        let failed = |e: std::io::Error| format!("cannot write {}: {e}", self.path.display());
+        let crashed = |e: tokio::task::JoinError| format!("the writer crashed: {e}");
+        let disk = (&mut self.disk).await.map_err(crashed)?;
+        let hash = (&mut self.hash).await.map_err(crashed)?;
+        disk.map_err(failed)?;
+        hash.map_err(failed)
+    }
+}
+
+impl<S: StopHash> Drop for Threads<S> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.stop();
+        }
+    }
+}
+
 enum Message {
     Chunk(Bytes),
     /// No more bytes: make them durable.
     Finish,
 }
 
-/// The two threads behind one partial file: one hashes, one writes, each
-/// at its own pace within the queue, so neither waits for the other's
-/// work. Dropping the writer without `finish` (a cancelled or broken-off
-/// download) leaves the file for the next attempt.
+/// The threads behind a partial file read in one stream: one hashes the
+/// chunks, one writes them, each at its own pace within the queue, so
+/// neither waits for the other's work. Dropping the writer without
+/// `finish` (a cancelled or broken-off download) leaves the file for the
+/// next attempt.
 pub(crate) struct Writer {
     to_disk: mpsc::Sender<Message>,
     to_hash: mpsc::Sender<Bytes>,
-    disk: tokio::task::JoinHandle<std::io::Result<()>>,
-    hash: tokio::task::JoinHandle<std::io::Result<Sha256>>,
-    path: PathBuf,
-    stop: StopOnDrop,
-}
-
-/// Tells the hashing thread to give up on the kept bytes when the download
-/// it serves is gone, instead of reading gigabytes for nobody.
-struct StopOnDrop {
-    flag: Arc<AtomicBool>,
-    armed: bool,
-}
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        if self.armed {
-            self.flag.store(true, Ordering::Relaxed);
-        }
-    }
+    threads: Threads<AtomicBool>,
 }
 
 impl Writer {
@@ -194,8 +277,7 @@ impl Writer {
     /// checkpoint, or else read back and hashed first while the rest
     /// arrives: the hash covers every byte. `resumable` says where to leave
     /// a checkpoint if the download is interrupted. `hold` is kept until
-    /// both threads end: the directory lock outlives a writer whose download
-    /// was dropped.
+    /// both threads end (`Threads`).
     pub(crate) fn start<H: Send + Sync + 'static>(
         path: &Path,
         start: u64,
@@ -203,36 +285,23 @@ impl Writer {
         resumable: Option<Resumable>,
         hold: Arc<H>,
     ) -> Result<Self, String> {
-        // Opened here, synchronously: a download dropped before the threads
-        // run must still find the file where it expects it.
-        let (file, kept) = open_partial(path, start)?;
         let (to_disk, disk_rx) = mpsc::channel(QUEUE);
         let (to_hash, hash_rx) = mpsc::channel(QUEUE);
-        let stop = StopOnDrop {
-            flag: Arc::new(AtomicBool::new(false)),
-            armed: true,
-        };
-        let (held, stopped) = (hold.clone(), stop.flag.clone());
-        // The hash thread hands its state to the disk thread when the
-        // download stops, for the checkpoint.
-        let (last_hash, hash_at_stop) = std::sync::mpsc::sync_channel(1);
-        let disk = tokio::task::spawn_blocking(move || {
-            let _hold = held;
-            write(file, start, disk_rx, resumable, hash_at_stop)
-        });
-        let hash = tokio::task::spawn_blocking(move || {
-            let _hold = hold;
-            let hashed = hash(kept, start, hashed, hash_rx, &stopped)?;
-            let _ = last_hash.try_send(hashed.clone());
-            Ok(hashed)
-        });
+        // Set when the download is gone, so the hash thread gives up on
+        // reading the kept bytes back.
+        let stopped = Arc::new(AtomicBool::new(false));
+        let threads = Threads::start(
+            path,
+            start,
+            stopped.clone(),
+            hold,
+            move |file, hash_at_stop| write(file, start, disk_rx, resumable, hash_at_stop),
+            move |kept| hash(kept, start, hashed, hash_rx, &stopped),
+        )?;
         Ok(Self {
             to_disk,
             to_hash,
-            disk,
-            hash,
-            path: path.to_path_buf(),
-            stop,
+            threads,
         })
     }
 
@@ -244,7 +313,7 @@ impl Writer {
 
     /// Every byte is queued: waits until they are on disk and hashed.
     pub(crate) async fn finish(mut self) -> Result<Written, String> {
-        self.stop.armed = false;
+        self.threads.disarm();
         let _ = self.to_disk.send(Message::Finish).await;
         self.end().await
     }
@@ -252,6 +321,7 @@ impl Writer {
     /// Stops after what is queued, keeping the file. The threads' own
     /// error, if one failed, explains a refused `write`.
     pub(crate) async fn abandon(self) -> Result<Written, String> {
+        self.threads.stop();
         self.end().await
     }
 
@@ -259,18 +329,11 @@ impl Writer {
         let Self {
             to_disk,
             to_hash,
-            disk,
-            hash,
-            path,
-            stop,
+            threads,
         } = self;
-        drop((to_disk, to_hash, stop));
-        let failed = |e: std::io::Error| format!("cannot write {}: {e}", path.display());
-        let crashed = |e: tokio::task::JoinError| format!("the writer crashed: {e}");
-        let (disk, hash) = (disk.await.map_err(crashed)?, hash.await.map_err(crashed)?);
-        disk.map_err(failed)?;
+        drop((to_disk, to_hash));
         Ok(Written {
-            sha256: hash.map_err(failed)?.finalize(),
+            sha256: threads.end().await?.finalize(),
         })
     }
 }
@@ -280,7 +343,7 @@ fn write(
     start: u64,
     mut rx: mpsc::Receiver<Message>,
     resumable: Option<Resumable>,
-    hash_at_stop: std::sync::mpsc::Receiver<Sha256>,
+    hash_at_stop: LastHash,
 ) -> std::io::Result<()> {
     let mut position = start;
     let mut handed_over = start;

@@ -12,22 +12,22 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use super::Tally;
 use super::partial::{
-    Checkpoint, QUEUE, READ_BUF, Resumable, WRITEBACK_WINDOW, Written, open_partial,
+    Checkpoint, LastHash, QUEUE, READ_BUF, Resumable, StopHash, Threads, WRITEBACK_WINDOW, Written,
     start_writeback,
 };
 use super::ranges::Ranges;
 use super::sha::Sha256;
 use super::source::{Body, Location, Sources, Span};
 use super::stamp::Stamp;
+use super::tally::Tally;
 
 /// The bytes `start..end` of the file, asked for with one range request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,33 +233,27 @@ impl Shared {
     }
 }
 
-/// The two threads behind a partial file written in pieces: one writes
-/// chunks where they belong, one hashes the written run from the start.
-/// Dropping it without `finish` (a cancelled or broken-off download)
-/// leaves the file and a checkpoint for the next attempt.
-pub(crate) struct PieceWriter {
-    to_disk: mpsc::Sender<Message>,
-    disk: tokio::task::JoinHandle<std::io::Result<()>>,
-    hash: tokio::task::JoinHandle<std::io::Result<Sha256>>,
-    shared: Arc<Shared>,
-    size: u64,
-    path: PathBuf,
-    armed: bool,
+impl StopHash for Shared {
+    fn stop_hash(&self) {
+        self.update(|p| p.stopped = true);
+    }
 }
 
-impl Drop for PieceWriter {
-    fn drop(&mut self) {
-        if self.armed {
-            self.shared.update(|p| p.stopped = true);
-        }
-    }
+/// The threads behind a partial file written in pieces (`Threads`): one
+/// writes chunks where they belong, one hashes the written run from the
+/// start. Dropping it without `finish` (a cancelled or broken-off
+/// download) leaves the file and a checkpoint for the next attempt.
+pub(crate) struct PieceWriter {
+    to_disk: mpsc::Sender<Message>,
+    threads: Threads<Shared>,
+    size: u64,
 }
 
 impl PieceWriter {
     /// Writes the missing bytes of `path`, a file of `size` bytes of which
     /// `have` are already written; `hashed`, if known, covers a prefix of
     /// them (else they are read back and hashed). `hold` is kept until both
-    /// threads end, as for `partial::Writer`.
+    /// threads end (`Threads`).
     pub(crate) fn start<H: Send + Sync + 'static>(
         path: &Path,
         size: u64,
@@ -268,8 +262,6 @@ impl PieceWriter {
         resumable: Option<Resumable>,
         hold: Arc<H>,
     ) -> Result<Self, String> {
-        // Sparse until written: the pieces land at their own offsets.
-        let (file, kept) = open_partial(path, size)?;
         let hasher = hashed
             .filter(|h| h.len() <= have.contiguous())
             .unwrap_or_default();
@@ -281,27 +273,20 @@ impl PieceWriter {
             changed: Condvar::new(),
         });
         let (to_disk, rx) = mpsc::channel(QUEUE);
-        let (last_hash, hash_at_stop) = std::sync::mpsc::sync_channel(1);
-        let (held, disk_shared) = (hold.clone(), shared.clone());
-        let disk = tokio::task::spawn_blocking(move || {
-            let _hold = held;
-            write(file, rx, &disk_shared, resumable, hash_at_stop)
-        });
-        let hash_shared = shared.clone();
-        let hash = tokio::task::spawn_blocking(move || {
-            let _hold = hold;
-            let hashed = hash(kept, hasher, size, &hash_shared)?;
-            let _ = last_hash.try_send(hashed.clone());
-            Ok(hashed)
-        });
+        let (disk_shared, hash_shared) = (shared.clone(), shared.clone());
+        // Sparse until written: the pieces land at their own offsets.
+        let threads = Threads::start(
+            path,
+            size,
+            shared,
+            hold,
+            move |file, hash_at_stop| write(file, rx, &disk_shared, resumable, hash_at_stop),
+            move |kept| hash(kept, hasher, size, &hash_shared),
+        )?;
         Ok(Self {
             to_disk,
-            disk,
-            hash,
-            shared,
+            threads,
             size,
-            path: path.to_path_buf(),
-            armed: true,
         })
     }
 
@@ -315,7 +300,7 @@ impl PieceWriter {
 
     /// Every piece is queued: waits until the bytes are on disk and hashed.
     async fn finish(mut self) -> Result<Written, String> {
-        self.armed = false;
+        self.threads.disarm();
         let _ = self.to_disk.send(Message::Finish).await;
         let size = self.size;
         let hashed = self.end().await?;
@@ -337,17 +322,14 @@ impl PieceWriter {
         })
     }
 
-    async fn end(mut self) -> Result<Sha256, String> {
-        let failed = |e: std::io::Error| format!("cannot write {}: {e}", self.path.display());
-        let crashed = |e: tokio::task::JoinError| format!("the writer crashed: {e}");
-        // Closing the queue without Finish tells the disk thread the
-        // download stopped.
-        let (to_disk, _) = mpsc::channel(1);
-        drop(std::mem::replace(&mut self.to_disk, to_disk));
-        let disk = (&mut self.disk).await.map_err(crashed)?;
-        let hash = (&mut self.hash).await.map_err(crashed)?;
-        disk.map_err(failed)?;
-        hash.map_err(failed)
+    /// Closing the queue without Finish tells the disk thread the download
+    /// stopped; it stops the hash once what is queued is written.
+    async fn end(self) -> Result<Sha256, String> {
+        let Self {
+            to_disk, threads, ..
+        } = self;
+        drop(to_disk);
+        threads.end().await
     }
 }
 
@@ -356,7 +338,7 @@ fn write(
     mut rx: mpsc::Receiver<Message>,
     shared: &Shared,
     resumable: Option<Resumable>,
-    hash_at_stop: std::sync::mpsc::Receiver<Sha256>,
+    hash_at_stop: LastHash,
 ) -> std::io::Result<()> {
     let wrote = |file: &File, rx: &mut mpsc::Receiver<Message>| -> std::io::Result<bool> {
         // Handed to the kernel's writeback a window at a time, so the
@@ -388,9 +370,9 @@ fn write(
             shared.update(|p| p.ended = true);
             return Ok(());
         }
-        Ok(false) => shared.update(|p| p.stopped = true),
+        Ok(false) => shared.stop_hash(),
         Err(e) => {
-            shared.update(|p| p.stopped = true);
+            shared.stop_hash();
             return Err(e);
         }
     }

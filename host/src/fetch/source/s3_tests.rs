@@ -4,18 +4,23 @@
 //! credentials, an unreachable endpoint, and a download cut short and
 //! continued.
 
-use std::sync::{Mutex, OnceLock};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as Key;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
 
-use super::source::Span;
-use super::*;
+use super::Span;
+use crate::fetch::lock::DirLock;
+use crate::fetch::{Access, Error, Fetcher, Observer, Quiet, Split};
+use crate::model::{ModelFile, TrainedModel};
 
-#[path = "../../../tests/moto/moto.rs"]
+#[path = "../../../../tests/moto/moto.rs"]
 mod moto;
 use moto::Moto;
 
@@ -123,7 +128,7 @@ async fn spans_are_read_with_ranges_at_once_from_one_store() {
     let data = contents(3, 100_000);
     let (_models, fetcher, _) =
         setup("spans", &[("a.bin", data.clone())], moto().good_access()).await;
-    let location = source::locate(
+    let location = super::locate(
         &format!("s3://{BUCKET}/{{job_id}}/{{path}}"),
         "spans",
         "a.bin",

@@ -1,4 +1,4 @@
-//! Object stores as sources: `s3://bucket/key` read through the
+//! Object stores as sources (`s3://bucket/key`), read through the
 //! object_store crate, streamed and ranged like an HTTP source. A store's
 //! settings are the environment's (`AmazonS3Builder::from_env`: the
 //! standard AWS variables and credential chain) with the sources-file
@@ -16,8 +16,8 @@ use object_store::{
     ClientConfigKey, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig,
 };
 
-use super::access::Credentials;
-use super::source::{Body, Span, innermost};
+use super::{Body, Span, innermost};
+use crate::fetch::access::Credentials;
 use crate::trust::Trust;
 
 /// The stores built so far, and what their clients trust beyond the
@@ -258,16 +258,10 @@ fn from_env(trust: &Trust) -> object_store::Result<AmazonS3Builder> {
 
 /// Whether the request never got an answer.
 fn unreachable(e: &object_store::Error) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(e) = cause {
-        if e.downcast_ref::<object_store::client::HttpError>()
+    crate::causes::causes(e).any(|e| {
+        e.downcast_ref::<object_store::client::HttpError>()
             .is_some_and(|e| e.kind() == object_store::client::HttpErrorKind::Connect)
-        {
-            return true;
-        }
-        cause = e.source();
-    }
-    false
+    })
 }
 
 /// An S3 error answer is an XML document; its code and message are what

@@ -1,22 +1,27 @@
 //! Where a model's files come from: the model's `source` template filled in
-//! for one file, and a byte stream of it, from an HTTP server, an object
-//! store (`store`) or a local file. HTTP redirects are followed here, hop by
-//! hop, so that each request carries only the credentials of the prefix
-//! covering its own URL (`access`): a redirect to another host never takes
-//! them along. Knows nothing of verification.
+//! for one file (`locate`), and a byte stream of it (`Sources::open`), from
+//! an HTTP server (`http`), an object store (`s3`) or a local file (`file`),
+//! each with the credentials of the sources-file prefix covering it
+//! (`access`). The backends share `Body` and `Span` from here and know
+//! nothing of each other. Knows nothing of verification.
+
+mod file;
+mod http;
+mod s3;
+#[cfg(test)]
+mod s3_tests;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::Stream;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
-use tokio_util::io::ReaderStream;
 
 use super::access::Access;
-use super::store::Stores;
 use crate::trust::Trust;
+pub(crate) use file::open_file;
+use s3::Stores;
 
 /// Characters escaped in a filled-in `{path}` or `{job_id}`: everything but
 /// unreserved characters and `/`, so nested paths stay nested.
@@ -142,10 +147,6 @@ impl Span {
     }
 }
 
-/// Redirects followed for one request, as many as curl's and reqwest's
-/// defaults.
-const MAX_REDIRECTS: usize = 10;
-
 /// Where files are read from: the connections to the sources, and the
 /// credentials the server holds for them.
 #[derive(Clone)]
@@ -153,16 +154,7 @@ pub(crate) struct Sources {
     client: reqwest::Client,
     access: Arc<Access>,
     trust: Trust,
-    pub(super) stores: Arc<Stores>,
-}
-
-/// A source's answer to an HTTP request, after the redirects.
-struct Answer {
-    response: reqwest::Response,
-    /// The request, as messages name it.
-    named: String,
-    /// The prefix whose credentials the answering request carried.
-    credentials: Option<String>,
+    stores: Arc<Stores>,
 }
 
 impl Sources {
@@ -216,196 +208,12 @@ impl Sources {
             Location::File(path) => open_file(path, span).await,
         }
     }
-
-    async fn open_http(&self, url: &url::Url, span: Span) -> Result<Body, String> {
-        let mut answer = self.send(url, span.is_partial().then_some(span)).await?;
-        if span.is_partial()
-            && answer.response.status() == reqwest::StatusCode::RANGE_NOT_SATISFIABLE
-        {
-            // What we hold is longer than the source's file: start over.
-            answer = self.send(url, None).await?;
-        }
-        let Answer {
-            response,
-            named: url,
-            credentials,
-        } = answer;
-        let status = response.status();
-        if matches!(
-            status,
-            reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN
-        ) {
-            return Err(match credentials {
-                Some(prefix) => format!(
-                    "the source answered {status} ({url}) to the credentials of the prefix \
-                     {prefix} in the sources file: check them"
-                ),
-                None => format!(
-                    "the source answered {status} ({url}) and no prefix in the sources file \
-                     (--sources-file) covers it, so no credentials were sent"
-                ),
-            });
-        }
-        if !status.is_success() {
-            return Err(format!("the source answered {status} ({url})"));
-        }
-        let ranged = status == reqwest::StatusCode::PARTIAL_CONTENT;
-        let (start, total) = if ranged {
-            let (start, total) = content_range(response.headers())
-                .filter(|(start, _)| *start == span.start)
-                .ok_or_else(|| {
-                    format!(
-                        "the source answered a range other than {} ({url})",
-                        span.header()
-                    )
-                })?;
-            (start, total)
-        } else {
-            (0, response.content_length())
-        };
-        let stream = response
-            .bytes_stream()
-            .map_err(|e| format!("the download broke off: {}", innermost(&e)))
-            .boxed();
-        Ok(Body {
-            stream,
-            start,
-            ranged,
-            total,
-        })
-    }
-
-    /// GETs `url`, following redirects: each hop carries the credentials
-    /// of the prefix covering that hop's URL, and no others.
-    async fn send(&self, url: &url::Url, range: Option<Span>) -> Result<Answer, String> {
-        let mut at = url.clone();
-        for _ in 0..=MAX_REDIRECTS {
-            let credentials = self.access.covering(&at);
-            let mut request = self.client.get(at.clone());
-            if let Some(credentials) = credentials {
-                request = request.headers(credentials.headers().clone());
-            }
-            if let Some(span) = range {
-                request = request.header(reqwest::header::RANGE, span.header());
-            }
-            let response = request.send().await.map_err(|e| {
-                format!(
-                    "cannot reach the source ({}): {}{}",
-                    named(url, &at),
-                    innermost(&e),
-                    crate::trust::hint(&e)
-                )
-            })?;
-            let Some(location) = redirect_target(&response) else {
-                return Ok(Answer {
-                    response,
-                    named: named(url, &at),
-                    credentials: credentials.map(|c| c.prefix().to_string()),
-                });
-            };
-            at = location
-                .to_str()
-                .ok()
-                .and_then(|location| at.join(location).ok())
-                .filter(|next| matches!(next.scheme(), "http" | "https"))
-                .ok_or_else(|| {
-                    format!(
-                        "the source ({}) redirected to an invalid location",
-                        named(url, &at)
-                    )
-                })?;
-        }
-        Err(format!(
-            "the source redirected more than {MAX_REDIRECTS} times ({url})"
-        ))
-    }
-}
-
-/// Where a redirect answer sends the request next (its `Location`), if it
-/// is one.
-fn redirect_target(response: &reqwest::Response) -> Option<&reqwest::header::HeaderValue> {
-    use reqwest::StatusCode;
-    matches!(
-        response.status(),
-        StatusCode::MOVED_PERMANENTLY
-            | StatusCode::FOUND
-            | StatusCode::SEE_OTHER
-            | StatusCode::TEMPORARY_REDIRECT
-            | StatusCode::PERMANENT_REDIRECT
-    )
-    .then(|| response.headers().get(reqwest::header::LOCATION))
-    .flatten()
-}
-
-/// A request as messages name it: the model's URL and, after a redirect,
-/// where it led, without its query, which may be a signature (messages
-/// reach rows).
-fn named(url: &url::Url, at: &url::Url) -> String {
-    if at == url {
-        return url.to_string();
-    }
-    let mut to = at.clone();
-    to.set_query(None);
-    format!("{url}, redirected to {to}")
-}
-
-pub(crate) async fn open_file(path: &std::path::Path, span: Span) -> Result<Body, String> {
-    // Only a regular file can be a model's file: a FIFO would hold the
-    // deployment (and the model directory's lock) until a writer came, a
-    // device would never end. O_NONBLOCK lets a FIFO be opened, and so
-    // refused, at once; a regular file reads the same with it.
-    let mut file = tokio::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .await
-        .map_err(|e| format!("cannot open the source file {}: {e}", path.display()))?;
-    let metadata = file
-        .metadata()
-        .await
-        .map_err(|e| format!("cannot read the source file {}: {e}", path.display()))?;
-    if !metadata.is_file() {
-        return Err(format!(
-            "the source file {} is not a regular file",
-            path.display()
-        ));
-    }
-    let len = metadata.len();
-    let start = if span.start <= len { span.start } else { 0 };
-    file.seek(std::io::SeekFrom::Start(start))
-        .await
-        .map_err(|e| format!("cannot read the source file {}: {e}", path.display()))?;
-    let ranged = start == span.start;
-    let end = span.end.filter(|_| ranged).unwrap_or(len).min(len);
-    let stream = ReaderStream::with_capacity(file.take(end.saturating_sub(start)), 1 << 20)
-        .map_err(|e| format!("reading the source file broke off: {e}"))
-        .boxed();
-    Ok(Body {
-        stream,
-        start,
-        ranged,
-        total: Some(len),
-    })
-}
-
-/// The first byte and the total size (unless `*`) of a `Content-Range:
-/// bytes FIRST-LAST/TOTAL` answer.
-fn content_range(headers: &reqwest::header::HeaderMap) -> Option<(u64, Option<u64>)> {
-    let value = headers.get(reqwest::header::CONTENT_RANGE)?.to_str().ok()?;
-    let range = value.strip_prefix("bytes ")?;
-    let (span, total) = range.split_once('/')?;
-    let start = span.split('-').next()?.trim().parse().ok()?;
-    Some((start, total.trim().parse().ok()))
 }
 
 /// Clients' own words ("error sending request for url …") hide the
 /// reason; the innermost cause ("Connection refused") is what people need.
-pub(super) fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut innermost = e;
-    while let Some(cause) = innermost.source() {
-        innermost = cause;
-    }
-    innermost.to_string()
+fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+    crate::causes::causes(e).last().unwrap_or(e).to_string()
 }
 
 #[cfg(test)]

@@ -1,0 +1,166 @@
+//! HTTP and HTTPS sources: a GET with a `Range` header, redirects followed
+//! here hop by hop so that each request carries only the credentials of the
+//! prefix covering its own URL (a redirect to another host never takes them
+//! along), and the answer's status and `Content-Range` read into a `Body`.
+//! Knows nothing of verification.
+
+use futures::{StreamExt, TryStreamExt};
+
+use super::{Body, Sources, Span, innermost};
+
+/// Redirects followed for one request, as many as curl's and reqwest's
+/// defaults.
+const MAX_REDIRECTS: usize = 10;
+
+/// A source's answer to an HTTP request, after the redirects.
+struct Answer {
+    response: reqwest::Response,
+    /// The request, as messages name it.
+    named: String,
+    /// The prefix whose credentials the answering request carried.
+    credentials: Option<String>,
+}
+
+impl Sources {
+    /// Opens the file at `url`: see `Sources::open`.
+    pub(super) async fn open_http(&self, url: &url::Url, span: Span) -> Result<Body, String> {
+        let mut answer = self.send(url, span.is_partial().then_some(span)).await?;
+        if span.is_partial()
+            && answer.response.status() == reqwest::StatusCode::RANGE_NOT_SATISFIABLE
+        {
+            // What we hold is longer than the source's file: start over.
+            answer = self.send(url, None).await?;
+        }
+        let Answer {
+            response,
+            named: url,
+            credentials,
+        } = answer;
+        let status = response.status();
+        if matches!(
+            status,
+            reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN
+        ) {
+            return Err(match credentials {
+                Some(prefix) => format!(
+                    "the source answered {status} ({url}) to the credentials of the prefix \
+                     {prefix} in the sources file: check them"
+                ),
+                None => format!(
+                    "the source answered {status} ({url}) and no prefix in the sources file \
+                     (--sources-file) covers it, so no credentials were sent"
+                ),
+            });
+        }
+        if !status.is_success() {
+            return Err(format!("the source answered {status} ({url})"));
+        }
+        let ranged = status == reqwest::StatusCode::PARTIAL_CONTENT;
+        let (start, total) = if ranged {
+            let (start, total) = content_range(response.headers())
+                .filter(|(start, _)| *start == span.start)
+                .ok_or_else(|| {
+                    format!(
+                        "the source answered a range other than {} ({url})",
+                        span.header()
+                    )
+                })?;
+            (start, total)
+        } else {
+            (0, response.content_length())
+        };
+        let stream = response
+            .bytes_stream()
+            .map_err(|e| format!("the download broke off: {}", innermost(&e)))
+            .boxed();
+        Ok(Body {
+            stream,
+            start,
+            ranged,
+            total,
+        })
+    }
+
+    /// GETs `url`, following redirects: each hop carries the credentials
+    /// of the prefix covering that hop's URL, and no others.
+    async fn send(&self, url: &url::Url, range: Option<Span>) -> Result<Answer, String> {
+        let mut at = url.clone();
+        for _ in 0..=MAX_REDIRECTS {
+            let credentials = self.access.covering(&at);
+            let mut request = self.client.get(at.clone());
+            if let Some(credentials) = credentials {
+                request = request.headers(credentials.headers().clone());
+            }
+            if let Some(span) = range {
+                request = request.header(reqwest::header::RANGE, span.header());
+            }
+            let response = request.send().await.map_err(|e| {
+                format!(
+                    "cannot reach the source ({}): {}{}",
+                    named(url, &at),
+                    innermost(&e),
+                    crate::trust::hint(&e)
+                )
+            })?;
+            let Some(location) = redirect_target(&response) else {
+                return Ok(Answer {
+                    response,
+                    named: named(url, &at),
+                    credentials: credentials.map(|c| c.prefix().to_string()),
+                });
+            };
+            at = location
+                .to_str()
+                .ok()
+                .and_then(|location| at.join(location).ok())
+                .filter(|next| matches!(next.scheme(), "http" | "https"))
+                .ok_or_else(|| {
+                    format!(
+                        "the source ({}) redirected to an invalid location",
+                        named(url, &at)
+                    )
+                })?;
+        }
+        Err(format!(
+            "the source redirected more than {MAX_REDIRECTS} times ({url})"
+        ))
+    }
+}
+
+/// Where a redirect answer sends the request next (its `Location`), if it
+/// is one.
+fn redirect_target(response: &reqwest::Response) -> Option<&reqwest::header::HeaderValue> {
+    use reqwest::StatusCode;
+    matches!(
+        response.status(),
+        StatusCode::MOVED_PERMANENTLY
+            | StatusCode::FOUND
+            | StatusCode::SEE_OTHER
+            | StatusCode::TEMPORARY_REDIRECT
+            | StatusCode::PERMANENT_REDIRECT
+    )
+    .then(|| response.headers().get(reqwest::header::LOCATION))
+    .flatten()
+}
+
+/// A request as messages name it: the model's URL and, after a redirect,
+/// where it led, without its query, which may be a signature (messages
+/// reach rows).
+fn named(url: &url::Url, at: &url::Url) -> String {
+    if at == url {
+        return url.to_string();
+    }
+    let mut to = at.clone();
+    to.set_query(None);
+    format!("{url}, redirected to {to}")
+}
+
+/// The first byte and the total size (unless `*`) of a `Content-Range:
+/// bytes FIRST-LAST/TOTAL` answer.
+fn content_range(headers: &reqwest::header::HeaderMap) -> Option<(u64, Option<u64>)> {
+    let value = headers.get(reqwest::header::CONTENT_RANGE)?.to_str().ok()?;
+    let range = value.strip_prefix("bytes ")?;
+    let (span, total) = range.split_once('/')?;
+    let start = span.split('-').next()?.trim().parse().ok()?;
+    Some((start, total.trim().parse().ok()))
+}
