@@ -181,7 +181,7 @@ impl Catalog {
         self.deployers.replace_api(api);
         tracing::info!(plugin = %name, "deployer removed: it was removed over the API");
         if served {
-            self.announce(vec![Change::Removed {
+            self.events.announce(vec![Change::Removed {
                 name: name.to_string(),
             }]);
         }
@@ -359,7 +359,7 @@ impl Catalog {
             }
         }
         self.deployers.replace_api(next);
-        self.announce(changes);
+        self.events.announce(changes);
         Ok(())
     }
 
@@ -412,7 +412,7 @@ impl Catalog {
         api.stored.insert(name.clone(), version.clone());
         api.loaded.insert(name.clone(), (plugin, version));
         self.deployers.replace_api(api);
-        self.announce(vec![Change::Loaded { name, replaced }]);
+        self.events.announce(vec![Change::Loaded { name, replaced }]);
     }
 
     /// Wakes every server on the database (this one's own follower finds
@@ -486,9 +486,5 @@ impl Catalog {
             if replaced { "replaced" } else { "loaded" },
             plugin.description
         );
-    }
-
-    fn announce(&self, changes: Vec<Change>) {
-        crate::watch::announce(&self.events, changes);
     }
 }
