@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
@@ -133,6 +134,8 @@ impl Catalog {
         if !plugins.deployers.contains_key(&name) && plugins.deployers.len() >= self.max {
             return Err(Error::TooMany(self.max));
         }
+        // Shared, not copied: up to --max-plugin-mib.
+        let wasm = Bytes::from(wasm);
         let plugin = self
             .load(&name, wasm.clone(), manifest.as_deref(), signature.clone())
             .await
@@ -181,7 +184,7 @@ impl Catalog {
         self.deployers.replace_api(api);
         tracing::info!(plugin = %name, "deployer removed: it was removed over the API");
         if served {
-            self.announce(vec![Change::Removed {
+            self.events.announce(vec![Change::Removed {
                 name: name.to_string(),
             }]);
         }
@@ -359,7 +362,7 @@ impl Catalog {
             }
         }
         self.deployers.replace_api(next);
-        self.announce(changes);
+        self.events.announce(changes);
         Ok(())
     }
 
@@ -412,7 +415,8 @@ impl Catalog {
         api.stored.insert(name.clone(), version.clone());
         api.loaded.insert(name.clone(), (plugin, version));
         self.deployers.replace_api(api);
-        self.announce(vec![Change::Loaded { name, replaced }]);
+        self.events
+            .announce(vec![Change::Loaded { name, replaced }]);
     }
 
     /// Wakes every server on the database (this one's own follower finds
@@ -451,7 +455,7 @@ impl Catalog {
     async fn load(
         &self,
         name: &str,
-        wasm: Vec<u8>,
+        wasm: impl Into<Bytes>,
         manifest: Option<&str>,
         signature: Option<String>,
     ) -> Result<Plugin, String> {
@@ -486,9 +490,5 @@ impl Catalog {
             if replaced { "replaced" } else { "loaded" },
             plugin.description
         );
-    }
-
-    fn announce(&self, changes: Vec<Change>) {
-        crate::watch::announce(&self.events, changes);
     }
 }

@@ -345,3 +345,7 @@ fn api_rejections(api: &ApiSet, declared: &BTreeSet<String>) -> Vec<(Rejection, 
     }
     rejected
 }
+
+#[cfg(test)]
+#[path = "deployers_tests.rs"]
+mod tests;

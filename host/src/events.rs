@@ -4,7 +4,9 @@
 //! what waits batched into one write. Readers (the SSE stream, the webhook)
 //! follow the log, never this process's memory, so they see every server's
 //! events. Publishing never waits for the database: while it refuses
-//! writes (a full disk) the events wait here and are offered again.
+//! writes (a full disk) the events wait here and are offered again. What an
+//! event's stored `data` says is the wire's business: the encoder is handed
+//! in (`http::event_data`), never imported.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -17,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::db::events::NewEvent;
 use crate::db::{self, Db, Topic};
 use crate::model::{Phase, Progress};
+use crate::runtime::Change;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -96,6 +99,8 @@ pub struct Events {
 }
 
 struct Shared {
+    /// An event's `data` as the log stores it.
+    encode: fn(&Event) -> String,
     waiting: Mutex<Waiting>,
     /// Wakes the appender: something was published, or closing began.
     wake: Notify,
@@ -111,10 +116,11 @@ struct Waiting {
 }
 
 impl Events {
-    /// Publishing into `db`'s event log, recorded as `server_id`'s; starts
-    /// the appender.
-    pub fn stored(db: Db, server_id: String) -> Self {
+    /// Publishing into `db`'s event log, recorded as `server_id`'s, each
+    /// event's `data` written by `encode`; starts the appender.
+    pub fn stored(db: Db, server_id: String, encode: fn(&Event) -> String) -> Self {
         let shared = Arc::new(Shared {
+            encode,
             waiting: Mutex::new(Waiting::default()),
             wake: Notify::new(),
             closing: CancellationToken::new(),
@@ -212,7 +218,7 @@ impl Events {
         let progress = matches!(event, Event::DeploymentProgress { .. });
         let new = NewEvent {
             kind: event.kind().to_string(),
-            data: crate::http::event_data(&event),
+            data: (self.shared.encode)(&event),
             created_at: db::now(),
         };
         let mut waiting = self.shared.waiting.lock().unwrap();
@@ -230,6 +236,21 @@ impl Events {
         crate::metrics::events_waiting(waiting.events.len());
         drop(waiting);
         self.shared.wake.notify_one();
+    }
+
+    /// Publishes what a change of the served deployers did. Called after
+    /// the swap, so a listener that asks finds what it was told.
+    pub(crate) fn announce(&self, changes: Vec<Change>) {
+        for change in changes {
+            self.publish(match change {
+                Change::Loaded { name, .. } => Event::PluginLoaded { name },
+                Change::Removed { name } => Event::PluginRemoved { name },
+                Change::Rejected(rejection) => Event::PluginRejected {
+                    file: rejection.file,
+                    reason: rejection.reason,
+                },
+            });
+        }
     }
 }
 

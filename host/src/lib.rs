@@ -31,6 +31,8 @@ pub mod trust;
 mod test_tls;
 
 #[cfg(test)]
+mod import_cycles;
+#[cfg(test)]
 mod strategies;
 pub mod validate;
 pub mod watch;

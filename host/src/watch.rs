@@ -16,8 +16,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::deployers::Deployers;
-use crate::events::{Event, Events};
-use crate::runtime::{Change, Folder, is_plugin_file};
+use crate::events::Events;
+use crate::runtime::{Folder, is_plugin_file};
 
 /// What identifies a file's version without reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,23 +117,8 @@ impl Watcher {
             .reconcile_dir(deployers.dir(), &folder, &deployers.folder(), self.max)
             .await;
         deployers.replace(set);
-        announce(events, changes);
+        events.announce(changes);
         self.applied = now;
         self.seen = None;
-    }
-}
-
-/// Publishes what a change of the served set did. Called after the swap,
-/// so a listener that asks finds what it was told.
-pub(crate) fn announce(events: &Events, changes: Vec<Change>) {
-    for change in changes {
-        events.publish(match change {
-            Change::Loaded { name, .. } => Event::PluginLoaded { name },
-            Change::Removed { name } => Event::PluginRemoved { name },
-            Change::Rejected(rejection) => Event::PluginRejected {
-                file: rejection.file,
-                reason: rejection.reason,
-            },
-        });
     }
 }

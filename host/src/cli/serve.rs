@@ -225,7 +225,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let webhook = webhook(&args)?;
     let (db, server_id) = open_records(&args).await?;
-    let events = Events::stored(db.clone(), server_id.clone());
+    let events = Events::stored(db.clone(), server_id.clone(), crate::http::event_data);
     let (deployers, watcher, runtime) = prepare_deployers(&args, &trust, signers, &db).await?;
     let catalog = Arc::new(
         Catalog::new(
@@ -317,7 +317,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let plugins = runtime
             .load_dir_each(&plugins_dir, max, |name, set, changes| {
                 loading.loaded(name, set.clone());
-                crate::watch::announce(&loading_events, changes);
+                loading_events.announce(changes);
             })
             .await;
         // Also clears names whose files went away during the load, and

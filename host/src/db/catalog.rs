@@ -44,7 +44,7 @@ const VERSION_COLUMNS: &str = "v.id, v.name, v.sha256, b.size, v.manifest, v.sig
 /// A new version, as `store_version` takes it.
 pub struct NewVersion {
     pub name: String,
-    pub wasm: Vec<u8>,
+    pub wasm: bytes::Bytes,
     pub sha256: String,
     pub manifest: Option<String>,
     pub signature: Option<String>,
@@ -176,7 +176,7 @@ async fn store_version(
         let size = i64::try_from(new.wasm.len()).unwrap_or(i64::MAX);
         sqlx::query("INSERT INTO plugin_blobs (sha256, wasm, size) VALUES ($1, $2, $3)")
             .bind(&new.sha256)
-            .bind(new.wasm)
+            .bind(&new.wasm[..])
             .bind(size)
             .execute(&mut *conn)
             .await?;

@@ -3,7 +3,8 @@
 //! engine's compatibility hash (wasmtime version and settings), and stored with the
 //! sha256 of its own bytes: deserializing compiled code is `unsafe`, so an
 //! entry whose bytes do not match its recorded hash is never loaded — it is
-//! rebuilt.
+//! rebuilt. Reads, hashes and writes block: callers run them on a blocking
+//! thread, never on the async ones.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -31,7 +32,7 @@ impl CodeCache {
         Self { dir: dir.into() }
     }
 
-    fn entry(&self, engine: &Engine, tier: Tier, wasm_sha256: &str) -> PathBuf {
+    pub(super) fn entry(&self, engine: &Engine, tier: Tier, wasm_sha256: &str) -> PathBuf {
         let mut hasher = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
         let tier = match tier {

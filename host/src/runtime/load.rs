@@ -3,13 +3,17 @@
 //! those rules) before anything is compiled, compiling it or taking it from
 //! the code cache, checking which `berth:deployer` version it
 //! exports, and asking it to describe itself. Every refusal is a reason a
-//! plugin author can act on. Never decides which files of the plugins folder
-//! become deployers (`plugins` does).
+//! plugin author can act on. The bytes are shared (`Bytes`), never copied,
+//! and the file reads, the hash, the signature check, the code cache and
+//! the compile run on a blocking thread, never on an async one. Never
+//! decides which files of the plugins folder become deployers (`plugins`
+//! does).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use wasmtime::Engine;
@@ -19,7 +23,7 @@ use wasmtime::component::types::ComponentItem;
 use super::plugins::check_name;
 use super::tier::{Backend, Code, CodeSlot, Compiler, Job, Tier};
 use super::wit::{self, PLUGIN_FUNCTIONS, PLUGIN_INTERFACE, WIT_VERSION};
-use super::{Limits, LogReporter, Manifest, Origin, Plugin, Runtime, Verdict};
+use super::{CodeCache, Limits, LogReporter, Manifest, Origin, Plugin, Runtime, Signers, Verdict};
 
 impl Runtime {
     /// Loads `path` as the deployer `name`, with `NAME.toml` and its
@@ -27,19 +31,11 @@ impl Runtime {
     /// manifest's `${VAR}`s come from this process's environment.
     pub async fn load_file(&self, path: &Path, name: &str) -> Result<Plugin, String> {
         check_name(name)?;
-        let manifest_path = path.with_extension("toml");
-        let manifest = match std::fs::read_to_string(&manifest_path) {
-            Ok(text) => Manifest::parse(&text, |var| std::env::var(var).ok())
-                .map_err(|e| format!("manifest {name}.toml: {e}"))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Manifest::default(),
-            Err(e) => return Err(format!("manifest {name}.toml cannot be read: {e}")),
-        };
-        let wasm = std::fs::read(path).map_err(|e| format!("cannot be read: {e}"))?;
-        let signature = match std::fs::read_to_string(signature_path(path)) {
-            Ok(text) => Some(text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(format!("signature {name}.wasm.sig cannot be read: {e}")),
-        };
+        let (path, owned_name) = (path.to_path_buf(), name.to_string());
+        let (manifest, wasm, signature) =
+            tokio::task::spawn_blocking(move || read_files(&path, &owned_name))
+                .await
+                .map_err(|e| format!("reading it crashed: {e}"))??;
         self.load(name, wasm, manifest, signature).await
     }
 
@@ -49,25 +45,41 @@ impl Runtime {
     /// optimized code following in the background. `signature` is the
     /// text of the detached signature over `wasm` that came with it, if any
     /// (what `NAME.wasm.sig` holds). The sha256 pin and the signature are
-    /// checked before compiling: a refused plugin costs no compile.
+    /// checked before compiling: a refused plugin costs no compile. The
+    /// bytes are shared, never copied; the hash, the signature check, the
+    /// cache and the compile run on a blocking thread, never on the caller's.
     pub async fn load(
         &self,
         name: &str,
-        wasm: Vec<u8>,
+        wasm: impl Into<Bytes>,
         manifest: Manifest,
         signature: Option<String>,
     ) -> Result<Plugin, String> {
         check_name(name)?;
+        let wasm = wasm.into();
         check_magic(&wasm)?;
-        let sha256 = hex::encode(Sha256::digest(&wasm));
-        if let Some(pinned) = &manifest.sha256
-            && *pinned != sha256
-        {
-            return Err(format!(
-                "its sha256 is {sha256} but its manifest {name}.toml pins {pinned}"
-            ));
-        }
-        let signed_by = match self.signers.check(name, &wasm, signature.as_deref())? {
+        let checks = Checks {
+            name: name.to_string(),
+            pinned: manifest.sha256.clone(),
+            signature,
+            signers: self.signers.clone(),
+            compiler: self.compiler,
+            optimized: self.optimized.clone(),
+            first: self.first_tier().clone(),
+            cache: self.cache.clone(),
+        };
+        let bytes = wasm.clone();
+        let checked = tokio::task::spawn_blocking(move || checks.run(&bytes))
+            .await
+            .map_err(|e| format!("checking and compiling it crashed: {e}"))??;
+        let Checked {
+            sha256,
+            verdict,
+            backend,
+            component,
+            origin,
+        } = checked;
+        let signed_by = match verdict {
             Verdict::Unsigned => None,
             Verdict::Untrusted { key_id } => {
                 tracing::warn!(
@@ -81,7 +93,6 @@ impl Runtime {
             }
             Verdict::Trusted { key_id } => Some(key_id),
         };
-        let (backend, component, origin, wasm) = self.compile(wasm, &sha256).await?;
         let wit_version = check_world(&backend.engine, &component)?;
         let code = CodeSlot::new(Code {
             pre: backend.link(&component)?,
@@ -142,48 +153,103 @@ impl Runtime {
         }
         Ok(plugin)
     }
+}
+
+/// A plugin's manifest, bytes and signature text, read from the folder.
+fn read_files(path: &Path, name: &str) -> Result<(Manifest, Vec<u8>, Option<String>), String> {
+    let manifest_path = path.with_extension("toml");
+    let manifest = match std::fs::read_to_string(&manifest_path) {
+        Ok(text) => Manifest::parse(&text, |var| std::env::var(var).ok())
+            .map_err(|e| format!("manifest {name}.toml: {e}"))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Manifest::default(),
+        Err(e) => return Err(format!("manifest {name}.toml cannot be read: {e}")),
+    };
+    let wasm = std::fs::read(path).map_err(|e| format!("cannot be read: {e}"))?;
+    let signature = match std::fs::read_to_string(signature_path(path)) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(format!("signature {name}.wasm.sig cannot be read: {e}")),
+    };
+    Ok((manifest, wasm, signature))
+}
+
+/// What checking and compiling a plugin needs of the runtime, owned, so
+/// that it runs on a blocking thread.
+struct Checks {
+    name: String,
+    /// The manifest's sha256 pin.
+    pinned: Option<String>,
+    signature: Option<String>,
+    signers: Signers,
+    compiler: Compiler,
+    optimized: Arc<Backend>,
+    first: Arc<Backend>,
+    cache: Option<CodeCache>,
+}
+
+/// A plugin whose bytes passed the checks, and its code.
+struct Checked {
+    sha256: String,
+    verdict: Verdict,
+    backend: Arc<Backend>,
+    component: Component,
+    origin: Origin,
+}
+
+impl Checks {
+    /// The sha256 pin, the signature, then the code. Blocks.
+    fn run(self, wasm: &[u8]) -> Result<Checked, String> {
+        let sha256 = hex::encode(Sha256::digest(wasm));
+        if let Some(pinned) = &self.pinned
+            && *pinned != sha256
+        {
+            return Err(format!(
+                "its sha256 is {sha256} but its manifest {}.toml pins {pinned}",
+                self.name
+            ));
+        }
+        let verdict = self
+            .signers
+            .check(&self.name, wasm, self.signature.as_deref())?;
+        let (backend, component, origin) = self.code(wasm, &sha256)?;
+        Ok(Checked {
+            sha256,
+            verdict,
+            backend,
+            component,
+            origin,
+        })
+    }
 
     /// The plugin's code from the first tier that has it: optimized code
     /// already cached, else what the compiler setting starts with, from the
-    /// cache or compiled now. Hands the bytes back for the optimizer.
-    async fn compile(
-        &self,
-        wasm: Vec<u8>,
-        sha256: &str,
-    ) -> Result<(&Backend, Component, Origin, Vec<u8>), String> {
-        let first = self.first_tier();
+    /// cache or compiled now.
+    fn code(&self, wasm: &[u8], sha256: &str) -> Result<(Arc<Backend>, Component, Origin), String> {
         let cached = |backend: &Backend| {
             self.cache
                 .as_ref()
                 .and_then(|c| c.load(&backend.engine, backend.tier, sha256))
         };
-        if self.compiler != Compiler::Baseline
+        if self.compiler == Compiler::Tiered
             && let Some(component) = cached(&self.optimized)
         {
-            return Ok((&self.optimized, component, Origin::Cached, wasm));
+            return Ok((self.optimized.clone(), component, Origin::Cached));
         }
-        if let Some(component) = cached(first) {
-            return Ok((first, component, Origin::Cached, wasm));
+        if let Some(component) = cached(&self.first) {
+            return Ok((self.first.clone(), component, Origin::Cached));
         }
         let started = Instant::now();
-        let backend = first.clone();
-        let (component, wasm) = tokio::task::spawn_blocking(move || {
-            let component = backend.compile(&wasm);
-            (component, wasm)
-        })
-        .await
-        .map_err(|e| format!("compiling it crashed: {e}"))?;
-        let component = component?;
+        let component = self.first.compile(wasm)?;
         tracing::debug!(
             sha256,
-            tier = first.tier.as_str(),
+            tier = self.first.tier.as_str(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "compiled a plugin"
         );
         if let Some(cache) = &self.cache {
-            cache.store(&first.engine, first.tier, sha256, &component);
+            cache.store(&self.first.engine, self.first.tier, sha256, &component);
         }
-        Ok((first, component, Origin::Compiled, wasm))
+        Ok((self.first.clone(), component, Origin::Compiled))
     }
 }
 
@@ -261,7 +327,63 @@ fn compatible(version: &str, ours: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::runtime::Engines;
+
+    /// The code cache is read on a blocking thread: its entry here is a
+    /// FIFO that only another task of the same single-threaded runtime
+    /// writes, so a read on the runtime's own thread would wait forever.
+    #[test]
+    fn a_load_reads_the_code_cache_off_the_async_threads() {
+        let cache = tempfile::TempDir::new().unwrap();
+        let engines = Engines {
+            compiler: Compiler::Baseline,
+            pool: None,
+        };
+        let runtime = Runtime::new(
+            Limits::default(),
+            Some(CodeCache::new(cache.path())),
+            engines,
+        )
+        .unwrap();
+        // A component's header and nothing more.
+        let wasm: &'static [u8] = b"\0asm\x0d\x00\x01\x00";
+        let backend = runtime.first_tier();
+        let sha256 = hex::encode(Sha256::digest(wasm));
+        let entry = runtime
+            .cache
+            .as_ref()
+            .unwrap()
+            .entry(&backend.engine, backend.tier, &sha256);
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &entry,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        )
+        .unwrap();
+
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let single = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let loaded = single.block_on(async {
+                let writer = tokio::spawn(tokio::fs::write(entry, b"not compiled code"));
+                let loaded = runtime.load("fifo", wasm, Manifest::default(), None).await;
+                writer.await.unwrap().expect("the cache entry was read");
+                loaded
+            });
+            let _ = done.send(loaded);
+        });
+        let loaded = finished
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the load read the code cache on the runtime's only thread, blocking it");
+        // Not a deployer, whatever the cache held: the load went on to say so.
+        assert!(loaded.is_err());
+    }
 
     #[test]
     fn versions_are_compatible_within_a_minor() {

@@ -105,6 +105,26 @@ impl Plugin {
     }
 }
 
+#[cfg(test)]
+impl Plugin {
+    /// This plugin's code as another deployer's version, for tests of the
+    /// sets that hold plugins.
+    pub(crate) fn as_version(&self, name: &str, sha256: &str) -> Plugin {
+        Plugin {
+            name: name.to_string(),
+            description: self.description.clone(),
+            options_schema: self.options_schema.clone(),
+            wit_version: self.wit_version.clone(),
+            sha256: sha256.to_string(),
+            manifest: self.manifest.clone(),
+            limits: self.limits,
+            origin: self.origin,
+            signed_by: self.signed_by.clone(),
+            code: self.code.clone(),
+        }
+    }
+}
+
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Plugin")

@@ -227,7 +227,7 @@ impl CodeSlot {
 pub(crate) struct Job {
     pub(crate) name: String,
     pub(crate) sha256: String,
-    pub(crate) wasm: Vec<u8>,
+    pub(crate) wasm: bytes::Bytes,
     /// Gone when every version holding it was dropped (the plugin was
     /// replaced or removed): its compile is skipped.
     pub(crate) slot: Weak<CodeSlot>,

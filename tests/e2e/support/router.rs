@@ -83,7 +83,11 @@ impl App {
         temp: tempfile::TempDir,
     ) -> Self {
         let fetcher = Fetcher::new(temp.path().join("models"), Duration::from_secs(1800)).unwrap();
-        let events = Events::stored(db.clone(), "router-test".to_string());
+        let events = Events::stored(
+            db.clone(),
+            "router-test".to_string(),
+            berth::http::event_data,
+        );
         let pipeline = Arc::new(Pipeline::new(
             db.clone(),
             events.clone(),
