@@ -686,12 +686,12 @@ impl Db {
 
     /// Fails the deployments a previous run of this server left running,
     /// each with `error` of the phase its row was last recorded in; returns
-    /// their output directories.
+    /// their rows as failed.
     pub async fn fail_leftovers(
         &self,
         server_id: &str,
         error: impl Fn(Option<Phase>) -> String,
-    ) -> Result<Vec<String>> {
+    ) -> Result<Vec<Deployment>> {
         let errors = [
             error(Some(Phase::Fetching)),
             error(Some(Phase::Deploying)),
@@ -701,12 +701,12 @@ impl Db {
         self.write(move |conn| {
             Box::pin(async move {
                 let [fetching, deploying, unknown] = errors;
-                let rows = sqlx::query(
+                let rows = sqlx::query(&format!(
                     "UPDATE deployments SET status = 'failed', \
                      error = CASE phase WHEN $1 THEN $2 WHEN $3 THEN $4 ELSE $5 END, \
                      completed_at = $6, phase = NULL \
-                     WHERE server_id = $7 AND status = 'running' RETURNING out_dir",
-                )
+                     WHERE server_id = $7 AND status = 'running' RETURNING {DEPLOYMENT_COLUMNS}"
+                ))
                 .bind(Phase::Fetching.as_str())
                 .bind(fetching)
                 .bind(Phase::Deploying.as_str())
@@ -716,7 +716,7 @@ impl Db {
                 .bind(server_id)
                 .fetch_all(conn)
                 .await?;
-                rows.iter().map(|row| Ok(row.try_get("out_dir")?)).collect()
+                rows.iter().map(deployment_row).collect()
             })
         })
         .await

@@ -8,6 +8,7 @@
 
 pub mod artifacts;
 pub mod auth;
+pub mod backoff;
 pub mod catalog;
 pub mod cli;
 pub mod db;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use berth::auth::Tokens;
@@ -84,6 +85,7 @@ impl App {
     ) -> Self {
         let fetcher = Fetcher::new(temp.path().join("models"), Duration::from_secs(1800)).unwrap();
         let events = Events::stored(db.clone(), "router-test".to_string());
+        let shutdown = CancellationToken::new();
         let pipeline = Arc::new(Pipeline::new(
             db.clone(),
             events.clone(),
@@ -91,6 +93,7 @@ impl App {
             fetcher,
             "router-test".to_string(),
             temp.path().join("out"),
+            shutdown.clone(),
         ));
         pipeline.start_workers();
         let catalog = Arc::new(
@@ -105,6 +108,7 @@ impl App {
             pipeline,
             tokens,
             webhook: None,
+            shutdown,
         });
         Self {
             app,
