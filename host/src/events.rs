@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::db::events::NewEvent;
 use crate::db::{self, Db, Topic};
 use crate::model::{Phase, Progress};
@@ -89,8 +90,6 @@ const BATCH: usize = 256;
 /// superseded by the next) are dropped rather than kept; the others are
 /// always kept.
 const MAX_WAITING: usize = 100_000;
-const FIRST_RETRY: Duration = Duration::from_millis(250);
-const MAX_RETRY: Duration = Duration::from_secs(10);
 
 /// Publishes events into the log. Clones share one queue and one appender.
 #[derive(Clone)]
@@ -256,9 +255,9 @@ impl Events {
 
 /// The appender: stores what waits, oldest first, one batch per write, and
 /// wakes the log's readers on every server. A refused write keeps the
-/// batch at the front and is tried again, backing off to every 10 s.
+/// batch at the front and is tried again, less often each time (`Backoff`).
 async fn append(db: Db, server_id: String, shared: Arc<Shared>) {
-    let mut retry = FIRST_RETRY;
+    let mut backoff = Backoff::new();
     let mut refused_since: Option<SystemTime> = None;
     loop {
         let batch: Vec<NewEvent> = {
@@ -297,7 +296,7 @@ async fn append(db: Db, server_id: String, shared: Arc<Shared>) {
                         "the database takes events again: those held back are stored"
                     );
                 }
-                retry = FIRST_RETRY;
+                backoff.reset();
                 if let Err(e) = db.notify(Topic::Events, &last.to_string()).await {
                     // Readers also look on a tick of their own.
                     tracing::debug!("could not announce events up to {last}: {e}");
@@ -305,13 +304,13 @@ async fn append(db: Db, server_id: String, shared: Arc<Shared>) {
             }
             Err(e) => {
                 refused_since.get_or_insert_with(SystemTime::now);
+                let wait = backoff.next_wait();
                 tracing::warn!(
                     waiting = shared.waiting.lock().unwrap().events.len(),
                     "could not store events ({e}); they are kept and offered again in {}",
-                    crate::human::duration(retry)
+                    crate::human::duration(wait)
                 );
-                tokio::time::sleep(retry).await;
-                retry = (retry * 2).min(MAX_RETRY);
+                tokio::time::sleep(wait).await;
             }
         }
     }

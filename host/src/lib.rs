@@ -8,6 +8,7 @@
 
 pub mod artifacts;
 pub mod auth;
+pub mod backoff;
 pub mod catalog;
 mod causes;
 pub mod cli;

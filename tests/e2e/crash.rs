@@ -4,7 +4,8 @@
 //! no file under a real name holds anything but its recorded bytes, the
 //! interrupted row is failed saying what was running, and the next
 //! deployment of the same model completes, asking the source for each
-//! file's bytes at most once more.
+//! file's bytes at most once more. The restart also tells subscribers: the
+//! event log holds the interrupted deployment's `deployment.failed`.
 //!
 //! The moments come from a seeded generator; the seed is printed.
 //! `BERTH_CRASH_SEED` repeats a run, `BERTH_CRASH_TRIALS` sets the number of
@@ -24,6 +25,7 @@ on_both_backends!(
     kill_9_at_random_moments_loses_no_byte_and_no_record,
     a_kill_as_the_deployer_starts_fails_the_row_as_deploying,
     a_fetched_model_is_deploying_from_its_insert_and_a_kill_says_so,
+    a_restart_publishes_the_failure_of_what_the_killed_run_left,
 );
 
 /// Trials per backend unless `BERTH_CRASH_TRIALS` says otherwise: enough
@@ -305,4 +307,43 @@ async fn a_fetched_model_is_deploying_from_its_insert_and_a_kill_says_so(backend
         .await;
     assert_eq!(row["status"], "failed");
     assert_eq!(row["error"], DEPLOYING);
+}
+
+/// A restart fails what the killed run left running and publishes it, as
+/// a lease sweep does for another server's: the event log holds one
+/// `deployment.failed` for it, with the recorded error, before anything
+/// the restarted server runs.
+async fn a_restart_publishes_the_failure_of_what_the_killed_run_left(backend: Backend) {
+    let files = FileServer::start().await;
+    let mut berth = Berth::start(backend).await;
+    let id = berth
+        .register(&model(&files, "job-restart", &model_files(0)))
+        .await;
+    let left = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 600_000 }))
+        .await;
+    assert_eq!(left["status"], "running", "{left}");
+    berth.kill9();
+    berth.restart();
+    let (_, row) = berth.get(&format!("/v1/deployments/{}", left["id"])).await;
+    assert_eq!(row["status"], "failed", "{row}");
+
+    let (status, next) = berth.deploy(id, "misbehave", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{next}");
+    let mut log = berth.events_from("?after=0", None).await;
+    let events = log
+        .until(|events| {
+            events
+                .iter()
+                .any(|e| e.kind == "deployment.completed" && e.data["deploy_id"] == next["id"])
+        })
+        .await;
+    // Its start may have died with the process, unwritten; its end is
+    // the restart's to publish.
+    let failed: Vec<_> = events
+        .iter()
+        .filter(|e| e.data["deploy_id"] == left["id"] && e.kind == "deployment.failed")
+        .map(|e| &e.data["error"])
+        .collect();
+    assert_eq!(failed, [&row["error"]], "the killed deployment's failures");
 }

@@ -317,3 +317,50 @@ async fn the_queued_gauge_follows_the_queue() {
     cancel(&busy["id"]).await;
     queued_is(0.0).await;
 }
+
+/// A deployment queued behind a busy one (`--max-running 1`) reads its
+/// model's verification record when it is claimed, not also when it is
+/// queued: its model's bytes count as verified once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_deployment_counts_its_verified_bytes_once() {
+    let files = FileServer::start().await;
+    let berth = Berth::start_with(Backend::Sqlite, &["--max-running", "1"]).await;
+    let contents = adapter_files();
+    let model_bytes: usize = contents.iter().map(|(_, b)| b.len()).sum();
+    let fetched = berth
+        .register(&model(&files, "job-verified", &contents))
+        .await;
+    let (status, body) = berth.deploy(fetched, "misbehave", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Busy with another model, fetched for the first time: nothing of it
+    // is verified from a record.
+    let other = berth.register(&model(&files, "job-busy", &contents)).await;
+    let busy = berth
+        .deploy_detached(other, "misbehave", json!({ "mode": "sleep", "ms": 60000 }))
+        .await;
+    assert_eq!(busy["status"], "running", "{busy}");
+    let queued = berth.deploy_detached(fetched, "misbehave", json!({})).await;
+    assert_eq!(queued["status"], "queued", "{queued}");
+    let (status, cancelled) = berth
+        .post(
+            &format!("/v1/deployments/{}/cancel", busy["id"]),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{cancelled}");
+    let path = format!("/v1/deployments/{}", queued["id"]);
+    let row = eventually(
+        || "the queued deployment to end".to_string(),
+        async || {
+            let (_, row) = berth.get(&path).await;
+            crate::support::has_ended(&row).then_some(row)
+        },
+    )
+    .await;
+    assert_eq!(row["status"], "completed", "{row}");
+    let metrics = scrape(berth.client(), &format!("{}/metrics", berth.url)).await;
+    assert_eq!(
+        metrics.value("berth_stamp_verified_bytes_total", &[]),
+        model_bytes as f64
+    );
+}

@@ -210,12 +210,12 @@ impl Db {
 
     /// Fails the deployments a previous run of this server left running,
     /// each with `error` of the phase its row was last recorded in; returns
-    /// their output directories.
+    /// their rows as failed.
     pub async fn fail_leftovers(
         &self,
         server_id: &str,
         error: impl Fn(Option<Phase>) -> String,
-    ) -> Result<Vec<String>> {
+    ) -> Result<Vec<Deployment>> {
         let errors = [
             error(Some(Phase::Fetching)),
             error(Some(Phase::Deploying)),
@@ -224,12 +224,12 @@ impl Db {
         let server_id = server_id.to_string();
         self.write(statements!(|conn| {
             let [fetching, deploying, unknown] = errors;
-            let rows = sqlx::query(
+            let rows = sqlx::query(&format!(
                 "UPDATE deployments SET status = $1, \
                  error = CASE phase WHEN $2 THEN $3 WHEN $4 THEN $5 ELSE $6 END, \
                  completed_at = $7, phase = NULL \
-                 WHERE server_id = $8 AND status = $9 RETURNING out_dir",
-            )
+                 WHERE server_id = $8 AND status = $9 RETURNING {DEPLOYMENT_COLUMNS}"
+            ))
             .bind(Status::Failed.as_str())
             .bind(Phase::Fetching.as_str())
             .bind(fetching)
@@ -241,7 +241,7 @@ impl Db {
             .bind(Status::Running.as_str())
             .fetch_all(conn)
             .await?;
-            rows.iter().map(|row| Ok(row.try_get("out_dir")?)).collect()
+            rows.iter().map(deployment_row).collect()
         }))
         .await
     }

@@ -106,7 +106,7 @@ async fn stream(
     };
     // The stream ends when the server stops, or a graceful shutdown would
     // wait for subscribers forever.
-    let stop = ctx.pipeline.stopping().clone().cancelled_owned();
+    let stop = ctx.shutdown.clone().cancelled_owned();
     let events = futures::stream::unfold(follow, Follow::next)
         .map(Ok)
         .take_until(stop);

@@ -38,6 +38,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::middleware;
+use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -67,6 +68,9 @@ pub struct ApiContext {
     pub tokens: Option<Arc<Tokens>>,
     /// The webhook this server delivers to, if configured.
     pub webhook: Option<Arc<Webhook>>,
+    /// Cancelled when the server stops: answers that would last (event
+    /// streams) end then.
+    pub shutdown: CancellationToken,
 }
 
 /// Every route with its docs, in one place: `app` serves these routes and

@@ -12,6 +12,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use berth::auth::Tokens;
@@ -88,6 +89,7 @@ impl App {
             "router-test".to_string(),
             berth::http::event_data,
         );
+        let shutdown = CancellationToken::new();
         let pipeline = Arc::new(Pipeline::new(
             db.clone(),
             events.clone(),
@@ -95,6 +97,7 @@ impl App {
             fetcher,
             "router-test".to_string(),
             temp.path().join("out"),
+            shutdown.clone(),
         ));
         pipeline.start_workers();
         let catalog = Arc::new(
@@ -109,6 +112,7 @@ impl App {
             pipeline,
             tokens,
             webhook: None,
+            shutdown,
         });
         Self {
             app,

@@ -1,0 +1,77 @@
+//! How long to wait before offering the database a write it refused (a
+//! full disk, a lost connection) again: one policy, doubling from a quarter
+//! of a second up to ten seconds, for every loop that keeps what it could
+//! not write and tries again (the event log's appender, a deployment's end
+//! record, the recovery at start). Only counts time: never decides what is
+//! retried, what is logged, nor when to give up; each caller does.
+
+use std::time::Duration;
+
+/// The waits between the tries of one write: `FIRST`, then each twice the
+/// one before, at most `MAX`.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    pub const FIRST: Duration = Duration::from_millis(250);
+    pub const MAX: Duration = Duration::from_secs(10);
+
+    pub fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+
+    /// The wait before the next try, after a refusal.
+    pub fn next_wait(&mut self) -> Duration {
+        let wait = self.next;
+        self.next = (wait * 2).min(Self::MAX);
+        wait
+    }
+
+    /// Whether a try was refused since the start or the last `reset`.
+    pub fn retried(&self) -> bool {
+        self.next > Self::FIRST
+    }
+
+    /// After a write went through: the next refusal waits `FIRST` again.
+    pub fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_double_up_to_the_cap_and_start_over_after_a_success() {
+        let ms = Duration::from_millis;
+        let mut backoff = Backoff::new();
+        assert!(!backoff.retried());
+        let waits: Vec<Duration> = (0..8).map(|_| backoff.next_wait()).collect();
+        assert_eq!(
+            waits,
+            [
+                ms(250),
+                ms(500),
+                ms(1000),
+                ms(2000),
+                ms(4000),
+                ms(8000),
+                ms(10_000),
+                ms(10_000)
+            ]
+        );
+        assert!(backoff.retried());
+        backoff.reset();
+        assert!(!backoff.retried());
+        assert_eq!(backoff.next_wait(), ms(250));
+    }
+}

@@ -1,0 +1,153 @@
+//! `berth serve`: checks its settings, opens the records, recovers what a
+//! killed run left, serves the HTTP API while the plugins folder loads, and
+//! stops on SIGINT/SIGTERM. The process's stop token is made and cancelled
+//! here, and handed to everything that must end with the server. `run`
+//! reads as the list of steps; `args` declares the settings, `setup` opens
+//! and checks what they name, `load` sequences the deployers' first load.
+
+mod args;
+mod load;
+mod setup;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::catalog::Catalog;
+use crate::db::Topic;
+use crate::events::Events;
+use crate::http::ApiContext;
+use crate::pipeline::{Pipeline, QueueSettings};
+
+pub use args::ServeArgs;
+pub(super) use setup::redact;
+
+use load::FirstLoad;
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let clock = Instant::now();
+    let args = args.absolute()?;
+    // First: tokens, a sources file, a CA file or signature settings that
+    // cannot be used stop the start before anything is opened.
+    let tokens = setup::open_tokens(&args)?;
+    let access = setup::load_access(&args)?;
+    let trust = setup::load_trust(&args)?;
+    let signers = setup::signers(&args)?;
+    setup::metrics(&args)?;
+    let webhook = setup::webhook(&args)?;
+    let shutdown = CancellationToken::new();
+
+    let (db, server_id) = setup::open_records(&args).await?;
+    let events = Events::stored(db.clone(), server_id.clone(), crate::http::event_data);
+    let first_load = FirstLoad::prepare(&args, &trust, signers, &db).await?;
+    let deployers = first_load.deployers.clone();
+    let catalog = Arc::new(
+        Catalog::new(
+            db.clone(),
+            deployers.clone(),
+            events.clone(),
+            args.max_deployers,
+        )
+        .with_max_plugin_bytes((args.max_plugin_mib << 20) as usize),
+    );
+    // Before the first look, so that no change made meanwhile is missed.
+    let catalog_wakeups = db.wakeups(Topic::Deployers);
+    let fetcher = setup::fetcher(&args, trust.clone(), access, &db)?;
+    // Bound now so that the server's name can carry its port; accepting
+    // starts at the end.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let server_name = match &args.server_name {
+        Some(name) => name.clone(),
+        None => format!("{}:{}", setup::host_name(), listener.local_addr()?.port()),
+    };
+    let queue = QueueSettings {
+        max_running: usize::from(args.max_running),
+        lease: Duration::from_millis(args.lease_ms),
+        queue_timeout: Duration::from_secs(args.queue_timeout_s),
+    };
+    let pipeline = Arc::new(
+        Pipeline::new(
+            db.clone(),
+            events.clone(),
+            deployers.clone(),
+            fetcher,
+            server_id.clone(),
+            args.data_dir.join("out"),
+            shutdown.clone(),
+        )
+        .reserve(args.min_free_mib << 20)
+        .queue(queue, server_name),
+    );
+
+    tokio::spawn(crate::events::prune(
+        db.clone(),
+        Duration::from_secs(args.events_retention_s),
+        shutdown.clone(),
+    ));
+    // Before the recovery's events and before listening, so that a new
+    // receiver's cursor is set before the first deployment's end.
+    let delivery = match &webhook {
+        Some(webhook) => Some(
+            webhook
+                .clone()
+                .start(db.clone(), server_id, &trust, shutdown.clone())
+                .await?,
+        ),
+        None => None,
+    };
+    pipeline.recover().await;
+    pipeline.start_workers();
+    // Listening comes first: the deployers appear one by one as they
+    // compile (seconds each for Python and JavaScript), /readyz tells when
+    // all are in, and only then does the watcher take over the folder.
+    tokio::spawn(first_load.run(
+        catalog.clone(),
+        catalog_wakeups,
+        events.clone(),
+        shutdown.clone(),
+    ));
+    if let Some(addr) = args.metrics_listen {
+        setup::serve_metrics(addr, shutdown.clone()).await?;
+    }
+    if let Some(tokens) = &tokens {
+        tokio::spawn(setup::reload_tokens(tokens.clone(), shutdown.clone()));
+    }
+
+    tracing::info!(
+        ready_ms = clock.elapsed().as_millis() as u64,
+        "berth is listening on http://{}",
+        listener.local_addr()?
+    );
+    let app = crate::http::app(ApiContext {
+        db: db.clone(),
+        events: events.clone(),
+        deployers,
+        catalog,
+        pipeline: pipeline.clone(),
+        tokens,
+        webhook,
+        shutdown: shutdown.clone(),
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            setup::stop_signal().await;
+            tracing::info!("stopping: running deployments are interrupted and recorded as failed");
+            shutdown.cancel();
+        })
+        .await?;
+
+    pipeline.drain(Duration::from_secs(30)).await;
+    // The events of the drained deployments go into the log before the
+    // database closes; the webhook hands its lease back.
+    events.close(Duration::from_secs(10)).await;
+    if let Some(delivery) = delivery {
+        let _ = delivery.await;
+    }
+    db.close().await;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,299 @@
+//! Carrying out one deployment this server took, in a task of its own:
+//! fetch and verify (unless the model was verified already), run the
+//! deployer in its sandbox, pass progress on at a bounded rate, remove a
+//! failed deployment's output, record the end (kept and offered again
+//! while the database refuses) and publish it. Never decides whether or
+//! where a deployment runs (`admit` and `queue` do).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::backoff::Backoff;
+use crate::db::{self, Db, Ending, Topic};
+use crate::events::{Event, Events};
+use crate::fetch;
+use crate::live::Running;
+use crate::metrics;
+use crate::model::{Deployment, Outcome, Phase, TrainedModel};
+use crate::runtime::{CallError, DeployCall, Plugin};
+
+use super::sentences::{CANCELLED, Stop, interrupted};
+use super::{Pipeline, Started};
+
+/// How often a running deployment's progress reaches the database and the
+/// event stream, at most.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// Free space below which a failed deployer's volume counts as full
+/// (without a reserve).
+const FULL_BELOW: u64 = 1 << 20;
+
+impl Pipeline {
+    /// Runs a deployment this server took, in a task of its own holding
+    /// `permit` (one of `--max-running`) until its end is recorded.
+    pub(super) fn launch(
+        self: &Arc<Self>,
+        started: Started,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        span: tracing::Span,
+    ) {
+        let pipeline = self.clone();
+        self.tasks.spawn(
+            async move {
+                let _permit = permit;
+                if let Err(e) = pipeline.run(started).await {
+                    tracing::error!("recording the end of a deployment: {e}");
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Steps 4–7. Always ends the recorded deployment, whatever happens; the
+    /// returned row is the stored one.
+    async fn run(&self, started: Started) -> Result<Deployment, db::Error> {
+        let Started {
+            deployment,
+            model,
+            verified,
+            plugin,
+            running,
+        } = started;
+        metrics::deployment_started();
+        self.events.publish(Event::DeploymentStarted {
+            deploy_id: deployment.id,
+            model_id: deployment.model_id,
+            deployer: deployment.deployer.clone(),
+        });
+        let clock = Instant::now();
+        let reporter = self.tasks.spawn(
+            report_progress(
+                self.db.clone(),
+                self.events.clone(),
+                running.clone(),
+                model.id,
+            )
+            .in_current_span(),
+        );
+        let outcome = match self
+            .carry_out(&deployment, &model, verified, &plugin, &running)
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err(error) => Outcome::Failed { error },
+        };
+        reporter.abort();
+        if let Outcome::Failed { .. } = outcome {
+            remove_failed_output(PathBuf::from(&deployment.out_dir)).await;
+        }
+        let took = clock.elapsed();
+        let duration_ms = db::millis(took);
+        let ending = Ending {
+            outcome: &outcome,
+            duration_ms,
+            progress: &running.snapshot(),
+            logs: &running.logs(),
+        };
+        let stored = self.record_end(deployment.id, &ending).await;
+        self.live.remove(deployment.id);
+        metrics::deployment_ended(&deployment.deployer, &outcome, took);
+        running.finish();
+        let stored = stored?;
+        self.publish_end(&stored);
+        self.wake(Topic::Ended, stored.id).await;
+        Ok(stored)
+    }
+
+    /// Stores how a deployment ended. A database that refuses (a full
+    /// disk, a lost connection) does not lose the outcome: it is kept here
+    /// and offered again, less often each time, until it is stored (a stop
+    /// waits for it, up to the drain's limit); only a row that is no longer
+    /// running is given up on.
+    async fn record_end(
+        &self,
+        deploy_id: i64,
+        ending: &Ending<'_>,
+    ) -> Result<Deployment, db::Error> {
+        let mut backoff = Backoff::new();
+        loop {
+            match self.db.finish_deployment(deploy_id, ending).await {
+                Err(e @ (db::Error::NotRunning(_) | db::Error::Corrupt(_))) => return Err(e),
+                Err(e) => {
+                    let wait = backoff.next_wait();
+                    tracing::warn!(
+                        deploy_id,
+                        "could not record the end of deployment {deploy_id} ({e}); keeping its outcome and trying again in {}",
+                        crate::human::duration(wait)
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+                Ok(stored) => {
+                    if backoff.retried() {
+                        tracing::info!(
+                            deploy_id,
+                            "recorded the end of deployment {deploy_id} after retrying"
+                        );
+                    }
+                    return Ok(stored);
+                }
+            }
+        }
+    }
+
+    async fn carry_out(
+        &self,
+        deployment: &Deployment,
+        model: &TrainedModel,
+        verified: Option<PathBuf>,
+        plugin: &Plugin,
+        running: &Arc<Running>,
+    ) -> Result<Outcome, String> {
+        let cancel = running.token();
+        let model_dir = match verified {
+            Some(dir) => {
+                metrics::fetch_ended(true, Duration::ZERO);
+                dir
+            }
+            None => self.fetch(model, running).await?,
+        };
+        let out_dir = PathBuf::from(&deployment.out_dir);
+        std::fs::create_dir_all(&out_dir).map_err(|e| {
+            format!(
+                "cannot create the output directory {}: {e}",
+                out_dir.display()
+            )
+        })?;
+        let call = DeployCall {
+            deploy_id: deployment.id,
+            model,
+            model_dir: &model_dir,
+            out_dir: &out_dir,
+            options_json: &deployment.options_json,
+        };
+        match self
+            .deployers
+            .runtime()
+            .deploy(plugin, call, running.clone(), cancel)
+            .await
+        {
+            Ok(deployed) => Ok(Outcome::Completed {
+                reference: deployed.reference,
+                details_json: serde_json::Value::Object(deployed.details).to_string(),
+            }),
+            Err(CallError::Cancelled) => Err(self.cancelled(running)),
+            Err(e) => Err(format!(
+                "deployer {}: {e}{}",
+                plugin.name,
+                self.full_volume(&out_dir)
+            )),
+        }
+    }
+
+    /// Fetches the model, then records the deploying phase.
+    async fn fetch(&self, model: &TrainedModel, running: &Arc<Running>) -> Result<PathBuf, String> {
+        let clock = Instant::now();
+        let fetched = self
+            .fetcher
+            .fetch(model, running.clone(), running.token())
+            .await;
+        metrics::fetch_ended(fetched.is_ok(), clock.elapsed());
+        let model_dir = fetched.map_err(|e| match e {
+            fetch::Error::Cancelled => self.cancelled(running),
+            e => format!("fetching model {}: {e}", model.id),
+        })?;
+        running.set_phase(Phase::Deploying);
+        // Recorded before the deployer starts rather than at the next
+        // progress tick: a server killed from here on fails the row as
+        // interrupted while deploying when it starts again.
+        if let Err(e) = self
+            .db
+            .update_progress(running.deploy_id, Phase::Deploying, &running.snapshot())
+            .await
+        {
+            tracing::warn!(
+                deploy_id = running.deploy_id,
+                "could not record the phase: {e}"
+            );
+        }
+        Ok(model_dir)
+    }
+
+    /// What a deployer cannot say: WASI hands a guest a bare I/O error
+    /// for a full disk, so a failure on a volume left (nearly) full is
+    /// told so, before the removal of its output frees the space again.
+    fn full_volume(&self, out_dir: &Path) -> String {
+        let nearly_full = self.reserve.max(FULL_BELOW);
+        match crate::space::free_bytes(out_dir) {
+            Ok(free) if free < nearly_full => format!(
+                " (the output volume had {} free when it ended: the disk filled up)",
+                crate::human::size(free)
+            ),
+            _ => String::new(),
+        }
+    }
+
+    /// The error of a deployment whose run was cancelled: the reason
+    /// given, or the server's stop.
+    fn cancelled(&self, running: &Running) -> String {
+        match running.reason() {
+            Some(reason) => reason.to_string(),
+            None if self.shutdown.is_cancelled() => {
+                interrupted(Some(running.phase()), Stop::Graceful)
+            }
+            None => CANCELLED.to_string(),
+        }
+    }
+}
+
+/// A failed deployment's output is half made and nobody's product: it is
+/// removed, so failures cannot fill the disk. A completed one is kept.
+pub(super) async fn remove_failed_output(out_dir: PathBuf) {
+    // A deployer may have written many files; the removal blocks.
+    let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&out_dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!(
+            "could not remove the output directory {} of a failed deployment: {e}",
+            out_dir.display()
+        )),
+        _ => Ok(()),
+    })
+    .await;
+    match removed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("{e}"),
+        Err(e) => tracing::warn!("removing a failed deployment's output directory: {e}"),
+    }
+}
+
+/// Passes a running deployment's progress to the database and the event
+/// stream at most every `PROGRESS_EVERY`, so a fast fetch cannot flood
+/// subscribers. Aborted when the deployment ends.
+async fn report_progress(db: Db, events: Events, running: Arc<Running>, model_id: i64) {
+    // The first tick one period after the start: the row and the started
+    // event were written with the state this would report at once.
+    let mut tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    loop {
+        tick.tick().await;
+        let Some((phase, progress)) = running.take_update() else {
+            continue;
+        };
+        if let Err(e) = db
+            .update_progress(running.deploy_id, phase, &progress)
+            .await
+        {
+            tracing::warn!(
+                deploy_id = running.deploy_id,
+                "could not record progress: {e}"
+            );
+        }
+        events.publish(Event::DeploymentProgress {
+            deploy_id: running.deploy_id,
+            model_id,
+            phase,
+            progress,
+        });
+    }
+}

@@ -1,0 +1,107 @@
+//! The errors the pipeline records for a deployment that did not end by
+//! itself: interrupted by a stop, lost with its server, never runnable, or
+//! cancelled, and why. Words only: never decides when a deployment ends.
+
+use std::time::Duration;
+
+use crate::model::Phase;
+
+/// How the server stopped under a running deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stop {
+    /// Asked to (SIGINT/SIGTERM): the pipeline recorded the row itself.
+    Graceful,
+    /// Killed or crashed: the row is found `running` at the next start.
+    Unseen,
+}
+
+/// The error recorded for a deployment the server stopped under, saying
+/// what it was doing (`phase`: `None` for a row from before phases were
+/// recorded) and, for an unseen stop, what probably happened.
+pub(super) fn interrupted(phase: Option<Phase>, stop: Stop) -> String {
+    let doing = doing(phase);
+    let cause = match stop {
+        Stop::Graceful => "",
+        Stop::Unseen => " (killed or crashed?)",
+    };
+    format!("interrupted{doing}: the server stopped before it finished{cause}")
+}
+
+/// What a deployment was doing, as its error says: `None` for a row from
+/// before phases were recorded.
+fn doing(phase: Option<Phase>) -> &'static str {
+    match phase {
+        Some(Phase::Fetching) => " while fetching the model",
+        Some(Phase::Deploying) => " while deploying",
+        None => "",
+    }
+}
+
+/// The error recorded for a deployment whose owner stopped renewing its
+/// lease: `owner` names the server.
+pub(super) fn lost(owner: &str, phase: Option<Phase>) -> String {
+    let doing = doing(phase);
+    format!(
+        "lost{doing}: berth server {owner} stopped renewing its lease on this deployment (killed, frozen or cut off from the database?)"
+    )
+}
+
+/// The error recorded for a queued deployment no live server can run.
+pub(super) fn unrunnable(deployer: &str, sha256: &str, waited: Duration) -> String {
+    format!(
+        "no berth server could run it: none has deployer {deployer} at sha256 {sha256} loaded, \
+         and none took it within {} (--queue-timeout-s); load that version of the deployer \
+         on a server, or deploy again with the version the servers have",
+        crate::human::duration(waited)
+    )
+}
+
+/// Why a deployment was cancelled; the first reason given is recorded.
+pub(super) const CANCELLED: &str = "cancelled";
+pub(super) const CLIENT_LEFT: &str = "cancelled: the client disconnected";
+pub(super) const ACCEPTOR_STOPPED: &str = "cancelled: the server that accepted it stopped";
+pub(super) const CLAIM_LOST: &str = "cancelled: this server lost its claim on the deployment (its lease ran out and another server ended it, or its record was deleted)";
+
+/// The error of a deployment cancelled for `reason` while it was queued.
+pub(super) fn before_start(reason: &str) -> String {
+    format!("{reason} (before it started)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interruption_says_what_was_running_and_how_the_server_stopped() {
+        let stopped = "the server stopped before it finished";
+        for (phase, stop, expected) in [
+            (
+                Some(Phase::Fetching),
+                Stop::Graceful,
+                format!("interrupted while fetching the model: {stopped}"),
+            ),
+            (
+                Some(Phase::Deploying),
+                Stop::Graceful,
+                format!("interrupted while deploying: {stopped}"),
+            ),
+            (
+                Some(Phase::Fetching),
+                Stop::Unseen,
+                format!("interrupted while fetching the model: {stopped} (killed or crashed?)"),
+            ),
+            (
+                Some(Phase::Deploying),
+                Stop::Unseen,
+                format!("interrupted while deploying: {stopped} (killed or crashed?)"),
+            ),
+            (
+                None,
+                Stop::Unseen,
+                format!("interrupted: {stopped} (killed or crashed?)"),
+            ),
+        ] {
+            assert_eq!(interrupted(phase, stop), expected, "{phase:?} {stop:?}");
+        }
+    }
+}
