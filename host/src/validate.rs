@@ -28,13 +28,38 @@ pub struct FileDraft {
     pub sha256: Option<String>,
 }
 
-/// Every problem found, each a sentence naming its field.
+/// Every problem found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problems(pub Vec<String>);
+pub struct Problems(pub Vec<Problem>);
 
+/// One problem: the field it is about, as the registration names it
+/// (`name`, `files[2].path`; `files` for a conflict between two files),
+/// and a sentence that starts with that field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub field: String,
+    pub message: String,
+}
+
+impl Problem {
+    fn new(field: impl Into<String>, message: String) -> Self {
+        Problem {
+            field: field.into(),
+            message,
+        }
+    }
+}
+
+/// The messages, `; `-separated.
 impl std::fmt::Display for Problems {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0.join("; "))
+        for (i, problem) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            f.write_str(&problem.message)?;
+        }
+        Ok(())
     }
 }
 
@@ -48,13 +73,16 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
     let mut problems = Vec::new();
     let mut text = |field: &str, value: Option<String>, required: bool| -> String {
         let value = value.unwrap_or_default();
-        if required && value.trim().is_empty() {
-            problems.push(format!("{field} is required"));
+        let message = if required && value.trim().is_empty() {
+            format!("{field} is required")
         } else if value.len() > MAX_TEXT {
-            problems.push(format!("{field} is longer than {MAX_TEXT} bytes"));
+            format!("{field} is longer than {MAX_TEXT} bytes")
         } else if value.chars().any(char::is_control) {
-            problems.push(format!("{field} contains control characters"));
-        }
+            format!("{field} contains control characters")
+        } else {
+            return value;
+        };
+        problems.push(Problem::new(field, message));
         value
     };
     let name = text("name", draft.name, true);
@@ -64,11 +92,11 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
 
     let job_id = draft.job_id.unwrap_or_default();
     if let Err(e) = job_id_rule(&job_id) {
-        problems.push(e);
+        problems.push(Problem::new("job_id", e));
     }
     let source = draft.source.unwrap_or_default();
     if let Err(e) = source_rule(&source) {
-        problems.push(e);
+        problems.push(Problem::new("source", e));
     }
 
     for (field, value) in [
@@ -76,17 +104,23 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
         ("num_train_steps", draft.num_train_steps),
     ] {
         if value.is_some_and(|v| v > MAX_COUNT) {
-            problems.push(format!("{field} is too large"));
+            problems.push(Problem::new(field, format!("{field} is too large")));
         }
     }
     if draft.final_loss.is_some_and(|loss| !loss.is_finite()) {
-        problems.push("final_loss must be a finite number".into());
+        problems.push(Problem::new(
+            "final_loss",
+            "final_loss must be a finite number".into(),
+        ));
     }
     let params_json = match draft.params {
         None | Some(serde_json::Value::Null) => "{}".to_string(),
         Some(value @ serde_json::Value::Object(_)) => value.to_string(),
         Some(_) => {
-            problems.push("params must be a JSON object".into());
+            problems.push(Problem::new(
+                "params",
+                "params must be a JSON object".into(),
+            ));
             String::new()
         }
     };
@@ -95,24 +129,38 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
     let mut seen = HashSet::new();
     for (i, file) in draft.files.into_iter().enumerate() {
         let path = file.path.unwrap_or_default();
+        let field = |name: &str| format!("files[{i}].{name}");
         if let Err(e) = path_rule(&path) {
-            problems.push(format!("files[{i}].path {path:?}: {e}"));
+            problems.push(Problem::new(
+                field("path"),
+                format!("files[{i}].path {path:?}: {e}"),
+            ));
         } else if !seen.insert(path.clone()) {
-            problems.push(format!("files[{i}].path {path:?}: listed twice"));
+            problems.push(Problem::new(
+                field("path"),
+                format!("files[{i}].path {path:?}: listed twice"),
+            ));
         }
         let Some(size_bytes) = file.size_bytes else {
-            problems.push(format!("files[{i}].size_bytes is required"));
+            problems.push(Problem::new(
+                field("size_bytes"),
+                format!("files[{i}].size_bytes is required"),
+            ));
             continue;
         };
         if size_bytes > MAX_COUNT {
-            problems.push(format!("files[{i}].size_bytes is too large"));
+            problems.push(Problem::new(
+                field("size_bytes"),
+                format!("files[{i}].size_bytes is too large"),
+            ));
         }
         let sha256 = file.sha256.map(|h| h.to_ascii_lowercase());
         if let Some(hash) = &sha256
             && (hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()))
         {
-            problems.push(format!(
-                "files[{i}].sha256 must be 64 hexadecimal characters, got {hash:?}"
+            problems.push(Problem::new(
+                field("sha256"),
+                format!("files[{i}].sha256 must be 64 hexadecimal characters, got {hash:?}"),
             ));
         }
         files.push(ModelFile {
@@ -126,9 +174,12 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
         let mut prefix = file.path.as_str();
         while let Some((parent, _)) = prefix.rsplit_once('/') {
             if seen.contains(parent) {
-                problems.push(format!(
-                    "files: {parent:?} is listed as a file but is also the directory of {:?}",
-                    file.path
+                problems.push(Problem::new(
+                    "files",
+                    format!(
+                        "files: {parent:?} is listed as a file but is also the directory of {:?}",
+                        file.path
+                    ),
                 ));
             }
             prefix = parent;
@@ -270,10 +321,18 @@ mod tests {
         match model(d) {
             Ok(_) if expected.is_empty() => {}
             Ok(m) => panic!("accepted {m:?}, expected {expected:?}"),
-            Err(p) => assert!(
-                !expected.is_empty() && p.to_string().contains(expected),
-                "{p}"
-            ),
+            Err(p) => {
+                assert!(
+                    !expected.is_empty() && p.to_string().contains(expected),
+                    "{p}"
+                );
+                for problem in &p.0 {
+                    assert!(
+                        problem.message.starts_with(&problem.field),
+                        "a problem's sentence starts with its field: {problem:?}"
+                    );
+                }
+            }
         }
     }
 
@@ -401,7 +460,8 @@ mod tests {
     #[test]
     fn every_problem_is_reported_at_once() {
         let problems = model(ModelDraft::default()).unwrap_err();
-        assert_eq!(problems.0.len(), 3, "{problems}");
+        let fields: Vec<&str> = problems.0.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(fields, ["name", "job_id", "source"], "{problems}");
     }
 
     /// Found by `props::a_valid_draft_keeps_every_field`: serde_json's
@@ -638,10 +698,11 @@ mod props {
             let at = at.index(draft.files.len() + 1);
             draft.files.insert(at, FileDraft { path: Some(path.clone()), size_bytes: Some(1), sha256: None });
             let problems = model(draft).expect_err("an unsafe path validated").0;
-            let field = format!("files[{at}].path {path:?}: ");
+            let field = format!("files[{at}].path");
+            let start = format!("{field} {path:?}: ");
             prop_assert!(
-                problems.iter().any(|p| p.starts_with(&field) && p.contains(words)),
-                "{field}… {words}: {problems:?}"
+                problems.iter().any(|p| p.field == field && p.message.starts_with(&start) && p.message.contains(words)),
+                "{start}… {words}: {problems:?}"
             );
         }
 
@@ -656,7 +717,8 @@ mod props {
             let at = draft.files.len() - 1;
             let problems = model(draft).expect_err("a duplicate validated").0;
             let expected = format!("files[{at}].path {:?}: listed twice", twin.path.unwrap());
-            prop_assert!(problems.contains(&expected), "{expected}: {problems:?}");
+            let expected = Problem::new(format!("files[{at}].path"), expected);
+            prop_assert!(problems.contains(&expected), "{expected:?}: {problems:?}");
         }
 
         /// Whatever arrives, validation answers without panicking; a refusal
