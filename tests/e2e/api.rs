@@ -68,10 +68,12 @@ async fn registration_refuses_bad_models_with_every_reason(backend: Backend) {
         BAD_REQUEST,
         "Content-Type: application/json",
     );
-    assert_error(
-        &app.send(raw(with_type)).await,
-        BAD_REQUEST,
-        "the request body is not acceptable",
+    let not_json = app.send(raw(with_type)).await;
+    assert_error(&not_json, BAD_REQUEST, "the request body is not acceptable");
+    assert_eq!(
+        not_json.1.get("problems"),
+        None,
+        "a body that is no registration has no problems to place"
     );
     let (_, listing) = app.get(models).await;
     assert_eq!(
@@ -193,6 +195,56 @@ async fn a_final_loss_may_be_given_or_left_out_in_any_order(backend: Backend) {
     assert_eq!(stored, losses.iter().collect::<Vec<_>>());
 }
 
+/// A refused registration lists each problem on its own with the field it
+/// is about (for a form to place beside that field), and its sentence is
+/// their messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_registration_names_the_field_of_each_problem() {
+    let app = App::start(Backend::Sqlite).await;
+    let several = json!({
+        "job_id": "../x",
+        "files": [
+            { "path": "/etc/passwd", "size_bytes": 1 },
+            { "path": "a", "size_bytes": 1, "sha256": "xyz" },
+            { "path": "b" },
+        ],
+    });
+    let (status, refused) = app.post("/v1/models", &several).await;
+    assert_eq!(status, BAD_REQUEST, "{refused}");
+    let problems = refused["problems"].as_array().expect("problems");
+    let fields: Vec<&str> = problems
+        .iter()
+        .map(|p| p["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "name",
+            "job_id",
+            "source",
+            "files[0].path",
+            "files[1].sha256",
+            "files[2].size_bytes"
+        ]
+    );
+    assert_eq!(
+        problems[3],
+        json!({
+            "field": "files[0].path",
+            "message": "files[0].path \"/etc/passwd\": must be relative, not absolute",
+        })
+    );
+    let messages: Vec<&str> = problems
+        .iter()
+        .map(|p| p["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        refused["error"],
+        format!("invalid model: {}", messages.join("; "))
+    );
+    assert_eq!(refused.as_object().unwrap().len(), 2, "{refused}");
+}
+
 async fn lookups_answer_404_and_400_clearly(backend: Backend) {
     let app = App::start(backend).await;
     #[rustfmt::skip]
@@ -203,29 +255,26 @@ async fn lookups_answer_404_and_400_clearly(backend: Backend) {
         (GET, "/v1/deployments/45", None, NOT_FOUND, "deployment 45 does not exist"),
         (POST, "/v1/deployments/46/cancel", Some(json!({})), NOT_FOUND, "deployment 46 does not exist"),
         (GET, "/v1/deployments/47/logs", None, NOT_FOUND, "deployment 47 does not exist"),
+        (GET, "/v1/deployments/48/files", None, NOT_FOUND, "deployment 48 does not exist"),
+        (GET, "/v1/deployments/49/files/a.txt", None, NOT_FOUND, "deployment 49 does not exist"),
+        // An id that is not one is refused before anything is looked up.
+        (GET, "/v1/models/abc", None, BAD_REQUEST, "\"abc\" is not an id: ids are positive integers"),
+        (GET, "/v1/models/-1/deployments", None, BAD_REQUEST, "\"-1\" is not an id"),
+        (DELETE, "/v1/models/1.5", None, BAD_REQUEST, "\"1.5\" is not an id"),
+        (GET, "/v1/deployments/0", None, BAD_REQUEST, "\"0\" is not an id"),
+        (POST, "/v1/deployments/x/cancel", Some(json!({})), BAD_REQUEST, "\"x\" is not an id"),
+        (GET, "/v1/deployments/0x1/logs", None, BAD_REQUEST, "\"0x1\" is not an id"),
+        (GET, "/v1/deployments/two/files", None, BAD_REQUEST, "\"two\" is not an id"),
+        (GET, "/v1/deployments/three/files/a.txt", None, BAD_REQUEST, "\"three\" is not an id"),
     ];
-    // Each answer is its whole sentence.
-    for (method, path, body, status, sentence) in rules {
-        let answer = app.request(method.clone(), path, body.as_ref()).await;
-        assert_eq!(
-            answer,
-            (status, json!({ "error": sentence })),
-            "{method} {path}"
-        );
-    }
+    app.check(&rules).await;
 }
 
 /// What never reaches a record, on SQLite only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_endpoints_and_malformed_ids_answer_clearly() {
+async fn unknown_endpoints_answer_clearly() {
     let app = App::start(Backend::Sqlite).await;
-    #[rustfmt::skip]
-    let rules: Vec<Rule> = vec![
-        (GET, "/v1/models/abc", None, BAD_REQUEST, "\"abc\" is not an id"),
-        (GET, "/v1/deployments/0", None, BAD_REQUEST, "\"0\" is not an id"),
-        (GET, "/v1/nothing", None, NOT_FOUND, "no such endpoint"),
-    ];
-    app.check(&rules).await;
+    assert_error(&app.get("/v1/nothing").await, NOT_FOUND, "no such endpoint");
     let (status, body) = app.get("/healthz").await;
     assert_eq!((status, body), (StatusCode::OK, json!("ok")));
 }

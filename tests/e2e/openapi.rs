@@ -90,6 +90,40 @@ async fn the_document_describes_every_route_the_router_serves() {
     }
 }
 
+/// A refused registration's `problems`, and each event kind's data, are
+/// in the document as the server sends them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_document_describes_registration_problems_and_event_data() {
+    let app = App::start(Backend::Sqlite).await;
+    let (_, document) = app.get("/openapi.json").await;
+    let schemas = &document["components"]["schemas"];
+    let refused = &document["paths"]["/v1/models"]["post"]["responses"]["400"];
+    assert_eq!(
+        refused["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/RegistrationError",
+        "{refused}"
+    );
+    let refusal = &schemas["RegistrationError"];
+    assert_eq!(refusal["required"], json!(["error"]), "{refusal}");
+    assert_eq!(
+        refusal["properties"]["problems"]["items"]["$ref"], "#/components/schemas/Problem",
+        "{refusal}"
+    );
+    assert_eq!(
+        schemas["Problem"]["required"],
+        json!(["field", "message"]),
+        "{}",
+        schemas["Problem"]
+    );
+    // plugin.rejected carries a file and a reason, not a `Rejected`.
+    assert_eq!(
+        schemas["PluginRejected"]["required"],
+        json!(["file", "reason"]),
+        "{}",
+        schemas["PluginRejected"]
+    );
+}
+
 /// The paths of the router's routes. axum offers no list of them but its
 /// `Debug` names each (`RouteId(N): "/path"`) before the fallback's; if
 /// that text changes this finds none, and the comparison fails loudly.

@@ -21,7 +21,8 @@ use utoipa_axum::routes;
 
 use super::ApiContext;
 use super::error::Error;
-use super::json::{self, ErrorBody, Id, IdAndPath};
+use super::extract::{Id, IdAndPath};
+use super::json::{self, ErrorBody};
 use crate::artifacts;
 
 /// `download`'s route takes the rest of the URL as its path (`{*path}`),
@@ -40,7 +41,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 async fn out_dir(ctx: &ApiContext, id: i64) -> Result<PathBuf, Error> {
     match ctx.db.deployment(id).await? {
         Some(d) => Ok(PathBuf::from(d.out_dir)),
-        None => Err(Error::NotFound(format!("deployment {id} does not exist"))),
+        None => Err(Error::no_deployment(id)),
     }
 }
 
@@ -96,9 +97,9 @@ async fn download(
             let answer = (
                 StatusCode::RANGE_NOT_SATISFIABLE,
                 [(header::CONTENT_RANGE, format!("bytes */{size}"))],
-                Json(serde_json::json!({ "error": format!(
-                    "the range asked for is outside the file's {size} bytes"
-                ) })),
+                Json(ErrorBody {
+                    error: format!("the range asked for is outside the file's {size} bytes"),
+                }),
             );
             return Ok(answer.into_response());
         }

@@ -11,7 +11,8 @@ use utoipa_axum::routes;
 
 use super::ApiContext;
 use super::error::Error;
-use super::json::{self, Body, DeployBody, DeployParams, ErrorBody, Id, ListParams, Params};
+use super::extract::{Body, Id, Params};
+use super::json::{self, DeployBody, DeployParams, ErrorBody, ListParams};
 use crate::auth::Caller;
 use crate::model::Status;
 use crate::pipeline::{CancelError, MAX_OPTIONS_BYTES, Request};
@@ -107,7 +108,7 @@ async fn list(
         )));
     }
     if ctx.db.model(model_id).await?.is_none() {
-        return Err(Error::NotFound(format!("model {model_id} does not exist")));
+        return Err(Error::no_model(model_id));
     }
     Ok(Json(ctx.db.deployments_of(model_id, limit).await?.into()))
 }
@@ -124,7 +125,7 @@ async fn list(
 async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<json::Deployment>, Error> {
     match ctx.db.deployment(id).await? {
         Some(d) => Ok(Json(d.into())),
-        None => Err(Error::NotFound(format!("deployment {id} does not exist"))),
+        None => Err(Error::no_deployment(id)),
     }
 }
 
@@ -175,5 +176,5 @@ async fn logs(State(ctx): State<ApiContext>, Id(id): Id) -> Result<String, Error
     ctx.pipeline
         .logs(id)
         .await?
-        .ok_or_else(|| Error::NotFound(format!("deployment {id} does not exist")))
+        .ok_or_else(|| Error::no_deployment(id))
 }

@@ -6,14 +6,17 @@ use axum::Json;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::json::ErrorBody;
+use super::json::{ErrorBody, ProblemsBody};
 use crate::pipeline::{RunError, StartError};
+use crate::validate::Problems;
 use crate::{catalog, db};
 
 #[derive(Debug)]
 pub enum Error {
     /// 400
     BadRequest(String),
+    /// 400, with every problem of a registration and its field.
+    InvalidModel(Problems),
     /// 401, with `WWW-Authenticate: Bearer`
     Unauthorized(String),
     /// 403
@@ -34,6 +37,10 @@ impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let (status, message) = match self {
             Error::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
+            Error::InvalidModel(problems) => {
+                let body = Json(ProblemsBody::from(problems));
+                return (StatusCode::BAD_REQUEST, body).into_response();
+            }
             Error::Unauthorized(m) => {
                 let body = Json(ErrorBody { error: m });
                 let challenge = [(header::WWW_AUTHENTICATE, r#"Bearer realm="berth""#)];
@@ -57,6 +64,18 @@ impl IntoResponse for Error {
             }
         };
         (status, Json(ErrorBody { error: message })).into_response()
+    }
+}
+
+impl Error {
+    /// 404: no model has this id.
+    pub fn no_model(id: i64) -> Self {
+        Error::NotFound(format!("model {id} does not exist"))
+    }
+
+    /// 404: no deployment has this id.
+    pub fn no_deployment(id: i64) -> Self {
+        Error::NotFound(format!("deployment {id} does not exist"))
     }
 }
 

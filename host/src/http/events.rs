@@ -17,7 +17,8 @@ use utoipa_axum::routes;
 
 use super::ApiContext;
 use super::error::Error;
-use super::json::{self, ErrorBody, Params};
+use super::extract::Params;
+use super::json::{self, ErrorBody};
 use crate::db::events::{Kinds, StoredEvent};
 use crate::db::{Db, Topic};
 

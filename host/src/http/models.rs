@@ -8,7 +8,8 @@ use utoipa_axum::routes;
 
 use super::ApiContext;
 use super::error::Error;
-use super::json::{self, Body, ErrorBody, Id, RegisterBody};
+use super::extract::{Body, Id};
+use super::json::{self, ErrorBody, ProblemsBody, RegisterBody};
 use crate::auth::Caller;
 use crate::model::TrainedModel;
 use crate::validate::{self, FileDraft, ModelDraft};
@@ -24,7 +25,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
     request_body = RegisterBody,
     responses(
         (status = CREATED, description = "The stored model", body = json::Model),
-        (status = BAD_REQUEST, description = "The body is not JSON, or every problem of the registration", body = ErrorBody),
+        (status = BAD_REQUEST, description = "The body is not a registration (then `error` alone says why), or every problem of the registration, each also with its field in `problems`", body = ProblemsBody),
         (status = CONFLICT, description = "The job id is registered already", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
     ))]
@@ -33,7 +34,7 @@ async fn register(
     caller: Option<Extension<Caller>>,
     Body(body): Body<RegisterBody>,
 ) -> Result<(StatusCode, Json<json::Model>), Error> {
-    let mut model = checked(body).map_err(Error::BadRequest)?;
+    let mut model = validate::model(draft(body)).map_err(Error::InvalidModel)?;
     model.created_by = caller.map(|Extension(c)| c.name);
     let stored = ctx.db.insert_model(&model).await?;
     tracing::info!(model_id = stored.id, job_id = %stored.job_id, files = stored.files.len(), "model registered");
@@ -43,7 +44,12 @@ async fn register(
 /// A registration body checked by the registration rules: the model, or
 /// the sentence a 400 answers with.
 pub(super) fn checked(body: RegisterBody) -> Result<TrainedModel, String> {
-    let draft = ModelDraft {
+    validate::model(draft(body)).map_err(|p| json::invalid_model(&p))
+}
+
+/// A registration body as the registration rules take it.
+fn draft(body: RegisterBody) -> ModelDraft {
+    ModelDraft {
         name: body.name,
         job_id: body.job_id,
         base_model: body.base_model,
@@ -63,8 +69,7 @@ pub(super) fn checked(body: RegisterBody) -> Result<TrainedModel, String> {
                 sha256: f.sha256,
             })
             .collect(),
-    };
-    validate::model(draft).map_err(|p| format!("invalid model: {p}"))
+    }
 }
 
 /// Every registered model.
@@ -89,7 +94,7 @@ async fn list(State(ctx): State<ApiContext>) -> Result<Json<json::Models>, Error
 async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<json::Model>, Error> {
     match ctx.db.model(id).await? {
         Some(model) => Ok(Json(model.into())),
-        None => Err(Error::NotFound(format!("model {id} does not exist"))),
+        None => Err(Error::no_model(id)),
     }
 }
 
@@ -109,6 +114,6 @@ async fn remove(State(ctx): State<ApiContext>, Id(id): Id) -> Result<StatusCode,
         tracing::info!(model_id = id, "model deleted (its files stay on disk)");
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(Error::NotFound(format!("model {id} does not exist")))
+        Err(Error::no_model(id))
     }
 }

@@ -1,5 +1,5 @@
 //! The API's OpenAPI 3.1 document: generated from the handlers' own
-//! `#[utoipa::path]` docs and `json.rs`'s schemas, never written beside
+//! `#[utoipa::path]` docs and `json`'s schemas, never written beside
 //! them, and served at `GET /openapi.json`. Adds to each operation what the
 //! layers around the handlers do, by their own rules: the auth
 //! middleware's bearer token with its 401 and 403, and `observe`'s request
@@ -38,7 +38,7 @@ const BEARER: &str = "bearer";
         json::DeploymentCompleted,
         json::DeploymentFailed,
         json::PluginNamed,
-        json::Rejected,
+        json::PluginRejected,
     )),
     tags(
         (name = "models", description = "Trained models: their files and where they come from"),

@@ -1,5 +1,6 @@
 //! The client's side of the HTTP API: requests to a running server, its
-//! answers as JSON, and its server-sent event stream. Never prints.
+//! answers read into the server's own wire types (`http::json`), and its
+//! server-sent event stream. Never prints.
 
 use std::fmt;
 use std::pin::Pin;
@@ -8,7 +9,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
+
+use crate::http::json::ErrorBody;
 
 /// A dead address should fail fast; a slow answer is the server's business
 /// (a deploy may take minutes), so requests themselves have no deadline.
@@ -53,6 +58,13 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// A JSON answer: read into the wire type `T`, and as sent, which
+/// `--json` prints whole (with any field a newer server added).
+pub struct Answer<T> {
+    pub body: T,
+    pub raw: Value,
+}
+
 /// A running berth server, by its base URL.
 pub struct Api {
     /// Without a trailing `/`, as people type it and as messages show it.
@@ -96,25 +108,32 @@ impl Api {
         &self.server
     }
 
-    pub async fn get(&self, path: &str) -> Result<Value, Error> {
-        self.call(Method::GET, path, None).await
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<Answer<T>, Error> {
+        let request = self.http.get(format!("{}{path}", self.server));
+        self.answer(Method::GET, path, request).await
     }
 
-    pub async fn post(&self, path: &str, body: &Value) -> Result<Value, Error> {
-        self.call(Method::POST, path, Some(body)).await
+    pub async fn post<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<Answer<T>, Error> {
+        let request = self.http.post(format!("{}{path}", self.server)).json(body);
+        self.answer(Method::POST, path, request).await
     }
 
-    /// Answers `Value::Null` for a 204.
-    pub async fn delete(&self, path: &str) -> Result<Value, Error> {
-        self.call(Method::DELETE, path, None).await
+    /// For an answer without a body (204).
+    pub async fn delete(&self, path: &str) -> Result<(), Error> {
+        let request = self.http.delete(format!("{}{path}", self.server));
+        self.send(&Method::DELETE, path, request).await.map(drop)
     }
 
     /// PUTs a multipart form.
-    pub async fn put_form(
+    pub async fn put_form<T: DeserializeOwned>(
         &self,
         path: &str,
         form: reqwest::multipart::Form,
-    ) -> Result<Value, Error> {
+    ) -> Result<Answer<T>, Error> {
         let request = self
             .http
             .put(format!("{}{path}", self.server))
@@ -122,44 +141,50 @@ impl Api {
         self.answer(Method::PUT, path, request).await
     }
 
-    async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Value, Error> {
-        let mut request = self
-            .http
-            .request(method.clone(), format!("{}{path}", self.server));
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        self.answer(method, path, request).await
-    }
-
-    /// Sends `request`: its JSON answer, or the server's refusal.
-    async fn answer(
+    /// Sends `request`: its JSON answer read as `T`, or the server's
+    /// refusal.
+    async fn answer<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
         request: reqwest::RequestBuilder,
-    ) -> Result<Value, Error> {
+    ) -> Result<Answer<T>, Error> {
+        let text = self.send(&method, path, request).await?;
+        let raw: Value = serde_json::from_str(&text).map_err(|_| {
+            Error::Invalid(format!(
+                "{} answered {method} {path} with something that is not JSON (is it a berth server?)",
+                self.server
+            ))
+        })?;
+        match T::deserialize(&raw) {
+            Ok(body) => Ok(Answer { body, raw }),
+            Err(e) => Err(Error::Invalid(format!(
+                "{} answered {method} {path} with JSON this berth cannot read ({e}): is the server of another version?",
+                self.server
+            ))),
+        }
+    }
+
+    /// Sends `request`: the text of a successful answer, or the server's
+    /// refusal.
+    async fn send(
+        &self,
+        method: &Method,
+        path: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<String, Error> {
         let response = request.send().await.map_err(|e| self.unreachable(&e))?;
         let status = response.status();
-        if status == StatusCode::NO_CONTENT {
-            return Ok(Value::Null);
-        }
         let text = response.text().await.map_err(|e| self.unreachable(&e))?;
-        let json = serde_json::from_str::<Value>(&text);
         if status.is_success() {
-            return json.map_err(|_| {
-                Error::Invalid(format!(
-                    "{} answered {method} {path} with something that is not JSON (is it a berth server?)",
-                    self.server
-                ))
-            });
+            return Ok(text);
         }
-        match json.as_ref().ok().and_then(|v| v["error"].as_str()) {
-            Some(message) => Err(Error::Refused {
+        match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(refusal) => Err(Error::Refused {
                 status,
-                message: message.to_string(),
+                message: refusal.error,
             }),
-            None => Err(Error::Refused {
+            Err(_) => Err(Error::Refused {
                 status,
                 message: format!(
                     "{} answered {method} {path} with {status} and no explanation (is it a berth server?)",

@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use serde_json::{Value, json};
 
 use super::api::{Api, Error};
 use super::text::{Table, timestamp};
-use super::{Common, cell, list, print_json};
+use super::{Common, print_json};
+use crate::http::json::{Deployer, DeployerVersions, RollbackBody};
 
 #[derive(Debug, Subcommand)]
 pub enum CatalogCommand {
@@ -81,14 +81,13 @@ pub async fn run(command: CatalogCommand) -> Result<ExitCode, Error> {
         }
         CatalogCommand::Versions { name, .. } => versions(&api, name, json).await?,
         CatalogCommand::Rollback { name, to, .. } => {
-            let body = match to {
-                Some(sha256) => json!({ "sha256": sha256 }),
-                None => json!({}),
-            };
-            let answer = api.post(&path(name, "/rollback"), &body).await?;
+            let body = RollbackBody { sha256: to.clone() };
+            let answer = api
+                .post::<Deployer>(&path(name, "/rollback"), &body)
+                .await?;
             match json {
-                true => print_json(&answer),
-                false => println!("deployer {name} now serves {} again", serves(&answer)),
+                true => print_json(&answer.raw),
+                false => println!("deployer {name} now serves {} again", serves(&answer.body)),
             }
         }
     }
@@ -144,9 +143,9 @@ async fn push(
             sent.push(format!("{part} {}", path.display()));
         }
     }
-    let answer = api.put_form(&path(&name, ""), form).await?;
+    let answer = api.put_form::<Deployer>(&path(&name, ""), form).await?;
     if json {
-        print_json(&answer);
+        print_json(&answer.raw);
         return Ok(());
     }
     let with = match sent.is_empty() {
@@ -155,7 +154,7 @@ async fn push(
     };
     println!(
         "deployer {name} now serves {} on {}{with}",
-        serves(&answer),
+        serves(&answer.body),
         api.server()
     );
     Ok(())
@@ -168,18 +167,18 @@ fn sig_path(file: &Path) -> PathBuf {
     PathBuf::from(path)
 }
 
-/// "version 3 (sha256 ab12…)" of a deployer's JSON.
-fn serves(deployer: &Value) -> String {
+/// "version 3 (sha256 ab12…)" of a deployer.
+fn serves(deployer: &Deployer) -> String {
     format!(
         "version {} (sha256 {})",
-        version(deployer),
-        short(&cell(&deployer["sha256"]))
+        version(deployer.version),
+        short(&deployer.sha256)
     )
 }
 
 /// A stored deployer's version number; empty for a folder deployer.
-pub fn version(deployer: &Value) -> String {
-    cell(&deployer["version"])
+pub fn version(number: Option<i64>) -> String {
+    number.map(|n| n.to_string()).unwrap_or_default()
 }
 
 fn short(sha256: &str) -> String {
@@ -187,9 +186,11 @@ fn short(sha256: &str) -> String {
 }
 
 async fn versions(api: &Api, name: &str, json: bool) -> Result<(), Error> {
-    let answer = api.get(&path(name, "/versions")).await?;
+    let answer = api
+        .get::<DeployerVersions>(&path(name, "/versions"))
+        .await?;
     if json {
-        print_json(&answer);
+        print_json(&answer.raw);
         return Ok(());
     }
     let mut table = Table::new(&[
@@ -202,20 +203,15 @@ async fn versions(api: &Api, name: &str, json: bool) -> Result<(), Error> {
         "SIGNED",
     ])
     .right_align(&[1, 3]);
-    for version in list(&answer, "versions") {
+    for version in answer.body.versions {
         table.row(vec![
-            if version["current"] == true { "*" } else { "" }.to_string(),
-            cell(&version["number"]),
-            short(&cell(&version["sha256"])),
-            crate::human::size(version["size"].as_u64().unwrap_or_default()),
-            timestamp(&cell(&version["added_at"])),
-            cell(&version["added_by"]),
-            if version["signed"] == true {
-                "yes"
-            } else {
-                "no"
-            }
-            .to_string(),
+            if version.current { "*" } else { "" }.to_string(),
+            version.number.to_string(),
+            short(&version.sha256),
+            crate::human::size(u64::try_from(version.size).unwrap_or_default()),
+            timestamp(&version.added_at),
+            version.added_by.unwrap_or_default(),
+            if version.signed { "yes" } else { "no" }.to_string(),
         ]);
     }
     print!("{}", table.render());

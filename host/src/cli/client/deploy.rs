@@ -9,9 +9,10 @@ use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::api::{Api, Error, Events, Received};
+use super::api::{Answer, Api, Error, Events, Received};
 use super::progress::ProgressView;
-use super::text;
+use super::{text, word};
+use crate::http::json::{DeployBody, Deployment, EventData, Status};
 
 /// How often to ask for the deployment when there are no events.
 const POLL_EVERY: Duration = Duration::from_millis(500);
@@ -42,7 +43,7 @@ pub async fn run(api: &Api, request: DeployRequest) -> Result<ExitCode, Error> {
     });
 
     let model = super::find_model(api, &request.model).await?;
-    let model_id = model["id"].as_i64().unwrap_or_default();
+    let model_id = model.id;
     // Subscribe first, so that no event of the new deployment can be missed.
     let events = match api.events().await {
         Ok(events) => Some(events),
@@ -57,25 +58,22 @@ pub async fn run(api: &Api, request: DeployRequest) -> Result<ExitCode, Error> {
     if interrupted.is_cancelled() {
         return Ok(ExitCode::from(INTERRUPTED));
     }
-    let body = json!({ "deployer": request.deployer, "options": request.options });
-    let started = api
+    let body = DeployBody {
+        deployer: Some(request.deployer.clone()),
+        options: Some(Value::Object(request.options)),
+    };
+    let started: Answer<Deployment> = api
         .post(
             &format!("/v1/models/{model_id}/deployments?wait=false"),
             &body,
         )
         .await?;
-    let Some(deploy_id) = started["id"].as_i64() else {
-        return Err(Error::Invalid(format!(
-            "{} started a deployment but did not say its id",
-            api.server()
-        )));
-    };
+    let deploy_id = started.body.id;
 
     let mut view = ProgressView::new(format!("deployment {deploy_id}"));
     view.say(&format!(
         "deployment {deploy_id}: {} is deploying model {model_id} ({})",
-        request.deployer,
-        model["job_id"].as_str().unwrap_or("?")
+        request.deployer, model.job_id
     ));
     let ended = if interrupted.is_cancelled() {
         None
@@ -91,7 +89,7 @@ pub async fn run(api: &Api, request: DeployRequest) -> Result<ExitCode, Error> {
     };
     let deployment = ended?;
     print(&deployment, request.json);
-    Ok(if deployment["status"] == "completed" {
+    Ok(if deployment.body.status == Status::Completed {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -104,7 +102,7 @@ async fn follow(
     deploy_id: i64,
     events: Option<Events>,
     view: &mut ProgressView,
-) -> Result<Value, Error> {
+) -> Result<Answer<Deployment>, Error> {
     if let Some(mut events) = events {
         let mut quiet_until = Instant::now() + QUIET_CHECK;
         loop {
@@ -132,48 +130,53 @@ async fn follow(
                         return Ok(ended);
                     }
                 }
-                Some(Ok(Received::Event { kind, data })) if data["deploy_id"] == deploy_id => {
-                    quiet_until = Instant::now() + QUIET_CHECK;
-                    match kind.as_str() {
-                        "deployment.progress" => {
-                            view.update(
-                                data["phase"].as_str().unwrap_or("running"),
-                                &data["progress"],
-                            );
+                // A kind this build does not know (a newer server's), or
+                // data it cannot read, reads as `None` and is passed over:
+                // the quiet check still finds the deployment's end.
+                Some(Ok(Received::Event { kind, data })) => match EventData::read(&kind, data) {
+                    Some(event) if event.deploy_id() == Some(deploy_id) => {
+                        quiet_until = Instant::now() + QUIET_CHECK;
+                        match event {
+                            EventData::DeploymentProgress(p) => view.update(p.phase, &p.progress),
+                            // The row is written before its event is
+                            // published, so the poll below finds it ended
+                            // at once.
+                            EventData::DeploymentCompleted(_) | EventData::DeploymentFailed(_) => {
+                                break;
+                            }
+                            _ => {}
                         }
-                        // The row is written before its event is published,
-                        // so the poll below finds it ended at once.
-                        "deployment.completed" | "deployment.failed" => break,
-                        _ => {}
                     }
-                }
-                Some(Ok(Received::Event { .. })) => {}
+                    _ => {}
+                },
             }
         }
     }
     poll(api, deploy_id, view).await
 }
 
-/// Completed or failed: queued and running rows have more to come.
-fn is_over(deployment: &Value) -> bool {
-    deployment["status"] == "completed" || deployment["status"] == "failed"
-}
-
 /// The deployment's row if it has ended.
-async fn ended(api: &Api, deploy_id: i64) -> Result<Option<Value>, Error> {
-    let deployment = api.get(&format!("/v1/deployments/{deploy_id}")).await?;
-    Ok(is_over(&deployment).then_some(deployment))
+async fn ended(api: &Api, deploy_id: i64) -> Result<Option<Answer<Deployment>>, Error> {
+    let deployment: Answer<Deployment> = api.get(&format!("/v1/deployments/{deploy_id}")).await?;
+    Ok(deployment.body.status.is_final().then_some(deployment))
 }
 
-async fn poll(api: &Api, deploy_id: i64, view: &mut ProgressView) -> Result<Value, Error> {
+async fn poll(
+    api: &Api,
+    deploy_id: i64,
+    view: &mut ProgressView,
+) -> Result<Answer<Deployment>, Error> {
     let mut failures = 0;
     loop {
-        match api.get(&format!("/v1/deployments/{deploy_id}")).await {
-            Ok(deployment) if is_over(&deployment) => return Ok(deployment),
+        match api
+            .get::<Deployment>(&format!("/v1/deployments/{deploy_id}"))
+            .await
+        {
+            Ok(deployment) if deployment.body.status.is_final() => return Ok(deployment),
             Ok(deployment) => {
                 failures = 0;
-                if let Some(phase) = deployment["phase"].as_str() {
-                    view.update(phase, &deployment["progress"]);
+                if let Some(phase) = deployment.body.phase {
+                    view.update(phase, &deployment.body.progress);
                 }
             }
             Err(e @ Error::Unreachable { .. }) if failures < POLL_RETRIES => {
@@ -195,14 +198,17 @@ async fn cancel(api: &Api, deploy_id: i64, json: bool) -> Result<ExitCode, Error
     let path = format!("/v1/deployments/{deploy_id}/cancel");
     let nothing = json!({});
     let cancelled = tokio::select! {
-        answer = api.post(&path, &nothing) => answer,
+        answer = api.post::<Deployment>(&path, &nothing) => answer,
         _ = tokio::signal::ctrl_c() => return Ok(ExitCode::from(INTERRUPTED)),
     };
     match cancelled {
         Ok(deployment) => print(&deployment, json),
         // It ended before the cancel arrived: show how.
         Err(Error::Refused { status, .. }) if status == reqwest::StatusCode::CONFLICT => {
-            match api.get(&format!("/v1/deployments/{deploy_id}")).await {
+            match api
+                .get::<Deployment>(&format!("/v1/deployments/{deploy_id}"))
+                .await
+            {
                 Ok(deployment) => print(&deployment, json),
                 Err(e) => eprintln!("error: {e}"),
             }
@@ -214,33 +220,26 @@ async fn cancel(api: &Api, deploy_id: i64, json: bool) -> Result<ExitCode, Error
 
 /// The deployment's outcome on stdout: the row as JSON, or its fields that
 /// matter to a person.
-fn print(deployment: &Value, json: bool) {
+fn print(deployment: &Answer<Deployment>, json: bool) {
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(deployment).unwrap_or_default()
-        );
+        super::print_json(&deployment.raw);
         return;
     }
-    let field = |name: &str| match &deployment[name] {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    };
+    let d = &deployment.body;
     let mut lines = vec![
-        ("id", field("id")),
-        ("status", field("status")),
-        ("model", field("model_id")),
-        ("deployer", field("deployer")),
+        ("id", d.id.to_string()),
+        ("status", word(d.status)),
+        ("model", d.model_id.to_string()),
+        ("deployer", d.deployer.clone()),
     ];
-    if deployment["status"] == "completed" {
-        lines.push(("ref", field("ref")));
-        lines.push(("details", field("details")));
-        lines.push(("out dir", field("out_dir")));
+    if d.status == Status::Completed {
+        lines.push(("ref", d.reference.clone().unwrap_or_default()));
+        lines.push(("details", d.details.to_string()));
+        lines.push(("out dir", d.out_dir.clone()));
     } else {
-        lines.push(("error", field("error")));
+        lines.push(("error", d.error.clone().unwrap_or_default()));
     }
-    if let Some(ms) = deployment["duration_ms"].as_i64() {
+    if let Some(ms) = d.duration_ms {
         lines.push(("duration", text::duration_ms(ms)));
     }
     for (name, value) in lines {

@@ -6,9 +6,8 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use super::text;
+use crate::http::json::{Phase, Progress};
 
 /// Without a terminal, a line when the phase changes and at most this often
 /// in between: enough to show life without flooding a log.
@@ -24,7 +23,7 @@ pub struct ProgressView {
     width: usize,
     drawn: bool,
     /// The phase of the last plain line, and whether it knew the totals.
-    last_stage: Option<(String, bool)>,
+    last_stage: Option<(Phase, bool)>,
     last_plain: Option<Instant>,
 }
 
@@ -54,7 +53,7 @@ impl ProgressView {
 
     /// `phase` and `progress` as the server reports them (an event's or a
     /// deployment's `phase` and `progress` fields).
-    pub fn update(&mut self, phase: &str, progress: &Value) {
+    pub fn update(&mut self, phase: Phase, progress: &Progress) {
         let words = describe(phase, progress);
         if self.terminal {
             let bar = fraction(phase, progress)
@@ -68,7 +67,7 @@ impl ProgressView {
         } else {
             // A fetch's first report may come before its totals are known;
             // the one that brings them is worth a line too.
-            let stage = (phase.to_string(), sized(progress));
+            let stage = (phase, sized(progress));
             let changed = self.last_stage.as_ref() != Some(&stage);
             let due = self.last_plain.is_none_or(|at| at.elapsed() >= PLAIN_EVERY);
             if changed || due {
@@ -91,43 +90,36 @@ impl ProgressView {
 }
 
 /// Whether the fetch's totals are known yet.
-fn sized(progress: &Value) -> bool {
-    progress["files_total"].as_u64() > Some(0)
+fn sized(progress: &Progress) -> bool {
+    progress.files_total > 0
 }
 
 /// `fetching 12 MiB / 24.5 MiB (49%), 1/3 files`,
 /// `deploying 3/10 (30%), copying shards`.
-fn describe(phase: &str, progress: &Value) -> String {
-    let number = |v: &Value| v.as_u64().unwrap_or(0);
+fn describe(phase: Phase, progress: &Progress) -> String {
     let percent = |f: Option<f64>| {
         f.map(|f| format!(" ({:.0}%)", f * 100.0))
             .unwrap_or_default()
     };
     match phase {
-        "fetching" if !sized(progress) => "fetching".to_string(),
-        "fetching" => format!(
+        Phase::Fetching if !sized(progress) => "fetching".to_string(),
+        Phase::Fetching => format!(
             "fetching {} / {}{}, {}/{} files",
-            crate::human::size(number(&progress["bytes_done"])),
-            crate::human::size(number(&progress["bytes_total"])),
+            crate::human::size(progress.bytes_done),
+            crate::human::size(progress.bytes_total),
             percent(fraction(phase, progress)),
-            number(&progress["files_done"]),
-            number(&progress["files_total"]),
+            progress.files_done,
+            progress.files_total,
         ),
-        "deploying" => {
-            let deployer = &progress["deployer"];
+        Phase::Deploying => {
+            let deployer = &progress.deployer;
             let mut words = "deploying".to_string();
-            if number(&deployer["total"]) > 0 {
-                let counted = format!(
-                    " {}/{}",
-                    number(&deployer["done"]),
-                    number(&deployer["total"])
-                );
-                words.push_str(&counted);
+            if deployer.total > 0 {
+                words.push_str(&format!(" {}/{}", deployer.done, deployer.total));
                 words.push_str(&percent(fraction(phase, progress)));
             }
-            let note = deployer["note"]
-                .as_str()
-                .unwrap_or("")
+            let note = deployer
+                .note
                 .split_whitespace()
                 .collect::<Vec<_>>()
                 .join(" ");
@@ -137,21 +129,15 @@ fn describe(phase: &str, progress: &Value) -> String {
             }
             words
         }
-        other => other.to_string(),
     }
 }
 
 /// How far along the current phase is, when the numbers say.
-fn fraction(phase: &str, progress: &Value) -> Option<f64> {
+fn fraction(phase: Phase, progress: &Progress) -> Option<f64> {
     let (done, total) = match phase {
-        "fetching" => (&progress["bytes_done"], &progress["bytes_total"]),
-        "deploying" => (
-            &progress["deployer"]["done"],
-            &progress["deployer"]["total"],
-        ),
-        _ => return None,
+        Phase::Fetching => (progress.bytes_done, progress.bytes_total),
+        Phase::Deploying => (progress.deployer.done, progress.deployer.total),
     };
-    let (done, total) = (done.as_u64()?, total.as_u64()?);
     (total > 0).then(|| (done.min(total) as f64) / (total as f64))
 }
 
@@ -163,43 +149,45 @@ fn bar(fraction: f64, width: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
+    use crate::http::json::DeployerProgress;
+
+    fn progress(bytes_done: u64, files_done: usize, done: u64, total: u64, note: &str) -> Progress {
+        Progress {
+            bytes_done,
+            bytes_total: 4 * 1024 * 1024,
+            deployer: DeployerProgress {
+                done,
+                note: note.into(),
+                total,
+            },
+            files_done,
+            files_total: 3,
+        }
+    }
 
     #[test]
     fn progress_reads_as_a_sentence_fragment() {
-        let progress = |bytes_done: u64, files_done: u64, done: u64, total: u64, note: &str| {
-            json!({
-                "bytes_done": bytes_done, "bytes_total": 4 * 1024 * 1024, "files_done": files_done, "files_total": 3,
-                "deployer": { "done": done, "total": total, "note": note },
-            })
-        };
-        let check = |phase: &str, progress: Value, expected: &str| {
-            assert_eq!(describe(phase, &progress), expected, "{phase} {progress}");
+        let check = |phase: Phase, progress: Progress, expected: &str| {
+            assert_eq!(describe(phase, &progress), expected, "{phase:?}");
         };
         check(
-            "fetching",
+            Phase::Fetching,
             progress(1024 * 1024, 1, 0, 0, ""),
             "fetching 1 MiB / 4 MiB (25%), 1/3 files",
         );
+        check(Phase::Fetching, Progress::default(), "fetching");
+        check(Phase::Deploying, progress(0, 3, 0, 0, ""), "deploying");
         check(
-            "fetching",
-            json!({"bytes_total": 0, "files_total": 0}),
-            "fetching",
-        );
-        check("deploying", progress(0, 3, 0, 0, ""), "deploying");
-        check(
-            "deploying",
+            Phase::Deploying,
             progress(0, 3, 3, 10, "copying\nshards"),
             "deploying 3/10 (30%), copying shards",
         );
         check(
-            "deploying",
+            Phase::Deploying,
             progress(0, 3, 0, 0, "packing"),
             "deploying, packing",
         );
-        check("queued", json!({}), "queued");
     }
 
     #[test]
@@ -207,9 +195,10 @@ mod tests {
         assert_eq!(bar(0.0, 4), "[----]");
         assert_eq!(bar(0.5, 4), "[##--]");
         assert_eq!(bar(1.5, 4), "[####]");
-        assert_eq!(
-            fraction("fetching", &json!({"bytes_done": 5, "bytes_total": 0})),
-            None
-        );
+        let no_totals = Progress {
+            bytes_done: 5,
+            ..Progress::default()
+        };
+        assert_eq!(fraction(Phase::Fetching, &no_totals), None);
     }
 }

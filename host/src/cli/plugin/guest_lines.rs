@@ -6,9 +6,8 @@
 
 use std::sync::Mutex;
 
-use serde_json::json;
-
 use crate::cli::client::progress::ProgressView;
+use crate::http::json::{DeployerProgress, Phase, Progress};
 use crate::runtime::{GuestLevel, Reporter, one_line};
 
 pub struct GuestLines {
@@ -44,10 +43,17 @@ impl Reporter for GuestLines {
     }
 
     fn progress(&self, done: u64, total: u64, note: &str) {
-        let progress = json!({"deployer": {"done": done, "total": total, "note": one_line(note)}});
+        let progress = Progress {
+            deployer: DeployerProgress {
+                done,
+                note: one_line(note).into_owned(),
+                total,
+            },
+            ..Progress::default()
+        };
         self.view
             .lock()
             .expect("progress view lock")
-            .update("deploying", &progress);
+            .update(Phase::Deploying, &progress);
     }
 }

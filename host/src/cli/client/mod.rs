@@ -1,6 +1,7 @@
 //! The commands that talk to a running server over its HTTP API: `deploy`,
 //! `models`, `deployments`, `deployers`. They know the server only from the
-//! outside — URLs and JSON fields — and never touch its database or files.
+//! outside — URLs, and its answers read into the server's own wire types
+//! (`http::json`) — and never touch its database or files.
 //!
 //! Exit status: 0 done, 1 refused or failed (the reason is printed), 2 the
 //! server cannot be reached, 130 interrupted (`deploy` then cancels).
@@ -14,8 +15,10 @@ mod text;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
+use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::http::json::{self, Deployers, Deployments, Models, Status};
 use api::{Api, Error};
 use text::Table;
 
@@ -178,23 +181,19 @@ fn options_of(
 
 /// A model named by its id or its job id. A job id that is also another
 /// model's id is refused rather than guessed.
-async fn find_model(api: &Api, given: &str) -> Result<Value, Error> {
-    let answer = api.get("/v1/models").await?;
-    let models = answer["models"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+async fn find_model(api: &Api, given: &str) -> Result<json::Model, Error> {
+    let mut models = api.get::<Models>("/v1/models").await?.body.models;
     let by_id = given
         .parse::<i64>()
         .ok()
-        .and_then(|id| models.iter().find(|m| m["id"] == id));
-    let by_job = models.iter().find(|m| m["job_id"] == given);
+        .and_then(|id| models.iter().position(|m| m.id == id));
+    let by_job = models.iter().position(|m| m.job_id == given);
     match (by_id, by_job) {
-        (Some(a), Some(b)) if a["id"] != b["id"] => Err(Error::Invalid(format!(
+        (Some(a), Some(b)) if a != b => Err(Error::Invalid(format!(
             "{given:?} is both the id of model {} and the job id of model {}: give the id of the one you mean",
-            a["id"], b["id"]
+            models[a].id, models[b].id
         ))),
-        (Some(model), _) | (None, Some(model)) => Ok(model.clone()),
+        (Some(at), _) | (None, Some(at)) => Ok(models.swap_remove(at)),
         (None, None) => Err(Error::Invalid(format!(
             "no model has the id or job id {given:?} on {}: `berth models` lists the registered ones",
             api.server()
@@ -209,29 +208,21 @@ fn print_json(value: &Value) {
     );
 }
 
-/// A JSON field as table text: strings bare, nothing for null.
-fn cell(value: &Value) -> String {
-    match value {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
+/// An enum of the wire (a status, an origin) as the server spells it.
+fn word(value: impl Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(word)) => word,
+        other => unreachable!("a wire enum serializes to a string, not {other:?}"),
     }
-}
-
-fn list<'a>(answer: &'a Value, field: &str) -> &'a [Value] {
-    answer[field]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
 }
 
 async fn models(api: Api, json: bool) -> Result<(), Error> {
-    let answer = api.get("/v1/models").await?;
+    let answer = api.get::<Models>("/v1/models").await?;
     if json {
-        print_json(&answer);
+        print_json(&answer.raw);
         return Ok(());
     }
-    let models = list(&answer, "models");
+    let models = answer.body.models;
     if models.is_empty() {
         println!("no models are registered on {}", api.server());
         return Ok(());
@@ -248,17 +239,16 @@ async fn models(api: Api, json: bool) -> Result<(), Error> {
     ])
     .right_align(&[0, 4, 5]);
     for model in models {
-        let files = list(model, "files");
-        let size: u64 = files.iter().filter_map(|f| f["size_bytes"].as_u64()).sum();
+        let size: u64 = model.files.iter().map(|f| f.size_bytes).sum();
         table.row(vec![
-            cell(&model["id"]),
-            cell(&model["job_id"]),
-            cell(&model["name"]),
-            cell(&model["base_model"]),
-            files.len().to_string(),
+            model.id.to_string(),
+            model.job_id,
+            model.name,
+            model.base_model,
+            model.files.len().to_string(),
             crate::human::size(size),
-            text::timestamp(&cell(&model["created_at"])),
-            cell(&model["created_by"]),
+            text::timestamp(&model.created_at),
+            model.created_by.unwrap_or_default(),
         ]);
     }
     print!("{}", table.render());
@@ -270,21 +260,20 @@ const OUTCOME_WIDTH: usize = 60;
 
 async fn deployments(api: Api, given: &str, limit: Option<u32>, json: bool) -> Result<(), Error> {
     let model = find_model(&api, given).await?;
-    let mut path = format!("/v1/models/{}/deployments", model["id"]);
+    let mut path = format!("/v1/models/{}/deployments", model.id);
     if let Some(limit) = limit {
         path.push_str(&format!("?limit={limit}"));
     }
-    let answer = api.get(&path).await?;
+    let answer = api.get::<Deployments>(&path).await?;
     if json {
-        print_json(&answer);
+        print_json(&answer.raw);
         return Ok(());
     }
-    let deployments = list(&answer, "deployments");
+    let deployments = answer.body.deployments;
     if deployments.is_empty() {
         println!(
             "model {} ({}) has no deployments yet",
-            model["id"],
-            cell(&model["job_id"])
+            model.id, model.job_id
         );
         return Ok(());
     }
@@ -299,26 +288,27 @@ async fn deployments(api: Api, given: &str, limit: Option<u32>, json: bool) -> R
     ])
     .right_align(&[0, 3]);
     for deployment in deployments {
-        let status = match deployment["phase"].as_str() {
-            Some(phase) if deployment["status"] == "running" => format!("running ({phase})"),
-            _ => cell(&deployment["status"]),
+        let status = match deployment.phase {
+            Some(phase) if deployment.status == Status::Running => {
+                format!("running ({})", word(phase))
+            }
+            _ => word(deployment.status),
         };
-        let outcome = if deployment["status"] == "failed" {
-            &deployment["error"]
-        } else {
-            &deployment["ref"]
+        let outcome = match deployment.status {
+            Status::Failed => deployment.error,
+            _ => deployment.reference,
         };
         table.row(vec![
-            cell(&deployment["id"]),
-            cell(&deployment["deployer"]),
+            deployment.id.to_string(),
+            deployment.deployer,
             status,
-            deployment["duration_ms"]
-                .as_i64()
+            deployment
+                .duration_ms
                 .map(text::duration_ms)
                 .unwrap_or_default(),
-            text::truncate(&cell(outcome), OUTCOME_WIDTH),
-            text::timestamp(&cell(&deployment["created_at"])),
-            cell(&deployment["created_by"]),
+            text::truncate(&outcome.unwrap_or_default(), OUTCOME_WIDTH),
+            text::timestamp(&deployment.created_at),
+            deployment.created_by.unwrap_or_default(),
         ]);
     }
     print!("{}", table.render());
@@ -326,12 +316,16 @@ async fn deployments(api: Api, given: &str, limit: Option<u32>, json: bool) -> R
 }
 
 async fn deployers(api: Api, json: bool) -> Result<(), Error> {
-    let answer = api.get("/v1/deployers").await?;
+    let answer = api.get::<Deployers>("/v1/deployers").await?;
     if json {
-        print_json(&answer);
+        print_json(&answer.raw);
         return Ok(());
     }
-    let deployers = list(&answer, "deployers");
+    let Deployers {
+        deployers,
+        rejected,
+        ..
+    } = answer.body;
     if deployers.is_empty() {
         println!(
             "no deployers are loaded on {}: the server loads NAME.wasm from its plugins folder",
@@ -340,30 +334,24 @@ async fn deployers(api: Api, json: bool) -> Result<(), Error> {
     } else {
         let mut table = Table::new(&["NAME", "ORIGIN", "VERSION", "DESCRIPTION", "NETWORK"]);
         for deployer in deployers {
-            let hosts: Vec<String> = list(deployer, "allowed_hosts").iter().map(cell).collect();
             table.row(vec![
-                cell(&deployer["name"]),
-                cell(&deployer["origin"]),
-                catalog::version(deployer),
-                cell(&deployer["description"]),
-                if hosts.is_empty() {
+                deployer.name,
+                word(deployer.origin),
+                catalog::version(deployer.version),
+                deployer.description,
+                if deployer.allowed_hosts.is_empty() {
                     "none".to_string()
                 } else {
-                    hosts.join(", ")
+                    deployer.allowed_hosts.join(", ")
                 },
             ]);
         }
         print!("{}", table.render());
     }
-    let rejected = list(&answer, "rejected");
     if !rejected.is_empty() {
         let mut table = Table::new(&["FILE", "ORIGIN", "REASON"]);
         for refusal in rejected {
-            table.row(vec![
-                cell(&refusal["file"]),
-                cell(&refusal["origin"]),
-                cell(&refusal["reason"]),
-            ]);
+            table.row(vec![refusal.file, word(refusal.origin), refusal.reason]);
         }
         println!("\nplugins the server refused:");
         print!("{}", table.render());

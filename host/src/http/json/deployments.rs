@@ -1,0 +1,260 @@
+//! Deployments' shapes: what to deploy with which options in; a
+//! deployment, its status, phase and progress out (the progress events
+//! carry the same `Phase` and `Progress`).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+use super::object;
+use crate::model;
+
+/// Which deployer, with which options.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = DeployRequest)]
+pub struct DeployBody {
+    /// The name of a loaded deployer (`GET /v1/deployers`).
+    #[schema(value_type = String, required = true, min_length = 1, example = "archive")]
+    pub deployer: Option<String>,
+    /// Checked against the deployer's options schema; at most 64 KiB.
+    #[schema(value_type = Option<Object>)]
+    pub options: Option<Value>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DeployParams {
+    /// `false`: answer 202 at once and let the deployment run on.
+    pub wait: Option<bool>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// How many, newest first (default 100).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+}
+
+#[derive(Serialize, Deserialize, ToSchema, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Queued,
+    Running,
+    Completed,
+    Failed,
+}
+
+impl Status {
+    /// Completed or failed: a queued or running deployment has more to come.
+    pub fn is_final(self) -> bool {
+        matches!(self, Status::Completed | Status::Failed)
+    }
+}
+
+impl From<model::Status> for Status {
+    fn from(status: model::Status) -> Self {
+        match status {
+            model::Status::Queued => Status::Queued,
+            model::Status::Running => Status::Running,
+            model::Status::Completed => Status::Completed,
+            model::Status::Failed => Status::Failed,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, ToSchema, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Fetching,
+    Deploying,
+}
+
+impl From<model::Phase> for Phase {
+    fn from(phase: model::Phase) -> Self {
+        match phase {
+            model::Phase::Fetching => Phase::Fetching,
+            model::Phase::Deploying => Phase::Deploying,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct Deployment {
+    #[schema(format = DateTime, required = true)]
+    pub completed_at: Option<String>,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+    /// The name of the API token that asked for it; null without tokens.
+    #[schema(required = true)]
+    pub created_by: Option<String>,
+    pub deployer: String,
+    /// What the deployer reported besides its reference (`{}` until completed).
+    #[schema(value_type = Object)]
+    pub details: Value,
+    /// Where the verified files are, on the server's disk.
+    pub dir: String,
+    #[schema(required = true)]
+    pub duration_ms: Option<i64>,
+    #[schema(required = true)]
+    pub error: Option<String>,
+    pub id: i64,
+    pub model_id: i64,
+    #[schema(value_type = Object)]
+    pub options: Value,
+    /// Where the deployer wrote (its `/out`), on the server's disk.
+    pub out_dir: String,
+    /// While running: what it is doing.
+    #[schema(required = true)]
+    pub phase: Option<Phase>,
+    /// The sha256 of the deployer's `.wasm` it runs: the version asked for.
+    #[schema(required = true)]
+    pub plugin_sha256: Option<String>,
+    pub progress: Progress,
+    /// What the deployer made (a URL, a path, an id); null unless completed.
+    #[serde(rename = "ref")]
+    #[schema(required = true)]
+    pub reference: Option<String>,
+    /// The id of the berth server that runs (or ran) it; null while queued.
+    #[schema(required = true)]
+    pub server: Option<String>,
+    /// When a server claimed it; null while queued.
+    #[schema(format = DateTime, required = true)]
+    pub started_at: Option<String>,
+    pub status: Status,
+}
+
+impl From<model::Deployment> for Deployment {
+    fn from(d: model::Deployment) -> Self {
+        Deployment {
+            completed_at: d.completed_at,
+            created_at: d.created_at,
+            created_by: d.created_by,
+            deployer: d.deployer,
+            details: object(&d.details_json),
+            dir: d.dir,
+            duration_ms: d.duration_ms,
+            error: d.error,
+            id: d.id,
+            model_id: d.model_id,
+            options: object(&d.options_json),
+            out_dir: d.out_dir,
+            phase: d.phase.map(Phase::from),
+            plugin_sha256: d.plugin_sha256,
+            progress: d.progress.into(),
+            reference: d.reference,
+            server: d.server,
+            started_at: d.started_at,
+            status: d.status.into(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct Deployments {
+    pub deployments: Vec<Deployment>,
+}
+
+impl From<Vec<model::Deployment>> for Deployments {
+    fn from(deployments: Vec<model::Deployment>) -> Self {
+        Deployments {
+            deployments: deployments.into_iter().map(Deployment::from).collect(),
+        }
+    }
+}
+
+/// How far a deployment has come: bytes and files fetched, and the
+/// deployer's own count.
+#[derive(Serialize, Deserialize, ToSchema, Default)]
+pub struct Progress {
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub deployer: DeployerProgress,
+    pub files_done: usize,
+    pub files_total: usize,
+}
+
+impl From<model::Progress> for Progress {
+    fn from(p: model::Progress) -> Self {
+        Progress {
+            bytes_done: p.bytes_done,
+            bytes_total: p.bytes_total,
+            deployer: DeployerProgress {
+                done: p.deployer_done,
+                note: p.deployer_note,
+                total: p.deployer_total,
+            },
+            files_done: p.files_done,
+            files_total: p.files_total,
+        }
+    }
+}
+
+/// The deployer's `progress` calls; units are its choice.
+#[derive(Serialize, Deserialize, ToSchema, Default)]
+pub struct DeployerProgress {
+    pub done: u64,
+    pub note: String,
+    pub total: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::check;
+    use super::*;
+
+    fn running() -> model::Deployment {
+        model::Deployment {
+            id: 3,
+            model_id: 1,
+            deployer: "archive".into(),
+            options_json: r#"{"level":9}"#.into(),
+            status: model::Status::Running,
+            phase: Some(model::Phase::Fetching),
+            progress: model::Progress {
+                bytes_done: 5,
+                bytes_total: 12,
+                files_done: 1,
+                files_total: 2,
+                ..Default::default()
+            },
+            dir: "/m/ft-1".into(),
+            out_dir: "/o/3".into(),
+            reference: None,
+            details_json: "{}".into(),
+            error: None,
+            duration_ms: None,
+            created_at: "2026-12-01T10:00:01.000Z".into(),
+            completed_at: None,
+            created_by: Some("ci".into()),
+            plugin_sha256: Some("cd".repeat(32)),
+            server: Some("5e4a1d2c3b4a5968".into()),
+            started_at: Some("2026-12-01T10:00:01.250Z".into()),
+        }
+    }
+
+    #[test]
+    fn deployments_keep_their_bytes() {
+        check(
+            Deployment::from(running()),
+            r#"{"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","created_by":"ci","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2},"ref":null,"server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"running"}"#,
+        );
+        let completed = model::Deployment {
+            status: model::Status::Completed,
+            phase: None,
+            reference: Some("r".into()),
+            details_json: r#"{"k":"v"}"#.into(),
+            duration_ms: Some(42),
+            completed_at: Some("2026-12-01T10:00:02.000Z".into()),
+            created_by: None,
+            ..running()
+        };
+        check(
+            Deployment::from(completed),
+            r#"{"completed_at":"2026-12-01T10:00:02.000Z","created_at":"2026-12-01T10:00:01.000Z","created_by":null,"deployer":"archive","details":{"k":"v"},"dir":"/m/ft-1","duration_ms":42,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":null,"plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2},"ref":"r","server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"completed"}"#,
+        );
+    }
+}

@@ -1,0 +1,245 @@
+//! The events' shapes: the `data` of each kind, as SSE and the webhook
+//! carry it, written from an `Event` by `event` and read back by kind by
+//! `EventData::read` (the CLI following a deployment); and the stream's
+//! query parameters. The kind names are `events`'; the tests here tie
+//! `read` to them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+use super::{Phase, Progress};
+use crate::events::Event;
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EventsParams {
+    /// Start after this event id: the `id` of the last event received
+    /// (0: from the oldest kept). Without it (and without
+    /// `Last-Event-ID`), the stream starts now.
+    #[param(value_type = Option<i64>, minimum = 0)]
+    pub after: Option<String>,
+}
+
+/// `deployment.queued` and `deployment.started`.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct DeploymentStarted {
+    pub deploy_id: i64,
+    pub deployer: String,
+    pub model_id: i64,
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct DeploymentProgress {
+    pub deploy_id: i64,
+    pub model_id: i64,
+    pub phase: Phase,
+    pub progress: Progress,
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct DeploymentCompleted {
+    pub deploy_id: i64,
+    pub deployer: String,
+    pub duration_ms: i64,
+    pub model_id: i64,
+    #[serde(rename = "ref")]
+    pub reference: String,
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct DeploymentFailed {
+    pub deploy_id: i64,
+    pub deployer: String,
+    pub duration_ms: i64,
+    pub error: String,
+    pub model_id: i64,
+}
+
+/// `plugin.loaded` and `plugin.removed`.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct PluginNamed {
+    pub name: String,
+}
+
+/// `plugin.rejected`: the refused file and why (`GET /v1/deployers` lists
+/// it with more, as a `Rejected`).
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct PluginRejected {
+    pub file: String,
+    pub reason: String,
+}
+
+/// An event's `data`, one variant per kind.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum EventData {
+    DeploymentQueued(DeploymentStarted),
+    DeploymentStarted(DeploymentStarted),
+    DeploymentProgress(DeploymentProgress),
+    DeploymentCompleted(DeploymentCompleted),
+    DeploymentFailed(DeploymentFailed),
+    PluginLoaded(PluginNamed),
+    PluginRemoved(PluginNamed),
+    PluginRejected(PluginRejected),
+}
+
+impl EventData {
+    /// The data of an event of `kind`, as a client hears it. `None` for a
+    /// kind this build does not know (a newer server's) and for data it
+    /// cannot read: a client skips those events rather than stop.
+    pub fn read(kind: &str, data: Value) -> Option<EventData> {
+        fn typed<T: serde::de::DeserializeOwned>(
+            data: Value,
+            kind: fn(T) -> EventData,
+        ) -> Option<EventData> {
+            serde_json::from_value(data).ok().map(kind)
+        }
+        match kind {
+            "deployment.queued" => typed(data, EventData::DeploymentQueued),
+            "deployment.started" => typed(data, EventData::DeploymentStarted),
+            "deployment.progress" => typed(data, EventData::DeploymentProgress),
+            "deployment.completed" => typed(data, EventData::DeploymentCompleted),
+            "deployment.failed" => typed(data, EventData::DeploymentFailed),
+            "plugin.loaded" => typed(data, EventData::PluginLoaded),
+            "plugin.removed" => typed(data, EventData::PluginRemoved),
+            "plugin.rejected" => typed(data, EventData::PluginRejected),
+            _ => None,
+        }
+    }
+
+    /// The deployment a deployment event is about.
+    pub fn deploy_id(&self) -> Option<i64> {
+        match self {
+            EventData::DeploymentQueued(e) | EventData::DeploymentStarted(e) => Some(e.deploy_id),
+            EventData::DeploymentProgress(e) => Some(e.deploy_id),
+            EventData::DeploymentCompleted(e) => Some(e.deploy_id),
+            EventData::DeploymentFailed(e) => Some(e.deploy_id),
+            EventData::PluginLoaded(_)
+            | EventData::PluginRemoved(_)
+            | EventData::PluginRejected(_) => None,
+        }
+    }
+}
+
+pub fn event(event: &Event) -> EventData {
+    let started = |deploy_id: &i64, model_id: &i64, deployer: &String| DeploymentStarted {
+        deploy_id: *deploy_id,
+        deployer: deployer.clone(),
+        model_id: *model_id,
+    };
+    match event {
+        Event::DeploymentQueued {
+            deploy_id,
+            model_id,
+            deployer,
+        } => EventData::DeploymentQueued(started(deploy_id, model_id, deployer)),
+        Event::DeploymentStarted {
+            deploy_id,
+            model_id,
+            deployer,
+        } => EventData::DeploymentStarted(started(deploy_id, model_id, deployer)),
+        Event::DeploymentProgress {
+            deploy_id,
+            model_id,
+            phase,
+            progress,
+        } => EventData::DeploymentProgress(DeploymentProgress {
+            deploy_id: *deploy_id,
+            model_id: *model_id,
+            phase: (*phase).into(),
+            progress: progress.clone().into(),
+        }),
+        Event::DeploymentCompleted {
+            deploy_id,
+            model_id,
+            deployer,
+            duration_ms,
+            reference,
+        } => EventData::DeploymentCompleted(DeploymentCompleted {
+            deploy_id: *deploy_id,
+            deployer: deployer.clone(),
+            duration_ms: *duration_ms,
+            model_id: *model_id,
+            reference: reference.clone(),
+        }),
+        Event::DeploymentFailed {
+            deploy_id,
+            model_id,
+            deployer,
+            duration_ms,
+            error,
+        } => EventData::DeploymentFailed(DeploymentFailed {
+            deploy_id: *deploy_id,
+            deployer: deployer.clone(),
+            duration_ms: *duration_ms,
+            error: error.clone(),
+            model_id: *model_id,
+        }),
+        Event::PluginLoaded { name } => EventData::PluginLoaded(PluginNamed { name: name.clone() }),
+        Event::PluginRemoved { name } => {
+            EventData::PluginRemoved(PluginNamed { name: name.clone() })
+        }
+        Event::PluginRejected { file, reason } => EventData::PluginRejected(PluginRejected {
+            file: file.clone(),
+            reason: reason.clone(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::discriminant;
+
+    use super::*;
+    use crate::model;
+
+    /// Each kind's data keeps its bytes, and reads back by its kind into
+    /// the same variant with the same bytes.
+    #[test]
+    fn events_keep_their_bytes_and_read_back_by_kind() {
+        let deployer = || "archive".to_string();
+        let progress = model::Progress {
+            bytes_done: 5,
+            bytes_total: 12,
+            files_done: 1,
+            files_total: 2,
+            ..Default::default()
+        };
+        #[rustfmt::skip]
+        let cases = [
+            (Event::DeploymentQueued { deploy_id: 3, model_id: 1, deployer: deployer() },
+             r#"{"deploy_id":3,"deployer":"archive","model_id":1}"#),
+            (Event::DeploymentStarted { deploy_id: 3, model_id: 1, deployer: deployer() },
+             r#"{"deploy_id":3,"deployer":"archive","model_id":1}"#),
+            (Event::DeploymentProgress { deploy_id: 3, model_id: 1, phase: model::Phase::Deploying, progress },
+             r#"{"deploy_id":3,"model_id":1,"phase":"deploying","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2}}"#),
+            (Event::DeploymentCompleted { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, reference: "r".into() },
+             r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"model_id":1,"ref":"r"}"#),
+            (Event::DeploymentFailed { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, error: "e".into() },
+             r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"error":"e","model_id":1}"#),
+            (Event::PluginLoaded { name: deployer() }, r#"{"name":"archive"}"#),
+            (Event::PluginRejected { file: "x.wasm".into(), reason: "bad".into() }, r#"{"file":"x.wasm","reason":"bad"}"#),
+            (Event::PluginRemoved { name: deployer() }, r#"{"name":"archive"}"#),
+        ];
+        for (e, expected) in cases {
+            let written = event(&e);
+            assert_eq!(serde_json::to_string(&written).unwrap(), expected);
+            let data = serde_json::from_str(expected).unwrap();
+            let read = EventData::read(e.kind(), data)
+                .unwrap_or_else(|| panic!("{} does not read back", e.kind()));
+            assert_eq!(discriminant(&read), discriminant(&written), "{}", e.kind());
+            assert_eq!(serde_json::to_string(&read).unwrap(), expected);
+        }
+        let data = || serde_json::json!({"deploy_id": 3});
+        assert!(
+            EventData::read("deployment.paused", data()).is_none(),
+            "a newer kind"
+        );
+        assert!(
+            EventData::read("deployment.progress", data()).is_none(),
+            "data it cannot read"
+        );
+    }
+}

@@ -1,0 +1,234 @@
+//! `/v1/models`' shapes: a registration in; a model with its files out,
+//! and a refused registration's problems, each with its field.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use super::object;
+use crate::model::{self, TrainedModel};
+use crate::validate::{self, Problems};
+
+// Every field is optional here so that a missing one is reported by
+// validation with the others, not by serde alone; the schemas say which
+// ones a registration needs.
+
+/// A trained model to register: what it is, where its files live, and
+/// each file's size and (optionally) sha256.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Registration)]
+pub struct RegisterBody {
+    #[schema(value_type = String, required = true, min_length = 1, max_length = 1024, example = "support-bot-lora")]
+    pub name: Option<String>,
+    /// Names the model's directory: letters, digits, `_`, `-`, `.`,
+    /// starting with a letter or digit. Registered once.
+    #[schema(value_type = String, required = true, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", example = "ft-2026-11-29-a")]
+    pub job_id: Option<String>,
+    #[schema(max_length = 1024)]
+    pub base_model: Option<String>,
+    #[schema(max_length = 1024)]
+    pub model_size: Option<String>,
+    #[schema(max_length = 1024)]
+    pub dataset: Option<String>,
+    pub num_examples: Option<u64>,
+    pub num_train_steps: Option<u64>,
+    pub final_loss: Option<f64>,
+    /// Training parameters, kept as given.
+    #[schema(value_type = Option<Object>)]
+    pub params: Option<Value>,
+    /// An `http`, `https` or `file` URL template: `{path}` is replaced by
+    /// each file's path, `{job_id}` by the job id.
+    #[schema(value_type = String, required = true, pattern = r"\{path\}", example = "http://files.internal/{job_id}/{path}")]
+    pub source: Option<String>,
+    #[serde(default)]
+    pub files: Vec<FileBody>,
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = RegistrationFile)]
+pub struct FileBody {
+    /// Relative and `/`-separated; no `..`, no empty segments.
+    #[schema(value_type = String, required = true, min_length = 1, max_length = 1024, example = "adapter_config.json")]
+    pub path: Option<String>,
+    #[schema(value_type = u64, required = true, example = 412)]
+    pub size_bytes: Option<u64>,
+    #[schema(pattern = "^[0-9a-fA-F]{64}$")]
+    pub sha256: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct Model {
+    pub base_model: String,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+    /// The name of the API token that registered it; null without tokens.
+    #[schema(required = true)]
+    pub created_by: Option<String>,
+    pub dataset: String,
+    pub files: Vec<ModelFile>,
+    #[schema(required = true)]
+    pub final_loss: Option<f64>,
+    pub id: i64,
+    pub job_id: String,
+    pub model_size: String,
+    pub name: String,
+    pub num_examples: u64,
+    pub num_train_steps: u64,
+    #[schema(value_type = Object)]
+    pub params: Value,
+    pub source: String,
+}
+
+impl From<TrainedModel> for Model {
+    fn from(m: TrainedModel) -> Self {
+        Model {
+            base_model: m.base_model,
+            created_at: m.created_at,
+            created_by: m.created_by,
+            dataset: m.dataset,
+            files: m.files.into_iter().map(ModelFile::from).collect(),
+            final_loss: m.final_loss,
+            id: m.id,
+            job_id: m.job_id,
+            model_size: m.model_size,
+            name: m.name,
+            num_examples: m.num_examples,
+            num_train_steps: m.num_train_steps,
+            params: object(&m.params_json),
+            source: m.source,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct ModelFile {
+    pub path: String,
+    /// Lowercase hex; null when the registration gave only the size.
+    #[schema(required = true)]
+    pub sha256: Option<String>,
+    pub size_bytes: u64,
+}
+
+impl From<model::ModelFile> for ModelFile {
+    fn from(f: model::ModelFile) -> Self {
+        ModelFile {
+            path: f.path,
+            sha256: f.sha256,
+            size_bytes: f.size_bytes,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct Models {
+    pub models: Vec<Model>,
+}
+
+impl From<Vec<TrainedModel>> for Models {
+    fn from(models: Vec<TrainedModel>) -> Self {
+        Models {
+            models: models.into_iter().map(Model::from).collect(),
+        }
+    }
+}
+
+/// A registration's refusal: the sentence, and every problem on its own
+/// with the field it is about, for a form to show beside that field.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[schema(as = RegistrationError)]
+pub struct ProblemsBody {
+    /// `invalid model: ` and every problem's message, `; `-separated.
+    pub error: String,
+    /// Absent when the body is not a registration at all (not JSON, an
+    /// unknown field, a field of the wrong type): then `error` says why.
+    #[serde(default)]
+    pub problems: Vec<Problem>,
+}
+
+/// One problem of a registration.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct Problem {
+    /// As the registration names it: `name`, `files[2].path`; `files` for
+    /// a conflict between two files.
+    #[schema(example = "files[0].path")]
+    pub field: String,
+    /// A sentence that starts with the field.
+    #[schema(example = "files[0].path \"/etc/passwd\": must be relative, not absolute")]
+    pub message: String,
+}
+
+/// The sentence a registration's problems make.
+pub fn invalid_model(problems: &Problems) -> String {
+    format!("invalid model: {problems}")
+}
+
+impl From<Problems> for ProblemsBody {
+    fn from(problems: Problems) -> Self {
+        ProblemsBody {
+            error: invalid_model(&problems),
+            problems: problems.0.into_iter().map(Problem::from).collect(),
+        }
+    }
+}
+
+impl From<validate::Problem> for Problem {
+    fn from(p: validate::Problem) -> Self {
+        Problem {
+            field: p.field,
+            message: p.message,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::check;
+    use super::*;
+
+    #[test]
+    fn models_keep_their_bytes() {
+        let mut model = TrainedModel::from_files(
+            "ft-1",
+            "http://files.local/{job_id}/{path}".into(),
+            vec![
+                model::ModelFile {
+                    path: "a.bin".into(),
+                    size_bytes: 10,
+                    sha256: Some("ab".repeat(32)),
+                },
+                model::ModelFile {
+                    path: "b/c.json".into(),
+                    size_bytes: 2,
+                    sha256: None,
+                },
+            ],
+        );
+        model.final_loss = Some(0.5);
+        model.params_json = r#"{"rank":8}"#.into();
+        model.created_at = "2026-12-01T10:00:00.000Z".into();
+        check(
+            Model::from(model),
+            r#"{"base_model":"","created_at":"2026-12-01T10:00:00.000Z","created_by":null,"dataset":"","files":[{"path":"a.bin","sha256":"abababababababababababababababababababababababababababababababab","size_bytes":10},{"path":"b/c.json","sha256":null,"size_bytes":2}],"final_loss":0.5,"id":1,"job_id":"ft-1","model_size":"","name":"ft-1","num_examples":0,"num_train_steps":0,"params":{"rank":8},"source":"http://files.local/{job_id}/{path}"}"#,
+        );
+    }
+
+    #[test]
+    fn problems_keep_their_fields() {
+        let problems = Problems(vec![
+            validate::Problem {
+                field: "name".into(),
+                message: "name is required".into(),
+            },
+            validate::Problem {
+                field: "files[0].path".into(),
+                message: "files[0].path \"..\": must not contain ..".into(),
+            },
+        ]);
+        check(
+            ProblemsBody::from(problems),
+            r#"{"error":"invalid model: name is required; files[0].path \"..\": must not contain ..","problems":[{"field":"name","message":"name is required"},{"field":"files[0].path","message":"files[0].path \"..\": must not contain .."}]}"#,
+        );
+    }
+}
