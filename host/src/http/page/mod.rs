@@ -19,7 +19,7 @@ use super::ApiContext;
 use super::error::Error;
 
 /// Where the page's files live; `/` is the page itself.
-pub const PREFIX: &str = "/page/";
+const PREFIX: &str = "/page/";
 
 /// Whether `path` is one of the page's, open to anyone (`http/auth.rs`).
 pub fn is_page(path: &str) -> bool {
@@ -30,46 +30,35 @@ const HTML: &str = "text/html; charset=utf-8";
 const CSS: &str = "text/css; charset=utf-8";
 const JS: &str = "text/javascript; charset=utf-8";
 
+/// The asset `file` (a path under this folder) served at the same path
+/// under `PREFIX` (spelled out: `concat!` takes literals), so that a URL and
+/// its source file cannot disagree.
+macro_rules! under_prefix {
+    ($content_type:expr, $file:literal) => {
+        (concat!("/page/", $file), $content_type, include_str!($file))
+    };
+}
+
 /// Each file of the page: its path, its content type, its text. A module
 /// added to the page is added here (the e2e test `page` checks that every
 /// module the page imports is served, and every file here is used).
-const ASSETS: [(&str, &str, &str); 16] = [
+const ASSETS: &[(&str, &str, &str)] = &[
     ("/", HTML, include_str!("index.html")),
-    ("/page/style.css", CSS, include_str!("style.css")),
-    ("/page/app.js", JS, include_str!("app.js")),
-    ("/page/api.js", JS, include_str!("api.js")),
-    ("/page/dom.js", JS, include_str!("dom.js")),
-    ("/page/format.js", JS, include_str!("format.js")),
-    ("/page/state.js", JS, include_str!("state.js")),
-    ("/page/stream.js", JS, include_str!("stream.js")),
-    ("/page/token.js", JS, include_str!("token.js")),
-    (
-        "/page/views/deploy-dialog.js",
-        JS,
-        include_str!("views/deploy-dialog.js"),
-    ),
-    (
-        "/page/views/deployers.js",
-        JS,
-        include_str!("views/deployers.js"),
-    ),
-    (
-        "/page/views/deployment-parts.js",
-        JS,
-        include_str!("views/deployment-parts.js"),
-    ),
-    (
-        "/page/views/deployment.js",
-        JS,
-        include_str!("views/deployment.js"),
-    ),
-    ("/page/views/model.js", JS, include_str!("views/model.js")),
-    ("/page/views/models.js", JS, include_str!("views/models.js")),
-    (
-        "/page/views/register.js",
-        JS,
-        include_str!("views/register.js"),
-    ),
+    under_prefix!(CSS, "style.css"),
+    under_prefix!(JS, "app.js"),
+    under_prefix!(JS, "api.js"),
+    under_prefix!(JS, "dom.js"),
+    under_prefix!(JS, "format.js"),
+    under_prefix!(JS, "state.js"),
+    under_prefix!(JS, "stream.js"),
+    under_prefix!(JS, "token.js"),
+    under_prefix!(JS, "views/deploy-dialog.js"),
+    under_prefix!(JS, "views/deployers.js"),
+    under_prefix!(JS, "views/deployment-parts.js"),
+    under_prefix!(JS, "views/deployment.js"),
+    under_prefix!(JS, "views/model.js"),
+    under_prefix!(JS, "views/models.js"),
+    under_prefix!(JS, "views/register.js"),
 ];
 
 /// Each asset's `ETag`: the start of its sha256, so that a browser
