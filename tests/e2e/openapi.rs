@@ -137,16 +137,14 @@ fn routed_paths(router: &axum::Router) -> BTreeSet<String> {
         .split("): \"")
         .skip(1)
         .map(|rest| rest.split('"').next().unwrap())
-        // The page is served, not documented: it is not API.
-        .filter(|path| !PAGE.contains(path))
+        // The page (`/` and all under `/page/`, `http/page/mod.rs`) is
+        // served, not documented: it is not API.
+        .filter(|path| *path != "/" && !path.starts_with("/page/"))
         // A route taking the rest of the URL (`{*path}`) is documented as
         // the one parameter OpenAPI can spell (`{path}`).
         .map(|path| path.replace("{*", "{"))
         .collect()
 }
-
-/// The admin page's paths (`http/page.rs`).
-const PAGE: [&str; 3] = ["/", "/page/app.js", "/page/style.css"];
 
 /// The status of a bodiless request, without waiting for the whole body
 /// (`/v1/events` never ends); an unrouted request answers the fallback's

@@ -3,21 +3,28 @@
 //! (`tests/browser/page.py`: Debian's chromium through Playwright, against
 //! a real `berth serve`).
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{Request, StatusCode, header};
+use axum::http::{HeaderMap, Request, StatusCode, header};
 
 use berth::auth::{Role, Tokens, new_token};
 
 use crate::support::files::FileServer;
 use crate::support::router::App;
 use crate::support::server::{Backend, Berth};
-use crate::support::{adapter_files, model};
+use crate::support::{adapter_files, assert_error, model};
 
+/// From `/`, every file the page loads (the HTML's `/page/` links, each
+/// module's imports, followed): each is served without a token, with its
+/// content type and the CSP; they are exactly the files of
+/// `host/src/http/page/`, so none is left unserved and none unused. The
+/// data stays behind the token, and so does anything the prefix does not
+/// hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_is_open_and_its_data_needs_a_token() {
     let dir = tempfile::tempdir().unwrap();
@@ -27,51 +34,140 @@ async fn the_page_is_open_and_its_data_needs_a_token() {
         .unwrap()
         .unwrap();
     let app = App::start_with_tokens(Backend::Sqlite, Some(std::sync::Arc::new(tokens))).await;
-    for (path, content_type, fragment) in [
-        (
-            "/",
-            "text/html; charset=utf-8",
-            "<script type=\"module\" src=\"/page/app.js\">",
-        ),
-        (
-            "/page/app.js",
-            "text/javascript; charset=utf-8",
-            "new TextDecoderStream()",
-        ),
-        (
-            "/page/style.css",
-            "text/css; charset=utf-8",
-            "prefers-color-scheme: dark",
-        ),
-    ] {
-        let response = app
-            .response(Request::get(path).body(Body::empty()).unwrap())
-            .await;
-        assert_eq!(response.status(), StatusCode::OK, "{path}");
-        assert_eq!(response.headers()[header::CONTENT_TYPE], content_type);
-        assert!(
-            response.headers()[header::CONTENT_SECURITY_POLICY]
-                .to_str()
-                .unwrap()
-                .starts_with("default-src 'self'"),
-            "{path}"
-        );
-        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        assert!(
-            String::from_utf8_lossy(&body).contains(fragment),
-            "{path} lacks {fragment:?}"
-        );
+
+    let mut served = BTreeSet::new();
+    let mut next = vec!["/".to_string()];
+    while let Some(path) = next.pop() {
+        if !served.insert(path.clone()) {
+            continue;
+        }
+        let (headers, text) = page_file(&app, &path).await;
+        let (content_type, linked) = match path.rsplit_once('.').map(|(_, ext)| ext) {
+            None => {
+                let mut links = quoted_after(&text, &["src=\"", "href=\""]);
+                links.retain(|link| link.starts_with("/page/"));
+                ("text/html; charset=utf-8", links)
+            }
+            Some("js") => {
+                let imports = quoted_after(&text, &["from \"", "import \""]);
+                for import in &imports {
+                    assert!(
+                        import.starts_with('.'),
+                        "{path} imports {import:?}: only the page's own modules, by relative path"
+                    );
+                }
+                ("text/javascript; charset=utf-8", imports)
+            }
+            Some("css") => ("text/css; charset=utf-8", Vec::new()),
+            Some(other) => panic!("{path}: the page serves no .{other} file"),
+        };
+        assert_eq!(headers[header::CONTENT_TYPE], content_type, "{path}");
+        next.extend(linked.iter().map(|link| resolve(&path, link)));
     }
+    assert_eq!(
+        served,
+        source_files(),
+        "the files the page loads (left) and those of host/src/http/page/ (right) differ: \
+         serve a new one in http/page/mod.rs's ASSETS, import it, or delete it"
+    );
+
+    // Revalidating an unchanged file costs no body.
+    let (headers, _) = page_file(&app, "/page/app.js").await;
+    let etag = headers[header::ETAG].to_str().unwrap().to_string();
+    let response = app
+        .response(
+            Request::get("/page/app.js")
+                .header(header::IF_NONE_MATCH, &etag)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::NOT_MODIFIED);
+    assert_eq!(response.headers()[header::ETAG], etag.as_str());
+
     let (status, _) = app.get("/v1/models").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    let (status, _) = app.get("/page/other.js").await;
-    assert_eq!(
-        status,
-        StatusCode::UNAUTHORIZED,
-        "only the page's own paths are open"
+    assert_error(
+        &app.get("/page/other.js").await,
+        StatusCode::NOT_FOUND,
+        "/page/other.js: the web page has no such file",
     );
+    // The prefix is open, but routing is literal: it opens no data.
+    let (status, _) = app.get("/page/../v1/models").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// A file of the page, asserting it is served (200, the page's CSP).
+async fn page_file(app: &App, path: &str) -> (HeaderMap, String) {
+    let response = app
+        .response(Request::get(path).body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(response.status(), StatusCode::OK, "{path}");
+    assert!(
+        response.headers()[header::CONTENT_SECURITY_POLICY]
+            .to_str()
+            .unwrap()
+            .starts_with("default-src 'self'"),
+        "{path}"
+    );
+    let headers = response.headers().clone();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (headers, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// The double-quoted text after each `opening` in `text`: the HTML's links,
+/// a module's static imports (the page's modules import no other way).
+fn quoted_after(text: &str, openings: &[&str]) -> Vec<String> {
+    openings
+        .iter()
+        .flat_map(|opening| text.split(opening).skip(1))
+        .filter_map(|rest| rest.split_once('"').map(|(quoted, _)| quoted.to_string()))
+        .collect()
+}
+
+/// `link` as a path, as a browser resolves it from the file at `from`.
+fn resolve(from: &str, link: &str) -> String {
+    if link.starts_with('/') {
+        return link.to_string();
+    }
+    let mut segments: Vec<&str> = from.split('/').collect();
+    segments.pop();
+    for segment in link.split('/') {
+        match segment {
+            "." => {}
+            ".." => {
+                segments.pop();
+            }
+            _ => segments.push(segment),
+        }
+    }
+    segments.join("/")
+}
+
+/// The paths at which the page's source files should be served: `/` for
+/// `index.html`, `/page/…` for the others.
+fn source_files() -> BTreeSet<String> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/http/page");
+    let mut found = BTreeSet::new();
+    let mut dirs = vec![dir.clone()];
+    while let Some(at) = dirs.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let relative = path.strip_prefix(&dir).unwrap().to_str().unwrap();
+            match relative {
+                "mod.rs" => {}
+                "index.html" => _ = found.insert("/".to_string()),
+                _ => _ = found.insert(format!("/page/{relative}")),
+            }
+        }
+    }
+    found
 }
 
 fn root() -> PathBuf {

@@ -2,7 +2,8 @@
 //! configured tokens. No known token: 401 with `WWW-Authenticate`; a read
 //! token asking to change something: 403. `/healthz`, `/readyz` and
 //! `/openapi.json` stay open, so probes and tooling need no secret, and so
-//! do the web page's assets, which hold no data. With no
+//! does the web page (`/` and all under `/page/`: `page::is_page`), whose
+//! files hold no data. With no
 //! tokens configured everyone is let in (`serve` allows that on loopback
 //! only). The caller is handed to the handlers, which record its name.
 
@@ -28,7 +29,7 @@ pub async fn require(
         return Ok(next.run(request).await);
     };
     let path = request.uri().path();
-    if OPEN.contains(&path) || page::PATHS.contains(&path) {
+    if OPEN.contains(&path) || page::is_page(path) {
         return Ok(next.run(request).await);
     }
     let presented = request

@@ -1,0 +1,90 @@
+// One model (#/models/ID): its fields, params and files, and its
+// deployments, each row kept live from the event stream.
+
+import { api } from "../api.js";
+import { failure, h, show, table } from "../dom.js";
+import { bytes, duration, statusBadge, when } from "../format.js";
+import { enter, isShown, loadCatalog, progress } from "../state.js";
+import { deployButton, deployersChanged } from "./deploy-dialog.js";
+import { cancelButton, drawProgress, fillProgress, refLink } from "./deployment-parts.js";
+
+export async function modelView(id) {
+  const view = enter();
+  let model;
+  let deployments;
+  try {
+    [model, deployments] = await Promise.all([
+      api(`/v1/models/${id}`),
+      api(`/v1/models/${id}/deployments`),
+      loadCatalog(),
+    ]);
+  } catch (e) {
+    if (isShown(view)) show(failure(e));
+    return;
+  }
+  if (!isShown(view)) return;
+  const fields = [
+    ["Job id", model.job_id], ["Base model", model.base_model], ["Size label", model.model_size],
+    ["Dataset", model.dataset], ["Examples", model.num_examples], ["Training steps", model.num_train_steps],
+    ["Final loss", model.final_loss ?? ""], ["Source", model.source], ["Registered", when(model.created_at)],
+    ["Registered by", model.created_by ?? ""],
+  ];
+  const body = h("tbody", { id: "deployments-body" }, deployments.deployments.map(deploymentRow));
+  const upsert = (d) => {
+    if (d.model_id === id) upsertRow(body, d);
+  };
+  show(
+    h("p", {}, h("a", { href: "#/" }, "← Models")),
+    h("h1", {}, model.name),
+    h("div", { class: "toolbar" }, deployButton(model, upsert)),
+    h("dl", { class: "fields" }, fields.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))])),
+    h("h2", {}, "Params"),
+    h("pre", {}, JSON.stringify(model.params, null, 2)),
+    h("h2", {}, "Files"),
+    table(["Path", "Size", "sha256"], model.files.map((f) =>
+      h("tr", {}, h("td", { class: "wrap mono" }, f.path), h("td", { class: "num", title: `${f.size_bytes} bytes` }, bytes(f.size_bytes)), h("td", { class: "mono wrap" }, f.sha256)))),
+    h("h2", {}, "Deployments"),
+    h("div", { class: "table-wrap" },
+      h("table", { id: "deployments" },
+        h("thead", {}, h("tr", {},
+          ["Id", "Status", "Phase", "Deployer", "Ref", "Duration", "Created", "By", "Error", ""].map((t, i) =>
+            h("th", { scope: "col", class: [6, 7].includes(i) ? "hide-narrow" : undefined }, t)))),
+        body)),
+  );
+  view.deployment = upsert;
+  view.progress = (event) => {
+    const row = body.querySelector(`tr[data-deployment="${event.deploy_id}"]`);
+    const cell = row?.querySelector(".progress-cell");
+    if (cell && row.dataset.status === "running") fillProgress(cell, event.phase, event.progress);
+  };
+  view.catalog = deployersChanged;
+}
+
+function deploymentRow(d) {
+  const running = d.status === "running";
+  const open = running || d.status === "queued";
+  const progressCell = h("td", { class: "progress-cell" });
+  if (running) drawProgress(progressCell, d);
+  else progress.delete(d.id);
+  return h("tr", { "data-deployment": d.id, "data-status": d.status },
+    h("td", {}, h("a", { href: `#/deployments/${d.id}` }, `#${d.id}`)),
+    h("td", { class: "status-cell" }, statusBadge(d.status)),
+    progressCell,
+    h("td", {}, d.deployer),
+    h("td", { class: "wrap mono ref-cell" }, refLink(d)),
+    h("td", { class: "num duration-cell" }, duration(d.duration_ms)),
+    h("td", { class: "hide-narrow" }, when(d.created_at)),
+    h("td", { class: "hide-narrow" }, d.created_by ?? ""),
+    h("td", { class: "error-text wrap error-cell" }, d.error ?? ""),
+    h("td", {}, open && cancelButton(d.id)));
+}
+
+/** A deployment's row, replaced or added on top; the focus stays on it. */
+function upsertRow(body, d) {
+  const row = deploymentRow(d);
+  const old = body.querySelector(`tr[data-deployment="${d.id}"]`);
+  const focused = old?.contains(document.activeElement);
+  if (old) old.replaceWith(row);
+  else body.prepend(row);
+  if (focused) row.querySelector("a")?.focus();
+}
