@@ -42,6 +42,7 @@ pub(super) async fn holding<T: Send + 'static>(
     .await
 }
 
+/// A failure of the disk under `dir`, as the fetch reports it.
 pub(super) fn disk_error(dir: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::Disk {
         dir: dir.display().to_string(),
