@@ -222,14 +222,7 @@ async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, Error> {
 
 /// Whether reading a body failed for its length.
 fn exceeded(e: &axum::Error) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(error) = cause {
-        if error.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        cause = error.source();
-    }
-    false
+    crate::causes::causes(e).any(|e| e.is::<http_body_util::LengthLimitError>())
 }
 
 /// The `wasm`, `manifest` and `signature` parts of a form.

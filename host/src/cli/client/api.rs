@@ -235,9 +235,8 @@ fn transport_reason(error: &reqwest::Error) -> String {
     if error.is_timeout() {
         return "no answer in time".to_string();
     }
-    let mut innermost: &dyn std::error::Error = error;
-    while let Some(source) = innermost.source() {
-        if let Some(io) = source.downcast_ref::<std::io::Error>() {
+    for cause in crate::causes::causes(error) {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
             match io.kind() {
                 std::io::ErrorKind::ConnectionRefused => return "connection refused".to_string(),
                 std::io::ErrorKind::ConnectionReset => {
@@ -246,9 +245,11 @@ fn transport_reason(error: &reqwest::Error) -> String {
                 _ => {}
             }
         }
-        innermost = source;
     }
-    innermost.to_string()
+    crate::causes::causes(error)
+        .last()
+        .unwrap_or(error)
+        .to_string()
 }
 
 /// One server-sent event, or the server's note that this subscriber fell
