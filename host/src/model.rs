@@ -1,5 +1,5 @@
 //! The domain's nouns — a trained model and its files, deployments — as
-//! every layer sees them. No I/O; `http/json.rs` owns the wire's JSON
+//! every layer sees them. No I/O; `http/json/` owns the wire's JSON
 //! shapes. `Phase` and `Progress` derive serde only as the database's
 //! storage format for progress.
 

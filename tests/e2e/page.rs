@@ -178,7 +178,7 @@ fn root() -> PathBuf {
 fn browser() -> PathBuf {
     assert!(
         Path::new("/usr/bin/chromium").is_file(),
-        "/usr/bin/chromium is missing: run scripts/setup (it runs apt-get install -y chromium)"
+        "/usr/bin/chromium is missing: run scripts/setup test (it runs apt-get install -y chromium)"
     );
     let python = root().join(".venv/bin/python");
     let found = Command::new(&python)
@@ -187,7 +187,7 @@ fn browser() -> PathBuf {
         .is_ok_and(|s| s.success());
     assert!(
         found,
-        "Playwright for Python is missing from .venv: run scripts/setup"
+        "Playwright for Python is missing from .venv: run scripts/setup test"
     );
     python
 }

@@ -26,7 +26,7 @@ impl Moto {
     pub fn start(buckets: &[&str]) -> Self {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let python = root.join(".venv/bin/python");
-        let missing = "run scripts/setup, which installs moto[server] into .venv";
+        let missing = "run scripts/setup test, which installs moto[server] into .venv";
         let mut child = Command::new(&python)
             .arg(root.join("tests/moto/serve.py"))
             .args(buckets)

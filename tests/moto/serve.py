@@ -1,6 +1,6 @@
 """An S3-compatible server for berth's tests and benchmarks.
 
-moto's server (`moto[server]`, installed into .venv by scripts/setup) on a
+moto's server (`moto[server]`, installed into .venv by `scripts/setup test`) on a
 free loopback port, with one IAM user allowed everything in S3 and the
 buckets named on the command line. Prints one JSON line (endpoint, region,
 the user's keys), then serves until its standard input closes, which

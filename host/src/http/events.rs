@@ -48,7 +48,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 /// (DeploymentProgress, at most 4 a second), `deployment.completed`
 /// (DeploymentCompleted), `deployment.failed` (DeploymentFailed),
 /// `plugin.loaded` and `plugin.removed` (PluginNamed), `plugin.rejected`
-/// (Rejected).
+/// (PluginRejected).
 #[utoipa::path(get, path = "/v1/events", operation_id = "events", tag = "events",
     params(
         json::EventsParams,

@@ -1,5 +1,6 @@
 //! The HTTP API: one module per resource, each with its own `router()`.
-//! Only this module knows JSON shapes and status codes.
+//! Only this module defines JSON shapes (`json/`, which the CLI client
+//! reads answers into) and status codes.
 
 mod artifacts;
 mod auth;
