@@ -352,3 +352,7 @@ pub async fn prune(db: Db, retention: Duration, stop: CancellationToken) {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "events_tests.rs"]
+mod tests;

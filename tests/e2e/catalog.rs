@@ -361,7 +361,8 @@ async fn a_pushed_deployer_serves_new_deployments_while_old_ones_finish_on_their
 
 /// A deployment waiting in the queue when its deployer gets a new version
 /// runs the version it was accepted for, as a running one does; the next
-/// one runs the new version.
+/// one runs the new version. The one running holds the only slot until it
+/// is cancelled, so the new version surely lands while the other waits.
 async fn a_queued_deployment_runs_the_version_it_was_accepted_for(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::options(backend)
@@ -377,9 +378,12 @@ async fn a_queued_deployment_runs_the_version_it_was_accepted_for(backend: Backe
     let (archive_sha, misbehave_sha) = (sha256_hex(&archive), sha256_hex(&misbehave));
     let (status, _) = push(&berth, "trial", &[("wasm", &misbehave)]).await;
     assert_eq!(status, StatusCode::CREATED);
+    // Running until cancelled: the queued one waits however long the
+    // push takes.
     let running = berth
-        .deploy_detached(id, "trial", json!({ "mode": "sleep", "ms": 2000 }))
+        .deploy_detached(id, "trial", json!({ "mode": "sleep", "ms": 600_000 }))
         .await;
+    assert_eq!(running["status"], "running", "{running}");
     let queued = berth
         .deploy_detached(id, "trial", json!({ "mode": "sleep", "ms": 10 }))
         .await;
@@ -391,14 +395,26 @@ async fn a_queued_deployment_runs_the_version_it_was_accepted_for(backend: Backe
 
     let (status, _) = push(&berth, "trial", &[("wasm", &archive)]).await;
     assert_eq!(status, StatusCode::OK);
-    for row in [&running, &queued] {
-        let ended = ended(&berth, row["id"].as_i64().unwrap()).await;
-        assert_eq!(
-            (&ended["status"], &ended["plugin_sha256"]),
-            (&json!("completed"), &json!(misbehave_sha)),
-            "{ended}"
-        );
-    }
+    let queued_id = queued["id"].as_i64().unwrap();
+    let (_, still) = berth.get(&format!("/v1/deployments/{queued_id}")).await;
+    assert_eq!(
+        still["status"], "queued",
+        "the new version was served while it waited: {still}"
+    );
+    let (status, cancelled) = berth
+        .post(
+            &format!("/v1/deployments/{}/cancel", running["id"]),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{cancelled}");
+    assert_eq!(cancelled["plugin_sha256"], misbehave_sha, "{cancelled}");
+    let ended = ended(&berth, queued_id).await;
+    assert_eq!(
+        (&ended["status"], &ended["plugin_sha256"]),
+        (&json!("completed"), &json!(misbehave_sha)),
+        "{ended}"
+    );
     let (status, next) = berth.deploy(id, "trial", json!({})).await;
     assert_eq!(status, StatusCode::OK, "{next}");
     assert_eq!(next["plugin_sha256"], archive_sha, "{next}");

@@ -11,6 +11,9 @@ use tokio_util::sync::CancellationToken;
 use super::optimized::{deploy_call, load, log_reporter, small_model};
 use crate::support::plugins;
 
+/// A hang guard, far above any wait the pool should make here.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_past_the_pool_waits_for_a_slot_and_a_cancel_ends_the_wait() {
     let engines = Engines {
@@ -21,15 +24,16 @@ async fn a_call_past_the_pool_waits_for_a_slot_and_a_cancel_ends_the_wait() {
     let plugin = load(&runtime, &plugins::test_plugin("misbehave")).await;
     let model = small_model();
     let out = TempDir::new().unwrap();
-    let sleep = json!({"mode": "sleep", "ms": 3_000}).to_string();
-    let (never, cancel) = (CancellationToken::new(), CancellationToken::new());
+    // Far longer than the test: the slot is freed only by cancelling this.
+    let sleep = json!({"mode": "sleep", "ms": 600_000}).to_string();
+    let (stop_holding, cancel) = (CancellationToken::new(), CancellationToken::new());
 
-    // The only slot, taken for three seconds.
+    // The only slot, taken until cancelled.
     let holding = runtime.deploy(
         &plugin,
         deploy_call(&model, out.path(), 1, &sleep),
         log_reporter(1),
-        &never,
+        &stop_holding,
     );
     tokio::pin!(holding);
     let check = runtime.check_options(&plugin, r#"{"mode":"ok"}"#);
@@ -42,7 +46,8 @@ async fn a_call_past_the_pool_waits_for_a_slot_and_a_cancel_ends_the_wait() {
         checked = &mut check => panic!("check-options ran while the only slot was taken: {checked:?}"),
         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
     }
-    // A deployment waiting for the slot is cancelled while it waits.
+    // A deployment waiting for the slot is cancelled while it waits, the
+    // slot still taken: only the cancel can end its wait.
     let out2 = TempDir::new().unwrap();
     let ok = json!({"mode": "ok"}).to_string();
     let waiting = runtime.deploy(
@@ -51,13 +56,27 @@ async fn a_call_past_the_pool_waits_for_a_slot_and_a_cancel_ends_the_wait() {
         log_reporter(2),
         &cancel,
     );
+    tokio::pin!(waiting);
+    tokio::select! {
+        ended = &mut waiting => panic!("a deployment ran while the only slot was taken: {ended:?}"),
+        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+    }
     cancel.cancel();
-    assert_eq!(waiting.await.unwrap_err(), CallError::Cancelled);
+    let ended = tokio::time::timeout(HANG_GUARD, waiting)
+        .await
+        .expect("the cancel ended the wait for the slot");
+    assert_eq!(ended.unwrap_err(), CallError::Cancelled);
+    let written: Vec<_> = std::fs::read_dir(out2.path()).unwrap().collect();
+    assert!(
+        written.is_empty(),
+        "the cancelled deployment ran: {written:?}"
+    );
 
-    holding
+    // Freed, the slot serves the question that waited for it.
+    stop_holding.cancel();
+    assert_eq!(holding.await.unwrap_err(), CallError::Cancelled);
+    tokio::time::timeout(HANG_GUARD, check)
         .await
-        .expect("the deployment holding the slot completes");
-    check
-        .await
+        .expect("check-options got the freed slot")
         .expect("check-options runs once the slot is free");
 }
