@@ -91,7 +91,11 @@ impl Watcher {
     }
 
     async fn poll(&mut self, deployers: &Deployers, events: &Events) {
-        let now = scan(deployers.dir());
+        // A folder on a slow or network disk must not hold a runtime thread.
+        let dir = deployers.dir().to_path_buf();
+        let now = tokio::task::spawn_blocking(move || scan(&dir))
+            .await
+            .unwrap_or_default();
         if now == self.applied {
             self.seen = None;
             return;

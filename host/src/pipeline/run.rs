@@ -160,7 +160,7 @@ impl Pipeline {
             None => self.fetch(model, running).await?,
         };
         let out_dir = PathBuf::from(&deployment.out_dir);
-        std::fs::create_dir_all(&out_dir).map_err(|e| {
+        tokio::fs::create_dir_all(&out_dir).await.map_err(|e| {
             format!(
                 "cannot create the output directory {}: {e}",
                 out_dir.display()
