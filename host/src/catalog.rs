@@ -492,3 +492,7 @@ impl Catalog {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "catalog_tests.rs"]
+mod tests;

@@ -41,7 +41,7 @@ mod postgres;
 mod queue;
 mod sqlite;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 pub use catalog::{NewVersion, Pushed, StoredVersion};
 pub use deployments::{Ending, NewDeployment};
