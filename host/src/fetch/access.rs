@@ -6,7 +6,8 @@
 //! covers a URL wins. A model's `source` is visible to every API reader, so
 //! no secret can live there. Values are resolved from the environment at
 //! load (`${VAR}`); they are never logged (`Debug` redacts them) and never
-//! reach a row. Does no I/O but reading the file.
+//! reach a row. The same file holds the publishing targets (`[[target]]`,
+//! read by `crate::targets`). Does no I/O but reading the file.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -42,6 +43,10 @@ pub(crate) struct Credentials {
 struct RawFile {
     #[serde(default)]
     source: Vec<RawSource>,
+    /// The publishing targets beside the sources: `crate::targets` reads
+    /// them.
+    #[serde(default, rename = "target")]
+    _targets: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
