@@ -73,6 +73,22 @@ async fn a_deployer_shows_the_targets_it_is_granted_without_their_credentials() 
     assert_eq!(served(&deployers, "archive").unwrap()["targets"], json!([]));
     assert_no_secret(&deployers.to_string());
 
+    // The document describes them.
+    let (_, document) = app.get("/openapi.json").await;
+    let schemas = &document["components"]["schemas"];
+    assert_eq!(
+        schemas["Deployer"]["properties"]["targets"]["items"]["$ref"],
+        "#/components/schemas/GrantedTarget",
+        "{}",
+        schemas["Deployer"]
+    );
+    assert_eq!(
+        schemas["GrantedTarget"]["required"],
+        json!(["name", "url"]),
+        "{}",
+        schemas["GrantedTarget"]
+    );
+
     // A grant that is not a plain name is refused with the manifest.
     let (status, refused) = push_in_process(
         &app,

@@ -64,8 +64,6 @@ pub struct Deployer {
     pub out_mib: u64,
     /// Of the `.wasm` file.
     pub sha256: String,
-    /// The publishing targets its manifest grants, in its order.
-    pub targets: Vec<GrantedTarget>,
     /// The id of the trusted key (`--trusted-key`) whose signature over
     /// its bytes it loaded with, as minisign prints it; null when it loaded
     /// without a verified signature.
@@ -75,6 +73,8 @@ pub struct Deployer {
         example = "C3A9D84E0B7F1265"
     )]
     pub signed_by: Option<String>,
+    /// The publishing targets its manifest grants, in its order.
+    pub targets: Vec<GrantedTarget>,
     pub tier: Tier,
     pub timeout_s: u64,
     /// Which of its versions it serves (1 is the first pushed); null for
