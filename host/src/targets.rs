@@ -17,16 +17,15 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::str::FromStr;
 
 use anyhow::Context;
 use object_store::aws::AmazonS3ConfigKey;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::HeaderMap;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use toml::Spanned;
 
-use crate::host_env::expand;
+use crate::host_env::{header_value, s3_option};
 
 /// A target name is at most this long.
 const MAX_NAME_LEN: usize = 64;
@@ -270,7 +269,7 @@ impl Target {
             }
             Kind::S3 { options } => {
                 for (option, template) in &raw.options {
-                    match s3_option(option.get_ref(), template, lookup) {
+                    match s3_option(option.get_ref(), template, "the target's url", lookup) {
                         Ok(pair) => options.push(pair),
                         Err(e) => problems.push((at(option), format!("{subject}: {e}"))),
                     }
@@ -403,47 +402,6 @@ fn parse_url(text: &str) -> Result<url::Url, String> {
         return Err(format!("url {text:?} must end with /: keys land under it"));
     }
     Ok(url)
-}
-
-/// One `headers` entry, resolved and marked sensitive.
-fn header_value(
-    header: &str,
-    template: &str,
-    lookup: &impl Fn(&str) -> Option<String>,
-) -> Result<(HeaderName, HeaderValue), String> {
-    let name = HeaderName::from_bytes(header.as_bytes())
-        .map_err(|_| format!("headers.{header} is not a valid header name"))?;
-    let value = expand(template, lookup).map_err(|e| format!("headers.{header}: {e}"))?;
-    // The error must not quote the value: it may be the secret.
-    let mut value = HeaderValue::from_str(&value).map_err(|_| {
-        format!("headers.{header}: is not a valid header value (control characters?)")
-    })?;
-    value.set_sensitive(true);
-    Ok((name, value))
-}
-
-/// One `options` entry: an object_store S3 setting, resolved.
-fn s3_option(
-    option: &str,
-    template: &str,
-    lookup: &impl Fn(&str) -> Option<String>,
-) -> Result<(AmazonS3ConfigKey, String), String> {
-    let key = match AmazonS3ConfigKey::from_str(option) {
-        Ok(AmazonS3ConfigKey::Bucket) => {
-            return Err(format!(
-                "options.{option}: the bucket comes from the target's url"
-            ));
-        }
-        Ok(key) => key,
-        Err(_) => {
-            return Err(format!(
-                "options.{option} is not an S3 setting (object_store's AmazonS3ConfigKey: \
-                 endpoint, region, access_key_id, secret_access_key, token, allow_http, …)"
-            ));
-        }
-    };
-    let value = expand(template, lookup).map_err(|e| format!("options.{option}: {e}"))?;
-    Ok((key, value))
 }
 
 fn listed(names: &[String]) -> String {
