@@ -1,7 +1,14 @@
 //! `${NAME}` in configuration values (plugin manifests, the sources file),
 //! resolved against the environment given when the file is loaded, so a
 //! missing secret is a load error, never a surprise in the middle of a
-//! deployment. Does no I/O of its own.
+//! deployment; and the credentials the sources file's `[[source]]`s and
+//! `[[target]]`s resolve alike (a header, an S3 option). Does no I/O of its
+//! own.
+
+use std::str::FromStr;
+
+use object_store::aws::AmazonS3ConfigKey;
+use reqwest::header::{HeaderName, HeaderValue};
 
 /// Replaces each `${NAME}` with the host's value; `$$` is a literal `$`.
 pub(crate) fn expand(
@@ -36,4 +43,47 @@ pub(crate) fn expand(
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// One `headers` entry, resolved and marked sensitive.
+pub(crate) fn header_value(
+    header: &str,
+    template: &str,
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<(HeaderName, HeaderValue), String> {
+    let name = HeaderName::from_bytes(header.as_bytes())
+        .map_err(|_| format!("headers.{header} is not a valid header name"))?;
+    let value = expand(template, lookup).map_err(|e| format!("headers.{header}: {e}"))?;
+    // The error must not quote the value: it may be the secret.
+    let mut value = HeaderValue::from_str(&value).map_err(|_| {
+        format!("headers.{header}: is not a valid header value (control characters?)")
+    })?;
+    value.set_sensitive(true);
+    Ok((name, value))
+}
+
+/// One `options` entry: an object_store S3 setting, resolved; the bucket
+/// is refused, as it comes from `bucket_from` (the entry's URL).
+pub(crate) fn s3_option(
+    option: &str,
+    template: &str,
+    bucket_from: &str,
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<(AmazonS3ConfigKey, String), String> {
+    let key = match AmazonS3ConfigKey::from_str(option) {
+        Ok(AmazonS3ConfigKey::Bucket) => {
+            return Err(format!(
+                "options.{option}: the bucket comes from {bucket_from}"
+            ));
+        }
+        Ok(key) => key,
+        Err(_) => {
+            return Err(format!(
+                "options.{option} is not an S3 setting (object_store's AmazonS3ConfigKey: \
+                 endpoint, region, access_key_id, secret_access_key, token, allow_http, …)"
+            ));
+        }
+    };
+    let value = expand(template, lookup).map_err(|e| format!("options.{option}: {e}"))?;
+    Ok((key, value))
 }

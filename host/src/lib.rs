@@ -25,6 +25,7 @@ pub mod model;
 pub mod pipeline;
 pub mod runtime;
 pub mod space;
+pub mod targets;
 pub mod trust;
 
 #[cfg(test)]

@@ -210,16 +210,26 @@ def scenario_corrupt_plugin(page, shots):
 def scenario_pushed_deployer(page, shots):
     page.goto(f"{URL}/#/")
     expect(page.locator('#deployers article[data-deployer="archive"] .origin')).to_have_text("plugins folder")
+    expect(page.locator('#deployers article[data-deployer="archive"] .targets')).to_have_text("none")
     wasm = (PLUGINS / "archive.wasm").read_bytes()
-    headers = {"Content-Type": "application/wasm"}
+    # With a manifest granting a target this server does not configure.
+    boundary = "berth-page-test-boundary"
+    body = b""
+    for name, data in [("wasm", wasm), ("manifest", b'targets = ["releases"]\n')]:
+        body += f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{name}"\r\n\r\n'.encode()
+        body += data + b"\r\n"
+    body += f"--{boundary}--\r\n".encode()
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
     if TOKEN:
         headers["Authorization"] = f"Bearer {TOKEN}"
-    request = urllib.request.Request(URL + "/v1/deployers/packer", data=wasm, headers=headers, method="PUT")
+    request = urllib.request.Request(URL + "/v1/deployers/packer", data=body, headers=headers, method="PUT")
     with urllib.request.urlopen(request, timeout=60) as answer:
         assert answer.status == 201, answer.status
     # The page hears plugin.loaded and shows where the deployer comes from.
     origin = page.locator('#deployers article[data-deployer="packer"] .origin')
     expect(origin).to_contain_text("stored over the API: version 1, pushed")
+    targets = page.locator('#deployers article[data-deployer="packer"] .targets')
+    expect(targets).to_have_text("releases (not configured on this server)")
     shots("models-pushed-deployer")
     # Deployed with it, the deployment page names the plugin version it ran.
     open_model(page)

@@ -360,7 +360,14 @@ async fn tables_list_models_deployments_and_deployers() {
     assert_eq!(run.code, Some(0), "{run:?}");
     assert_eq!(
         cells(line(&run.stdout, "NAME")),
-        ["NAME", "ORIGIN", "VERSION", "DESCRIPTION", "NETWORK"]
+        [
+            "NAME",
+            "ORIGIN",
+            "VERSION",
+            "DESCRIPTION",
+            "NETWORK",
+            "TARGETS"
+        ]
     );
     // A folder deployer has no version: its cell is empty.
     assert_eq!(
@@ -369,6 +376,7 @@ async fn tables_list_models_deployments_and_deployers() {
             "misbehave",
             "folder",
             "Misbehaves on request (berth's sandbox tests)",
+            "none",
             "none"
         ]
     );

@@ -159,3 +159,65 @@ async fn the_server_runs_with_the_config_files_settings() {
         .status();
     assert_eq!(status, StatusCode::OK);
 }
+
+#[test]
+fn berth_config_shows_the_publishing_targets_by_name_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let sources = dir.path().join("sources.toml");
+    let path = sources.to_str().unwrap();
+    std::fs::write(
+        &sources,
+        "[[source]]\n\
+         prefix = \"https://hub.internal/\"\n\
+         \n\
+         [[target]]\n\
+         name = \"mirror\"\n\
+         url = \"https://mirror.internal/base/\"\n\
+         headers = { Authorization = \"Bearer ${TEST_MIRROR_TOKEN}\" }\n\
+         max_gib = 20\n",
+    )
+    .unwrap();
+    let run = berth(
+        &["config", "--sources-file", path],
+        &[("TEST_MIRROR_TOKEN", "header-secret-value")],
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let out = String::from_utf8_lossy(&run.stdout);
+    let block: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("# publishing targets"))
+        .map(str::trim_end)
+        .collect();
+    assert_eq!(
+        block,
+        [
+            format!("# publishing targets, from the sources file {path} (values redacted)")
+                .as_str(),
+            format!("{:<48} # file {path}:4", "[[target]]").as_str(),
+            "name = \"mirror\"",
+            "url = \"https://mirror.internal/base/\"",
+            "headers = { Authorization = \"(redacted)\" }",
+            "max_gib = 20",
+        ],
+        "{out}"
+    );
+    assert!(!out.contains("header-secret-value"), "{out}");
+
+    // A variable missing stops `config` as it stops `serve`, with the line.
+    for command in ["config", "serve"] {
+        let run = berth(&[command, "--sources-file", path], &[]);
+        let code = if command == "config" { 2 } else { 1 };
+        assert_eq!(run.status.code(), Some(code), "{command}");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(
+            stderr.contains(&format!(
+                "{path}:7: target \"mirror\": headers.Authorization: the host environment variable TEST_MIRROR_TOKEN is not set"
+            )),
+            "{command}: {stderr}"
+        );
+    }
+}

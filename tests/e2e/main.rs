@@ -34,4 +34,5 @@ mod scaffold;
 mod signatures;
 mod sources;
 mod space;
+mod targets;
 mod webhook;

@@ -6,7 +6,8 @@
 //! (flag > env > default) and a new flag is a config key without a line of
 //! its own. A flag that may be repeated takes a list (`trusted_key =
 //! ["RW…", "RW…"]`), handed to clap as one value split at its delimiter. `berth config` prints the effective settings and where each
-//! came from, secrets redacted.
+//! came from, secrets redacted, and the publishing targets of the sources
+//! file (`crate::targets`) with names only.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -16,6 +17,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Command};
 
 use super::serve::ServeArgs;
+use crate::targets::Targets;
 
 /// The subcommands that take `berth serve`'s settings.
 pub const SUBCOMMANDS: [&str; 2] = ["serve", "config"];
@@ -210,8 +212,10 @@ pub fn with_defaults(command: Command, file: &File) -> Command {
 }
 
 /// `berth config`: every setting with its effective value and where it
-/// came from, as a config file would say it.
-pub fn describe(matches: &ArgMatches, file: Option<&File>) -> String {
+/// came from, as a config file would say it; then the publishing targets
+/// of the sources file, redacted. A sources file `serve` would refuse is
+/// refused here with the same sentence.
+pub fn describe(matches: &ArgMatches, file: Option<&File>) -> anyhow::Result<String> {
     let serve = serve_command();
     let mut lines = Vec::new();
     if let Some(file) = file {
@@ -265,7 +269,22 @@ pub fn describe(matches: &ArgMatches, file: Option<&File>) -> String {
         };
         lines.push(format!("{line:<48} # {from}"));
     }
-    lines.join("\n") + "\n"
+    if let Some(path) = matches.get_one::<PathBuf>("sources_file") {
+        let targets = Targets::load(path)?;
+        let file = path.display().to_string();
+        lines.push(String::new());
+        if targets.is_empty() {
+            lines.push(format!(
+                "# no publishing targets in the sources file {file}"
+            ));
+        } else {
+            lines.push(format!(
+                "# publishing targets, from the sources file {file} (values redacted)"
+            ));
+            lines.push(targets.describe(&file));
+        }
+    }
+    Ok(lines.join("\n") + "\n")
 }
 
 /// A repeatable flag's values as a TOML list of strings.

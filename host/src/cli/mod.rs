@@ -32,8 +32,8 @@ enum Command {
     /// files, runs deployers.
     Serve(serve::ServeArgs),
     /// Prints the settings `berth serve` would run with (same flags, same
-    /// environment, same --config file) and where each comes from; secrets
-    /// are redacted.
+    /// environment, same --config file) and where each comes from, and the
+    /// publishing targets of the sources file; secrets are redacted.
     Config(serve::ServeArgs),
     /// Tools for plugin authors: start, check and run a deployer without a
     /// server, and sign it.
@@ -79,8 +79,16 @@ pub fn main() -> ExitCode {
         let settings = matches
             .subcommand_matches("config")
             .expect("the config subcommand was parsed");
-        print!("{}", config::describe(settings, file.as_ref()));
-        return ExitCode::SUCCESS;
+        return match config::describe(settings, file.as_ref()) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        };
     }
     run(args)
 }

@@ -6,18 +6,18 @@
 //! covers a URL wins. A model's `source` is visible to every API reader, so
 //! no secret can live there. Values are resolved from the environment at
 //! load (`${VAR}`); they are never logged (`Debug` redacts them) and never
-//! reach a row. Does no I/O but reading the file.
+//! reach a row. The same file holds the publishing targets (`[[target]]`,
+//! read by `crate::targets`). Does no I/O but reading the file.
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::str::FromStr;
 
 use anyhow::Context;
 use object_store::aws::AmazonS3ConfigKey;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::HeaderMap;
 use serde::Deserialize;
 
-use crate::host_env::expand;
+use crate::host_env::{header_value, s3_option};
 
 /// The parsed sources file; `Default` is no file: no source gets
 /// credentials.
@@ -42,6 +42,10 @@ pub(crate) struct Credentials {
 struct RawFile {
     #[serde(default)]
     source: Vec<RawSource>,
+    /// The publishing targets beside the sources: `crate::targets` reads
+    /// them.
+    #[serde(default, rename = "target")]
+    _targets: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -154,46 +158,17 @@ impl Credentials {
             ));
         }
         for (header, template) in &raw.headers {
-            let Ok(header_name) = HeaderName::from_bytes(header.as_bytes()) else {
-                problems.push(format!(
-                    "prefix {name:?}: headers.{header} is not a valid header name"
-                ));
-                continue;
-            };
-            let value = expand(template, lookup).and_then(|value| {
-                // The error must not quote the value: it may be the secret.
-                HeaderValue::from_str(&value)
-                    .map_err(|_| "is not a valid header value (control characters?)".to_string())
-            });
-            match value {
-                Ok(mut value) => {
-                    value.set_sensitive(true);
+            match header_value(header, template, lookup) {
+                Ok((header_name, value)) => {
                     headers.append(header_name, value);
                 }
-                Err(e) => problems.push(format!("prefix {name:?}: headers.{header}: {e}")),
+                Err(e) => problems.push(format!("prefix {name:?}: {e}")),
             }
         }
         for (option, template) in &raw.options {
-            let key = match AmazonS3ConfigKey::from_str(option) {
-                Ok(AmazonS3ConfigKey::Bucket) => {
-                    problems.push(format!(
-                        "prefix {name:?}: options.{option}: the bucket comes from the source URL"
-                    ));
-                    continue;
-                }
-                Ok(key) => key,
-                Err(_) => {
-                    problems.push(format!(
-                        "prefix {name:?}: options.{option} is not an S3 setting \
-                         (object_store's AmazonS3ConfigKey: endpoint, region, access_key_id, \
-                         secret_access_key, token, allow_http, …)"
-                    ));
-                    continue;
-                }
-            };
-            match expand(template, lookup) {
-                Ok(value) => options.push((key, value)),
-                Err(e) => problems.push(format!("prefix {name:?}: options.{option}: {e}")),
+            match s3_option(option, template, "the source URL", lookup) {
+                Ok(pair) => options.push(pair),
+                Err(e) => problems.push(format!("prefix {name:?}: {e}")),
             }
         }
         if !problems.is_empty() {

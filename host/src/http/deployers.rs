@@ -44,7 +44,7 @@ async fn list(State(ctx): State<ApiContext>) -> Json<json::Deployers> {
         deployers: view
             .deployers
             .iter()
-            .map(|(plugin, source)| json::Deployer::new(plugin, source))
+            .map(|(plugin, source)| json::Deployer::new(plugin, source, &ctx.targets))
             .collect(),
         loading: ctx.deployers.still_loading(),
         rejected: view
@@ -118,7 +118,7 @@ async fn push(
         Pushed::Added => StatusCode::CREATED,
         Pushed::Replaced | Pushed::Unchanged => StatusCode::OK,
     };
-    let answer = json::Deployer::new(&plugin, &Source::Api(version));
+    let answer = json::Deployer::new(&plugin, &Source::Api(version), &ctx.targets);
     Ok((status, Json(answer)))
 }
 
@@ -187,7 +187,11 @@ async fn rollback(
         })?,
     };
     let (plugin, version) = ctx.catalog.rollback(&name, body.sha256.as_deref()).await?;
-    Ok(Json(json::Deployer::new(&plugin, &Source::Api(version))))
+    Ok(Json(json::Deployer::new(
+        &plugin,
+        &Source::Api(version),
+        &ctx.targets,
+    )))
 }
 
 /// The multipart boundary, when the upload is a form.

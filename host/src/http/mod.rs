@@ -50,6 +50,7 @@ use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
 use crate::pipeline::Pipeline;
+use crate::targets::Targets;
 use json::ErrorBody;
 
 /// A registration lists every file of a model; allow large ones.
@@ -70,6 +71,9 @@ pub struct ApiContext {
     pub tokens: Option<Arc<Tokens>>,
     /// The webhook this server delivers to, if configured.
     pub webhook: Option<Arc<Webhook>>,
+    /// The publishing targets of the sources file; the deployers' answers
+    /// show the URLs of those they are granted.
+    pub targets: Arc<Targets>,
     /// Cancelled when the server stops: answers that would last (event
     /// streams) end then.
     pub shutdown: CancellationToken,

@@ -1,6 +1,9 @@
 //! A plugin's optional manifest, `NAME.toml` beside `NAME.wasm`: the
 //! capabilities it is granted, and the sha256 its `.wasm` must have. Parsing resolves `${VAR}` against the
-//! environment given (`host_env`). Does no I/O of its own.
+//! environment given (`host_env`). Does no I/O of its own. The publishing
+//! targets it grants are names only, checked against the server's targets
+//! when one is opened (`crate::targets`), so one manifest stored over the
+//! API loads on every server of the database.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,6 +12,7 @@ use serde::Deserialize;
 
 use super::http_gate::AllowedHost;
 use crate::host_env::expand;
+use crate::targets::check_name;
 
 /// What a manifest grants. `Default` is the empty grant: no network, no
 /// environment, the server's limits.
@@ -18,6 +22,8 @@ pub struct Manifest {
     pub allowed_hosts: Vec<AllowedHost>,
     /// Resolved values. Secrets: never log or store them.
     pub env: Vec<(String, String)>,
+    /// The publishing targets it may open, by name, as written.
+    pub targets: Vec<String>,
     pub memory_mib: Option<u64>,
     pub timeout: Option<Duration>,
     pub out_mib: Option<u64>,
@@ -35,6 +41,8 @@ struct RawManifest {
     allowed_hosts: Vec<String>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    #[serde(default)]
+    targets: Vec<String>,
     memory_mib: Option<u64>,
     timeout_s: Option<u64>,
     out_mib: Option<u64>,
@@ -73,6 +81,17 @@ impl Manifest {
             match expand(template, &lookup) {
                 Ok(value) => env.push((name.clone(), value)),
                 Err(e) => problems.push(format!("env.{name}: {e}")),
+            }
+        }
+
+        let mut targets: Vec<String> = Vec::new();
+        for name in &raw.targets {
+            if let Err(e) = check_name(name) {
+                problems.push(format!("targets: {e}"));
+            } else if targets.contains(name) {
+                problems.push(format!("targets: {name:?} is listed twice"));
+            } else {
+                targets.push(name.clone());
             }
         }
 
@@ -120,6 +139,7 @@ impl Manifest {
             description: raw.description,
             allowed_hosts,
             env,
+            targets,
             memory_mib: raw.memory_mib,
             timeout: raw.timeout_s.map(Duration::from_secs),
             out_mib: raw.out_mib,
@@ -151,6 +171,7 @@ mod tests {
             description = "Publishes"
             allowed_hosts = ["mirror.internal:8443"]
             env = { MIRROR_TOKEN = "Bearer ${TOKEN}", PLAIN = "x$$y" }
+            targets = ["releases", "team-mirror"]
             memory_mib = 256
             timeout_s = 600
             out_mib = 64
@@ -168,6 +189,7 @@ mod tests {
                 ("PLAIN".to_string(), "x$y".to_string())
             ]
         );
+        assert_eq!(m.targets, ["releases", "team-mirror"]);
         assert_eq!(m.memory_mib, Some(256));
         assert_eq!(m.timeout, Some(Duration::from_secs(600)));
         assert_eq!(m.out_mib, Some(64));
@@ -203,6 +225,12 @@ mod tests {
             ("env = { \"1X\" = \"a\" }", "not a valid variable name"),
             ("allowed_hosts = [\"a/b\"]", "allowed host \"a/b\""),
             ("description = \" \"", "description is empty"),
+            (
+                "targets = [\"a/b\"]",
+                "targets: target name \"a/b\" is not a plain name",
+            ),
+            ("targets = [\"r\", \"r\"]", "targets: \"r\" is listed twice"),
+            ("targets = \"releases\"", "invalid type"),
             (
                 "sha256 = \"abc\"",
                 "sha256 = \"abc\": must be 64 hex digits (`sha256sum NAME.wasm` prints them)",

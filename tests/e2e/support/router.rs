@@ -24,6 +24,7 @@ use berth::fetch::Fetcher;
 use berth::http::ApiContext;
 use berth::pipeline::Pipeline;
 use berth::runtime::{CodeCache, Engines, Limits, Runtime};
+use berth::targets::Targets;
 
 use super::events::Subscription;
 use super::server::{Backend, fresh_postgres_database};
@@ -54,6 +55,15 @@ impl App {
 
     /// The same API, accepting only `tokens` (as `--api-tokens-file` does).
     pub async fn start_with_tokens(backend: Backend, tokens: Option<Arc<Tokens>>) -> Self {
+        Self::start_with(backend, tokens, Targets::default()).await
+    }
+
+    /// The same API, with the publishing targets of a sources file.
+    pub async fn start_with_targets(backend: Backend, targets: Targets) -> Self {
+        Self::start_with(backend, None, targets).await
+    }
+
+    async fn start_with(backend: Backend, tokens: Option<Arc<Tokens>>, targets: Targets) -> Self {
         let temp = tempfile::tempdir().unwrap();
         let plugins_dir = temp.path().join("plugins");
         std::fs::create_dir_all(&plugins_dir).unwrap();
@@ -72,7 +82,7 @@ impl App {
         // 20: `serve`'s default --max-deployers.
         let loaded = runtime.load_dir(&plugins_dir, 20).await;
         let deployers = Arc::new(Deployers::new(Arc::new(runtime), plugins_dir, loaded));
-        Self::assemble(db, deployers, tokens, temp)
+        Self::assemble(db, deployers, tokens, targets, temp)
     }
 
     /// The API over these parts, as `serve` puts it together; models and
@@ -81,6 +91,7 @@ impl App {
         db: Db,
         deployers: Arc<Deployers>,
         tokens: Option<Arc<Tokens>>,
+        targets: Targets,
         temp: tempfile::TempDir,
     ) -> Self {
         let fetcher = Fetcher::new(temp.path().join("models"), Duration::from_secs(1800)).unwrap();
@@ -112,6 +123,7 @@ impl App {
             pipeline,
             tokens,
             webhook: None,
+            targets: Arc::new(targets),
             shutdown,
         });
         Self {
@@ -135,7 +147,7 @@ impl App {
         let db = Db::connect(&database_url(Backend::Sqlite).await)
             .await
             .unwrap();
-        Self::assemble(db, deployers, None, temp)
+        Self::assemble(db, deployers, None, Targets::default(), temp)
     }
 
     /// The same API, called with `token` (or with none).

@@ -332,8 +332,23 @@ async fn deployers(api: Api, json: bool) -> Result<(), Error> {
             api.server()
         );
     } else {
-        let mut table = Table::new(&["NAME", "ORIGIN", "VERSION", "DESCRIPTION", "NETWORK"]);
+        let mut table = Table::new(&[
+            "NAME",
+            "ORIGIN",
+            "VERSION",
+            "DESCRIPTION",
+            "NETWORK",
+            "TARGETS",
+        ]);
         for deployer in deployers {
+            let targets: Vec<String> = deployer
+                .targets
+                .iter()
+                .map(|t| match &t.url {
+                    Some(url) => format!("{} {url}", t.name),
+                    None => format!("{} (not configured here)", t.name),
+                })
+                .collect();
             table.row(vec![
                 deployer.name,
                 word(deployer.origin),
@@ -343,6 +358,11 @@ async fn deployers(api: Api, json: bool) -> Result<(), Error> {
                     "none".to_string()
                 } else {
                     deployer.allowed_hosts.join(", ")
+                },
+                if targets.is_empty() {
+                    "none".to_string()
+                } else {
+                    targets.join(", ")
                 },
             ]);
         }

@@ -56,9 +56,11 @@ pub struct ServeArgs {
     #[arg(long, env = "BERTH_TIMEOUT_S", default_value_t = 1800,
           value_parser = clap::value_parser!(u64).range(1..=crate::runtime::MAX_TIMEOUT_S))]
     pub(super) timeout_s: u64,
-    /// Credentials for sources, by URL prefix: a TOML file of
-    /// `[[source]]` entries with `prefix` and `headers` (HTTP) or `options`
-    /// (object stores); values may use `${VAR}` from this environment.
+    /// Credentials for sources, by URL prefix, and publishing targets: a
+    /// TOML file of `[[source]]` entries with `prefix` and `headers` (HTTP)
+    /// or `options` (object stores), and `[[target]]` entries with `name`,
+    /// `url` and the same `headers` or `options`; values may use `${VAR}`
+    /// from this environment.
     #[arg(long, env = "BERTH_SOURCES_FILE")]
     pub(super) sources_file: Option<PathBuf>,
     /// PEM certificates (an internal CA) trusted for HTTPS in addition to

@@ -29,10 +29,11 @@ use load::FirstLoad;
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let clock = Instant::now();
     let args = args.absolute()?;
-    // First: tokens, a sources file, a CA file or signature settings that
+    // First: tokens, a sources file (sources and targets), a CA file or signature settings that
     // cannot be used stop the start before anything is opened.
     let tokens = setup::open_tokens(&args)?;
     let access = setup::load_access(&args)?;
+    let targets = setup::load_targets(&args)?;
     let trust = setup::load_trust(&args)?;
     let signers = setup::signers(&args)?;
     setup::metrics(&args)?;
@@ -130,6 +131,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         pipeline: pipeline.clone(),
         tokens,
         webhook,
+        targets,
         shutdown: shutdown.clone(),
     });
     axum::serve(listener, app)

@@ -1,6 +1,6 @@
 //! What `berth serve` opens and checks before it serves: API tokens (and
 //! their reload), sources' credentials, the CA file, plugin signature
-//! settings, the webhook, the database and this server's id and name, and
+//! settings, publishing targets, the webhook, the database and this server's id and name, and
 //! the signal that stops it. Each refusal names the setting to change.
 //! Never starts a deployment or loads a plugin.
 
@@ -17,6 +17,7 @@ use crate::db::Db;
 use crate::fetch::{Access, Fetcher, Split};
 use crate::http::Webhook;
 use crate::runtime::Signers;
+use crate::targets::Targets;
 use crate::trust::Trust;
 
 use super::ServeArgs;
@@ -81,6 +82,23 @@ pub(super) fn load_access(args: &ServeArgs) -> anyhow::Result<Access> {
         "sources file loaded"
     );
     Ok(access)
+}
+
+/// The publishing targets of the sources file (its `[[target]]`s), if
+/// there is one; only their names and URLs are logged.
+pub(super) fn load_targets(args: &ServeArgs) -> anyhow::Result<Arc<Targets>> {
+    let Some(path) = &args.sources_file else {
+        return Ok(Arc::default());
+    };
+    let targets = Targets::load(path)?;
+    if !targets.is_empty() {
+        tracing::info!(
+            file = %path.display(),
+            targets = %targets.summary(),
+            "publishing targets configured"
+        );
+    }
+    Ok(Arc::new(targets))
 }
 
 /// The certificates of `--ca-file`, if given, trusted beside the public

@@ -1,5 +1,6 @@
-//! `/v1/deployers`' shapes: a deployer as it serves, a refused plugin,
-//! the versions stored over the API; a rollback's body in.
+//! `/v1/deployers`' shapes: a deployer as it serves (with the targets it
+//! is granted, names and URLs only), a refused plugin, the versions stored
+//! over the API; a rollback's body in.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -8,6 +9,7 @@ use utoipa::ToSchema;
 use crate::db::StoredVersion;
 use crate::deployers::Source;
 use crate::runtime::{self, Plugin, Rejection};
+use crate::targets::Targets;
 
 /// Which compiler made the code a deployer's new calls run: `baseline`
 /// (Winch, for the seconds after the plugin arrived, while Cranelift
@@ -71,6 +73,8 @@ pub struct Deployer {
         example = "C3A9D84E0B7F1265"
     )]
     pub signed_by: Option<String>,
+    /// The publishing targets its manifest grants, in its order.
+    pub targets: Vec<GrantedTarget>,
     pub tier: Tier,
     pub timeout_s: u64,
     /// Which of its versions it serves (1 is the first pushed); null for
@@ -81,8 +85,21 @@ pub struct Deployer {
     pub wit_version: String,
 }
 
+/// A publishing target a deployer's manifest grants: its name and where
+/// it publishes, never its credentials.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct GrantedTarget {
+    pub name: String,
+    /// Where its keys land (ends with `/`); null when this server does not
+    /// configure a target of that name, so the grant cannot be used here.
+    #[schema(required = true, example = "s3://team-releases/models/")]
+    pub url: Option<String>,
+}
+
 impl Deployer {
-    pub fn new(p: &Plugin, source: &Source) -> Self {
+    /// `p` as it serves from `source`, its granted targets looked up in
+    /// this server's `targets`.
+    pub fn new(p: &Plugin, source: &Source, targets: &Targets) -> Self {
         let stored = match source {
             Source::Folder => None,
             Source::Api(version) => Some(version),
@@ -116,6 +133,15 @@ impl Deployer {
             out_mib: p.limits.out_mib,
             sha256: p.sha256.clone(),
             signed_by: p.signed_by.clone(),
+            targets: p
+                .manifest
+                .targets
+                .iter()
+                .map(|name| GrantedTarget {
+                    name: name.clone(),
+                    url: targets.get(name).map(|t| t.url().to_string()),
+                })
+                .collect(),
             tier: p.tier().into(),
             timeout_s: p.limits.timeout.as_secs(),
             version: stored.map(|v| v.number),
@@ -237,6 +263,16 @@ mod tests {
                     out_mib: 1024,
                     sha256: sha256(),
                     signed_by: None,
+                    targets: vec![
+                        GrantedTarget {
+                            name: "releases".into(),
+                            url: Some("s3://team-releases/models/".into()),
+                        },
+                        GrantedTarget {
+                            name: "elsewhere".into(),
+                            url: None,
+                        },
+                    ],
                     tier: Tier::Optimized,
                     timeout_s: 600,
                     version: Some(2),
@@ -250,7 +286,7 @@ mod tests {
                     sha256: None,
                 }],
             },
-            r#"{"deployers":[{"added_at":"2026-12-01T10:00:00.000Z","added_by":"ci","allowed_hosts":["api.example.com"],"description":"Packs the files","env":["TOKEN"],"memory_mib":64,"name":"archive","options_schema":{"type":"object"},"origin":"api","out_mib":1024,"sha256":"efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef","signed_by":null,"tier":"optimized","timeout_s":600,"version":2,"wit_version":"0.1.0"}],"loading":["slow.wasm"],"rejected":[{"file":"broken.wasm","origin":"folder","reason":"not a component","sha256":null}]}"#,
+            r#"{"deployers":[{"added_at":"2026-12-01T10:00:00.000Z","added_by":"ci","allowed_hosts":["api.example.com"],"description":"Packs the files","env":["TOKEN"],"memory_mib":64,"name":"archive","options_schema":{"type":"object"},"origin":"api","out_mib":1024,"sha256":"efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef","signed_by":null,"targets":[{"name":"releases","url":"s3://team-releases/models/"},{"name":"elsewhere","url":null}],"tier":"optimized","timeout_s":600,"version":2,"wit_version":"0.1.0"}],"loading":["slow.wasm"],"rejected":[{"file":"broken.wasm","origin":"folder","reason":"not a component","sha256":null}]}"#,
         );
         check(
             DeployerVersions {

@@ -1,5 +1,5 @@
 // The deployers: each loaded one as a card (where it comes from, who
-// signed it, its limits), the plugins refused and why, and what to do when
+// signed it, its grants and limits), the plugins refused and why, and what to do when
 // none is loaded. A view of its own (#/deployers) and a block of the
 // models view.
 
@@ -36,6 +36,13 @@ function origin(d) {
   return `stored over the API: version ${d.version}, pushed${by} ${when(d.added_at)}`;
 }
 
+// The publishing targets its manifest grants: each name with where it
+// publishes, or that this server does not configure it.
+function targets(d) {
+  if (!d.targets.length) return "none";
+  return d.targets.map((t) => t.url ? `${t.name} (${t.url})` : `${t.name} (not configured on this server)`).join(", ");
+}
+
 export function fillDeployers(block) {
   const cards = catalog.deployers.map((d) =>
     h("article", { class: "card", "data-deployer": d.name },
@@ -48,6 +55,7 @@ export function fillDeployers(block) {
         h("dt", {}, "WIT"), h("dd", {}, d.wit_version),
         h("dt", {}, "Code"), h("dd", { title: "baseline: compiled in seconds, optimized code follows in the background" }, d.tier),
         h("dt", {}, "Allowed hosts"), h("dd", {}, d.allowed_hosts.length ? d.allowed_hosts.join(", ") : "none"),
+        h("dt", {}, "Targets"), h("dd", { class: "targets" }, targets(d)),
         h("dt", {}, "Env vars"), h("dd", { class: "mono" }, d.env.length ? d.env.join(", ") : "none"),
         h("dt", {}, "Memory"), h("dd", {}, `${d.memory_mib} MiB`),
         h("dt", {}, "Time limit"), h("dd", {}, duration(d.timeout_s * 1000)),

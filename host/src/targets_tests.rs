@@ -1,0 +1,189 @@
+use super::*;
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "MIRROR_TOKEN" => Some("mirror-s3cret".to_string()),
+        "RELEASES_SECRET" => Some("bucket-s3cret".to_string()),
+        _ => None,
+    }
+}
+
+const FILE: &str = r#"
+[[source]]
+prefix = "https://hub.internal/models/"
+
+[[target]]
+name = "releases"
+url = "s3://team-releases/models/"
+options = { endpoint = "http://127.0.0.1:9000", region = "us-east-1", secret_access_key = "${RELEASES_SECRET}" }
+max_gib = 50
+
+[[target]]
+name = "mirror"
+url = "https://mirror.internal/base/"
+headers = { Authorization = "Bearer ${MIRROR_TOKEN}" }
+
+[[target]]
+name = "scratch"
+url = "file:///srv/published/"
+"#;
+
+#[test]
+fn targets_are_resolved_by_kind() {
+    let targets = Targets::parse(FILE, "ops.toml", env).unwrap();
+    let releases = targets.get("releases").unwrap();
+    assert_eq!(releases.url().as_str(), "s3://team-releases/models/");
+    assert_eq!(releases.max_bytes(), Some(50 << 30));
+    let Kind::S3 { options } = releases.kind() else {
+        panic!("{releases:?}")
+    };
+    assert!(options.contains(&(
+        AmazonS3ConfigKey::SecretAccessKey,
+        "bucket-s3cret".to_string()
+    )));
+    let mirror = targets.get("mirror").unwrap();
+    let Kind::Http { headers } = mirror.kind() else {
+        panic!("{mirror:?}")
+    };
+    assert_eq!(headers["authorization"], "Bearer mirror-s3cret");
+    assert!(headers["authorization"].is_sensitive());
+    let scratch = targets.get("scratch").unwrap();
+    assert!(matches!(scratch.kind(), Kind::File));
+    assert_eq!(scratch.max_bytes(), None);
+    assert!(targets.get("other").is_none());
+    // No file, or one of sources only: no target.
+    assert!(Targets::parse("", "f", env).unwrap().is_empty());
+    assert!(
+        Targets::parse("[[source]]\nprefix = \"s3://b/\"", "f", env)
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn values_are_never_shown() {
+    let targets = Targets::parse(FILE, "ops.toml", env).unwrap();
+    let debug = format!("{targets:?}");
+    let described = targets.describe("ops.toml");
+    for shown in [&debug, &described, &targets.summary()] {
+        for secret in [
+            "mirror-s3cret",
+            "bucket-s3cret",
+            "127.0.0.1:9000",
+            "us-east-1",
+        ] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+    }
+    assert!(debug.contains("Authorization = ***"), "{debug}");
+    assert!(debug.contains("secret_access_key = ***"), "{debug}");
+    let lines: Vec<&str> = described.lines().map(str::trim_end).collect();
+    assert_eq!(
+        lines,
+        [
+            format!("{:<48} # file ops.toml:5", "[[target]]").as_str(),
+            "name = \"releases\"",
+            "url = \"s3://team-releases/models/\"",
+            "options = { endpoint = \"(redacted)\", region = \"(redacted)\", secret_access_key = \"(redacted)\" }",
+            "max_gib = 50",
+            format!("{:<48} # file ops.toml:11", "[[target]]").as_str(),
+            "name = \"mirror\"",
+            "url = \"https://mirror.internal/base/\"",
+            "headers = { Authorization = \"(redacted)\" }",
+            format!("{:<48} # file ops.toml:16", "[[target]]").as_str(),
+            "name = \"scratch\"",
+            "url = \"file:///srv/published/\"",
+        ]
+    );
+}
+
+#[test]
+fn each_bad_target_is_refused_with_its_file_and_line() {
+    let target = |body: &str| format!("[[target]]\nname = \"t\"\n{body}");
+    #[rustfmt::skip]
+    let cases = [
+        (target("url = \"https://h/\"\nheaders = { A = \"${MISSING}\" }"),
+         "f.toml:4: target \"t\": headers.A: the host environment variable MISSING is not set"),
+        (target("url = \"s3://b/\"\noptions = { region = \"${MISSING}\" }"),
+         "f.toml:4: target \"t\": options.region: the host environment variable MISSING is not set"),
+        (target("url = \"https://h/\"\nheders = { A = \"b\" }"), "f.toml:4: unknown field `heders`"),
+        ("[[targets]]\nname = \"t\"".to_string(), "unknown field `targets`"),
+        ("[[target]]\nurl = \"https://h/\"".to_string(), "f.toml:1: missing field `name`"),
+        ("[[target]]\nname = \"t\"".to_string(), "f.toml:1: missing field `url`"),
+        ("[[target]]\nname = \"1st\"\nurl = \"https://h/\"".to_string(),
+         "f.toml:2: target name \"1st\" is not a plain name"),
+        ("[[target]]\nname = \"a.b\"\nurl = \"https://h/\"".to_string(), "target name \"a.b\" is not a plain name"),
+        (format!("[[target]]\nname = \"{}\"\nurl = \"https://h/\"", "a".repeat(65)), "at most 64 characters"),
+        (target("url = \"mirror.internal/\""), "f.toml:3: target \"t\": url \"mirror.internal/\" is not a URL"),
+        (target("url = \"oci://registry.internal/models/\""),
+         "f.toml:3: target \"t\": url \"oci://registry.internal/models/\": oci:// targets are not supported yet"),
+        (target("url = \"ftp://h/\""), "scheme ftp is not a target kind"),
+        (target("url = \"s3:///\""), "f.toml:3: target \"t\": url \"s3:///\" names no host (or bucket)"),
+        (target("url = \"file://host/dir/\""), "a file target is a folder on this server, written file:///abs/dir/"),
+        (target("url = \"https://h/base\""), "f.toml:3: target \"t\": url \"https://h/base\" must end with /"),
+        (target("url = \"https://h/?a=b\""), "must not have a query"),
+        (target("url = \"https://u:p@h/\""), "must not have a query, fragment or user name"),
+        (target("url = \"https://h/\"\noptions = { region = \"r\" }"),
+         "f.toml:4: target \"t\": options are for s3 targets; a https target takes none"),
+        (target("url = \"file:///d/\"\noptions = { region = \"r\" }"), "a file target takes none"),
+        (target("url = \"s3://b/\"\nheaders = { A = \"b\" }"),
+         "f.toml:4: target \"t\": headers are for http and https targets; a s3 target takes none"),
+        (target("url = \"s3://b/\"\noptions = { endpoint_url_x = \"b\" }"),
+         "f.toml:4: target \"t\": options.endpoint_url_x is not an S3 setting"),
+        (target("url = \"s3://b/\"\noptions = { bucket = \"other\" }"), "the bucket comes from the target's url"),
+        (target("url = \"https://h/\"\nheaders = { \"a b\" = \"c\" }"), "headers.a b is not a valid header name"),
+        (target("url = \"https://h/\"\nheaders = { A = \"x\\ny\" }"), "headers.A: is not a valid header value"),
+        (target("url = \"s3://b/\"\nmax_gib = 0"), "f.toml:4: target \"t\": max_gib = 0: must be between 1 and 1048576"),
+        (target("url = \"s3://b/\"\nmax_gib = -1"), "max_gib = -1: must be between"),
+        (target("url = \"s3://b/\"\nmax_gib = \"lots\""), "f.toml:4: invalid type"),
+        (format!("{}\n{}", target("url = \"s3://b/\""), target("url = \"s3://c/\"")),
+         "f.toml:4: target \"t\" is already defined on line 1: names are unique"),
+    ];
+    for (text, expected) in cases {
+        let err = Targets::parse(&text, "f.toml", env).unwrap_err();
+        assert!(err.contains(expected), "{text}\n=> {err}");
+    }
+    // Every problem at once, and no value quoted.
+    let two = format!(
+        "{}\n{}",
+        target("url = \"https://h/\"\nheaders = { A = \"${X}\", B = \"${MIRROR_TOKEN}\\n\" }"),
+        "[[target]]\nname = \"u\"\nurl = \"s3://b/\"\noptions = { token = \"${Y}\" }"
+    );
+    let err = Targets::parse(&two, "f.toml", env).unwrap_err();
+    assert!(
+        err.contains("f.toml:4: target \"t\": headers.A: the host environment variable X")
+            && err.contains("headers.B: is not a valid header value")
+            && err
+                .contains("f.toml:8: target \"u\": options.token: the host environment variable Y"),
+        "{err}"
+    );
+    assert!(!err.contains("mirror-s3cret"), "{err}");
+}
+
+#[test]
+fn opening_a_target_needs_a_grant_and_the_servers_configuration() {
+    let targets = Targets::parse(FILE, "ops.toml", env).unwrap();
+    let granted = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    #[rustfmt::skip]
+    let cases: [(&[&str], &str, Result<&str, &str>); 4] = [
+        (&["releases"], "releases", Ok("s3://team-releases/models/")),
+        (&[], "releases",
+         Err("plugin pub: target \"releases\" is not granted to it (its manifest's targets: none)")),
+        (&["mirror"], "releases",
+         Err("plugin pub: target \"releases\" is not granted to it (its manifest's targets: mirror)")),
+        (&["elsewhere"], "elsewhere",
+         Err("plugin pub: target \"elsewhere\" is granted but this server does not configure it (its targets: releases, mirror, scratch)")),
+    ];
+    for (grants, name, expected) in cases {
+        let opened = targets
+            .open("pub", &granted(grants), name)
+            .map(|t| t.url().as_str());
+        match expected {
+            Ok(url) => assert_eq!(opened, Ok(url), "{name}"),
+            Err(fragment) => {
+                let err = opened.unwrap_err();
+                assert!(err.starts_with(fragment), "{name}: {err}");
+            }
+        }
+    }
+}
