@@ -29,6 +29,7 @@ mod plugins;
 mod proxies;
 mod queue;
 mod ready;
+mod register;
 mod runtime;
 mod scaffold;
 mod signatures;

@@ -4,6 +4,7 @@
 
 mod client;
 mod config;
+mod folder;
 mod plugin;
 mod serve;
 mod token;

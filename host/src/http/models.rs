@@ -62,6 +62,7 @@ fn draft(body: RegisterBody) -> ModelDraft {
         source: body.source,
         files: body
             .files
+            .unwrap_or_default()
             .into_iter()
             .map(|f| FileDraft {
                 path: f.path,

@@ -9,8 +9,11 @@
 mod api;
 mod catalog;
 mod deploy;
+mod models;
 pub(super) mod progress;
+mod register;
 mod text;
+mod training;
 
 use std::process::ExitCode;
 
@@ -43,8 +46,12 @@ pub enum ClientCommand {
         #[command(flatten)]
         common: Common,
     },
-    /// Lists the models registered on a running server.
+    /// Lists the models registered on a running server; with a
+    /// subcommand, registers, shows or deletes one.
+    #[command(args_conflicts_with_subcommands = true)]
     Models {
+        #[command(subcommand)]
+        change: Option<models::ModelsCommand>,
         #[command(flatten)]
         common: Common,
     },
@@ -114,7 +121,14 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<ExitCode> {
                 (Err(e), _) | (_, Err(e)) => Err(e),
             }
         }
-        ClientCommand::Models { common } => with_api(&common, |api| models(api, common.json)).await,
+        ClientCommand::Models {
+            change: None,
+            common,
+        } => with_api(&common, |api| models(api, common.json)).await,
+        ClientCommand::Models {
+            change: Some(change),
+            ..
+        } => models::run(change).await.map(|()| ExitCode::SUCCESS),
         ClientCommand::Deployments {
             model,
             limit,

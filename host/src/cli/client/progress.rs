@@ -142,7 +142,7 @@ fn fraction(phase: Phase, progress: &Progress) -> Option<f64> {
 }
 
 /// `[#########---------------]`
-fn bar(fraction: f64, width: usize) -> String {
+pub(super) fn bar(fraction: f64, width: usize) -> String {
     let filled = ((fraction.clamp(0.0, 1.0) * width as f64).round() as usize).min(width);
     format!("[{}{}]", "#".repeat(filled), "-".repeat(width - filled))
 }

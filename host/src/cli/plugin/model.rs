@@ -5,7 +5,6 @@
 //! What a deployment's directory would not hold is said on stderr.
 
 use std::collections::BTreeSet;
-use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 use anyhow::Context;
@@ -78,47 +77,9 @@ pub fn of_dir(dir: &Path) -> anyhow::Result<TrainedModel> {
 /// other entry is reported on stderr, one line each, saying why it is left
 /// out.
 fn regular_files(dir: &Path) -> anyhow::Result<Vec<String>> {
-    anyhow::ensure!(dir.is_dir(), "--dir {}: not a directory", dir.display());
-    let mut files = Vec::new();
-    walk(dir, dir, &mut files)?;
-    files.sort();
-    Ok(files)
-}
-
-fn walk(root: &Path, dir: &Path, files: &mut Vec<String>) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
-        let entry = entry.with_context(|| format!("cannot read {}", dir.display()))?;
-        let path = entry.path();
-        let kind = entry.file_type()?;
-        let relative = path
-            .strip_prefix(root)?
-            .to_string_lossy()
-            .replace('\\', "/");
-        if kind.is_dir() {
-            walk(root, &path, files)?;
-        } else if kind.is_file() {
-            files.push(relative);
-        } else {
-            eprintln!(
-                "--dir: skipped {relative}: {}; a model's files are regular files",
-                what_else(kind)
-            );
-        }
+    let listing = crate::cli::folder::list(dir, true).with_context(|| "--dir")?;
+    for skipped in &listing.skipped {
+        eprintln!("--dir: skipped {}: {}", skipped.path, skipped.why);
     }
-    Ok(())
-}
-
-/// What an entry that is neither a regular file nor a directory is.
-fn what_else(kind: std::fs::FileType) -> &'static str {
-    if kind.is_symlink() {
-        "a symbolic link"
-    } else if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_socket() {
-        "a socket"
-    } else if kind.is_block_device() || kind.is_char_device() {
-        "a device"
-    } else {
-        "not a regular file"
-    }
+    Ok(listing.files.into_iter().map(|f| f.path).collect())
 }

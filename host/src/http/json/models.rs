@@ -14,47 +14,63 @@ use crate::validate::{self, Problems};
 // ones a registration needs.
 
 /// A trained model to register: what it is, where its files live, and
-/// each file's size and (optionally) sha256.
-#[derive(Deserialize, ToSchema)]
+/// each file's size and (optionally) sha256. Also what `berth models
+/// register` sends: a field it has no value for is left out.
+#[derive(Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = Registration)]
 pub struct RegisterBody {
     #[schema(value_type = String, required = true, min_length = 1, max_length = 1024, example = "support-bot-lora")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Names the model's directory: letters, digits, `_`, `-`, `.`,
     /// starting with a letter or digit. Registered once.
     #[schema(value_type = String, required = true, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", example = "ft-2026-11-29-a")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub job_id: Option<String>,
     #[schema(max_length = 1024)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub base_model: Option<String>,
     #[schema(max_length = 1024)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub model_size: Option<String>,
     #[schema(max_length = 1024)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dataset: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub num_examples: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub num_train_steps: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub final_loss: Option<f64>,
     /// Training parameters, kept as given.
     #[schema(value_type = Option<Object>)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub params: Option<Value>,
     /// An `http`, `https` or `file` URL template: `{path}` is replaced by
     /// each file's path, `{job_id}` by the job id.
     #[schema(value_type = String, required = true, pattern = r"\{path\}", example = "http://files.internal/{job_id}/{path}")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
-    #[serde(default)]
-    pub files: Vec<FileBody>,
+    /// Left out, the server lists them itself where the source can list
+    /// them (`s3://` prefixes); given (even empty), they are the files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<Vec<FileBody>>,
 }
 
-#[derive(Deserialize, ToSchema)]
+#[derive(Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = RegistrationFile)]
 pub struct FileBody {
     /// Relative and `/`-separated; no `..`, no empty segments.
     #[schema(value_type = String, required = true, min_length = 1, max_length = 1024, example = "adapter_config.json")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     #[schema(value_type = u64, required = true, example = 412)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<u64>,
     #[schema(pattern = "^[0-9a-fA-F]{64}$")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
 }
 

@@ -1,0 +1,230 @@
+//! `berth models register DIR`: a finished training run's folder as a
+//! registration — every regular file with its size and sha256, the
+//! training fields its PEFT and Trainer files hold (`training`), the flags
+//! on top — sent to the server, or printed with `--dry-run`. What it
+//! leaves out of the folder is named on stderr.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::{Map, Value};
+
+use super::api::{Api, Error};
+use super::{Common, print_json, training};
+use crate::cli::folder::{self, Listing};
+use crate::http::json::{self, FileBody, RegisterBody};
+
+#[derive(Debug, Args)]
+pub struct RegisterArgs {
+    /// The training run's output folder.
+    dir: PathBuf,
+    /// Where the server fetches the files from: a URL template with
+    /// {path} (and optionally {job_id}), like
+    /// http://files.internal/{job_id}/{path} or file:///srv/runs/{job_id}/{path}.
+    #[arg(long, value_name = "TEMPLATE")]
+    source: String,
+    /// The model's name (default: the folder's name).
+    #[arg(long)]
+    name: Option<String>,
+    /// The training job's id, which names the model's directory on the
+    /// server (default: the folder's name).
+    #[arg(long)]
+    job_id: Option<String>,
+    /// Wins over adapter_config.json's base_model_name_or_path.
+    #[arg(long)]
+    base_model: Option<String>,
+    #[arg(long)]
+    model_size: Option<String>,
+    #[arg(long)]
+    dataset: Option<String>,
+    #[arg(long, value_name = "N")]
+    num_examples: Option<u64>,
+    /// Wins over trainer_state.json's global_step.
+    #[arg(long, value_name = "N")]
+    num_train_steps: Option<u64>,
+    /// Wins over the last loss trainer_state.json logged.
+    #[arg(long, value_name = "LOSS")]
+    final_loss: Option<f64>,
+    /// One training parameter: VALUE is JSON if it parses, otherwise a
+    /// string. Repeat for more; wins over what adapter_config.json says.
+    #[arg(long = "param", value_name = "KEY=VALUE", value_parser = super::parse_option)]
+    params: Vec<(String, Value)>,
+    /// Registers files and folders whose names start with a dot too
+    /// (`.git/` never).
+    #[arg(long)]
+    all: bool,
+    /// Prints the registration body instead of sending it.
+    #[arg(long)]
+    dry_run: bool,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+pub async fn run(args: RegisterArgs) -> Result<(), Error> {
+    // A bad --server is said before the files are hashed.
+    let api = (!args.dry_run)
+        .then(|| Api::new(&args.common.server, args.common.token.as_deref()))
+        .transpose()?;
+    let body = body_of(&args).await?;
+    let Some(api) = api else {
+        print_json(&serde_json::to_value(&body).unwrap_or_default());
+        return Ok(());
+    };
+    let answer = api.post::<json::Model>("/v1/models", &body).await?;
+    if args.common.json {
+        print_json(&answer.raw);
+        return Ok(());
+    }
+    let model = answer.body;
+    let size: u64 = model.files.iter().map(|f| f.size_bytes).sum();
+    println!(
+        "registered model {} (job {}): {} files, {}",
+        model.id,
+        model.job_id,
+        model.files.len(),
+        crate::human::size(size)
+    );
+    Ok(())
+}
+
+/// The registration of `args.dir`: listed, hashed, read, flags on top.
+async fn body_of(args: &RegisterArgs) -> Result<RegisterBody, Error> {
+    let dir = args.dir.clone();
+    let all = args.all;
+    let invalid = |e: anyhow::Error| Error::Invalid(format!("{e:#}"));
+    let listing = tokio::task::spawn_blocking(move || folder::list(&dir, all))
+        .await
+        .map_err(|e| Error::Invalid(e.to_string()))?
+        .map_err(invalid)?;
+    for skipped in &listing.skipped {
+        eprintln!("skipped {}: {}", skipped.path, skipped.why);
+    }
+    if listing.files.is_empty() {
+        return Err(Error::Invalid(format!(
+            "{} holds no file to register{}",
+            args.dir.display(),
+            if listing.skipped.is_empty() {
+                ""
+            } else {
+                " (see what was skipped above)"
+            }
+        )));
+    }
+    let files = hashed(&args.dir, &listing).await?;
+    let found = training::read(
+        read_text(&args.dir, &listing, "adapter_config.json")
+            .as_ref()
+            .map(|(p, t)| (p.as_str(), t.as_str())),
+        read_text(&args.dir, &listing, "trainer_state.json")
+            .as_ref()
+            .map(|(p, t)| (p.as_str(), t.as_str())),
+    );
+    for note in &found.notes {
+        eprintln!("note: {note}");
+    }
+    let folder_name = folder_name(&args.dir);
+    let mut params: Map<String, Value> = found.params;
+    params.extend(args.params.iter().cloned());
+    Ok(RegisterBody {
+        name: args.name.clone().or_else(|| folder_name.clone()),
+        job_id: args.job_id.clone().or(folder_name),
+        base_model: args.base_model.clone().or(found.base_model),
+        model_size: args.model_size.clone(),
+        dataset: args.dataset.clone(),
+        num_examples: args.num_examples,
+        num_train_steps: args.num_train_steps.or(found.num_train_steps),
+        final_loss: args.final_loss.or(found.final_loss),
+        params: (!params.is_empty()).then_some(Value::Object(params)),
+        source: Some(args.source.clone()),
+        files: Some(files),
+    })
+}
+
+/// The folder's own name, the default name and job id.
+fn folder_name(dir: &Path) -> Option<String> {
+    std::path::absolute(dir)
+        .ok()?
+        .components()
+        .filter(|c| matches!(c, std::path::Component::Normal(_)))
+        .next_back()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+}
+
+/// The text of the folder's `name` file (`training::pick`), if it has one
+/// and it can be read; a small file, read whole.
+fn read_text(dir: &Path, listing: &Listing, name: &str) -> Option<(String, String)> {
+    let path = training::pick(listing.files.iter().map(|f| f.path.as_str()), name)?;
+    match std::fs::read_to_string(dir.join(path)) {
+        Ok(text) => Some((path.to_string(), text)),
+        Err(e) => {
+            eprintln!("note: {path} cannot be read ({e}): its fields are not filled from it");
+            None
+        }
+    }
+}
+
+/// How often the progress line is redrawn.
+const REDRAW: Duration = Duration::from_millis(200);
+
+/// Every listed file with its size and sha256, hashed off the async
+/// threads; a line on a terminal shows how far it is.
+async fn hashed(dir: &Path, listing: &Listing) -> Result<Vec<FileBody>, Error> {
+    let total: u64 = listing.files.iter().map(|f| f.size).sum();
+    let done = std::sync::Arc::new(AtomicU64::new(0));
+    let finished = std::sync::Arc::new(AtomicBool::new(false));
+    let terminal = std::io::stderr().is_terminal();
+    let drawer = terminal.then(|| {
+        let (done, finished) = (done.clone(), finished.clone());
+        let count = listing.files.len();
+        tokio::spawn(async move {
+            while !finished.load(Ordering::Relaxed) {
+                let now = done.load(Ordering::Relaxed);
+                let fraction = if total == 0 {
+                    1.0
+                } else {
+                    now as f64 / total as f64
+                };
+                draw(&format!(
+                    "hashing {count} files {} {} / {}",
+                    super::progress::bar(fraction, 24),
+                    crate::human::size(now),
+                    crate::human::size(total)
+                ));
+                tokio::time::sleep(REDRAW).await;
+            }
+        })
+    });
+    let (dir, files) = (dir.to_path_buf(), listing.files.clone());
+    let counter = done.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        folder::hash(&dir, &files, &counter).map(|hashed| (files, hashed))
+    })
+    .await;
+    finished.store(true, Ordering::Relaxed);
+    if let Some(drawer) = drawer {
+        let _ = drawer.await;
+        draw("");
+    }
+    let (files, hashed) = result
+        .map_err(|e| Error::Invalid(e.to_string()))?
+        .map_err(|e| Error::Invalid(format!("{e:#}")))?;
+    Ok(files
+        .into_iter()
+        .zip(hashed)
+        .map(|(file, hashed)| FileBody {
+            path: Some(file.path),
+            size_bytes: Some(hashed.size),
+            sha256: Some(hashed.sha256),
+        })
+        .collect())
+}
+
+/// Redraws the line on the terminal.
+fn draw(line: &str) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = write!(stderr, "\r\x1b[2K{line}");
+    let _ = stderr.flush();
+}

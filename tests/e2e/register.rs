@@ -1,0 +1,286 @@
+//! `berth models register | show | rm` as a person runs them: the real
+//! binary on a real training run's folder, `--server` pointing at a real
+//! server (SQLite), which then fetches and deploys what was registered.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use crate::support::cli::{expect_success, lossy, path};
+use crate::support::server::{Backend, Berth};
+use crate::support::{bytes, sha256_hex};
+
+fn berth(server: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .args(["--server", server])
+        .env_remove("BERTH_SERVER")
+        .env_remove("BERTH_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// A finished PEFT run as Trainer leaves it, with the things a folder
+/// picks up besides: a git checkout, a dotfile, a symbolic link, a FIFO.
+fn peft_run(parent: &Path) -> std::path::PathBuf {
+    let dir = parent.join("support-bot-run");
+    for sub in ["checkpoint-500", "checkpoint-1000", ".git/objects"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    let write = |p: &str, b: &[u8]| std::fs::write(dir.join(p), b).unwrap();
+    write(
+        "adapter_config.json",
+        br#"{"base_model_name_or_path": "meta-llama/Llama-3.2-1B", "peft_type": "LORA",
+            "r": 8, "lora_alpha": 16, "lora_dropout": 0.1,
+            "target_modules": ["q_proj", "v_proj"], "bias": "none"}"#,
+    );
+    write("adapter_model.safetensors", &bytes(7, 3 * 1024 * 1024 + 5));
+    write(
+        "checkpoint-500/trainer_state.json",
+        br#"{"global_step": 500, "log_history": [{"loss": 1.5, "step": 500}]}"#,
+    );
+    write(
+        "checkpoint-1000/trainer_state.json",
+        br#"{"global_step": 1000, "log_history": [{"loss": 1.5, "step": 500},
+            {"loss": 0.625, "step": 1000}, {"train_loss": 1.1, "step": 1000}]}"#,
+    );
+    write(".git/HEAD", b"ref: refs/heads/main\n");
+    write(".env", b"HF_TOKEN=secret\n");
+    std::os::unix::fs::symlink("/etc/passwd", dir.join("passwd.txt")).unwrap();
+    let made = Command::new("mkfifo")
+        .arg(dir.join("pipe"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_training_folder_is_registered_shown_deployed_and_removed() {
+    let parent = TempDir::new().unwrap();
+    let dir = peft_run(parent.path());
+    let server = Berth::start(Backend::Sqlite).await;
+    let source = format!("file://{}/{{path}}", path(&dir));
+    let register = |extra: &[&str]| {
+        let mut args = vec!["models", "register", path(&dir), "--source", &source];
+        args.extend_from_slice(extra);
+        berth(&server.url, &args)
+    };
+
+    let dry = register(&[
+        "--job-id",
+        "run-1",
+        "--dataset",
+        "tickets",
+        "--param",
+        "lr=0.0002",
+        "--param",
+        "r=4",
+        "--dry-run",
+    ]);
+    let body: Value = serde_json::from_str(&expect_success(&dry)).unwrap();
+    let said = lossy(&dry.stderr);
+    for skipped in [
+        "skipped .env: its name starts with a dot (--all registers it)",
+        "skipped .git/: a git repository's own files",
+        "skipped passwd.txt: a symbolic link; a model's files are regular files",
+        "skipped pipe: a FIFO; a model's files are regular files",
+    ] {
+        assert!(said.lines().any(|l| l == skipped), "{skipped}: {said}");
+    }
+    let expected_files: Vec<Value> = [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "checkpoint-1000/trainer_state.json",
+        "checkpoint-500/trainer_state.json",
+    ]
+    .iter()
+    .map(|p| {
+        let bytes = std::fs::read(dir.join(p)).unwrap();
+        json!({"path": p, "size_bytes": bytes.len(), "sha256": sha256_hex(&bytes)})
+    })
+    .collect();
+    assert_eq!(
+        body,
+        json!({
+            "name": "support-bot-run",
+            "job_id": "run-1",
+            "base_model": "meta-llama/Llama-3.2-1B",
+            "dataset": "tickets",
+            "num_train_steps": 1000,
+            "final_loss": 0.625,
+            // The flags win over adapter_config.json.
+            "params": {"peft_type": "LORA", "r": 4, "lora_alpha": 16, "lora_dropout": 0.1,
+                       "target_modules": ["q_proj", "v_proj"], "lr": 0.0002},
+            "source": source,
+            "files": expected_files,
+        })
+    );
+    let (_, listed) = server.get("/v1/models").await;
+    assert_eq!(listed["models"], json!([]), "a dry run registers nothing");
+
+    let registered = register(&["--job-id", "run-1", "--json"]);
+    let model: Value = serde_json::from_str(&expect_success(&registered)).unwrap();
+    assert_eq!(model["files"], json!(expected_files));
+    assert_eq!(model["final_loss"], 0.625);
+    let id = model["id"].as_i64().unwrap();
+
+    // The server fetches the same bytes and deploys them.
+    let (status, deployment) = server.deploy(id, "archive", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+    assert_eq!(deployment["status"], "completed", "{deployment}");
+
+    let again = register(&["--job-id", "run-1"]);
+    assert_eq!(again.status.code(), Some(1), "{again:?}");
+    let refusal = lossy(&again.stderr);
+    assert!(
+        refusal.contains("error: ") && refusal.contains("run-1"),
+        "{refusal}"
+    );
+
+    let shown = expect_success(&berth(&server.url, &["models", "show", "run-1"]));
+    for fragment in [
+        "meta-llama/Llama-3.2-1B",
+        "0.625",
+        &sha256_hex(&std::fs::read(dir.join("adapter_model.safetensors")).unwrap()),
+        "4 files",
+    ] {
+        assert!(shown.contains(fragment), "{fragment}: {shown}");
+    }
+
+    let removed = expect_success(&berth(&server.url, &["models", "rm", "run-1"]));
+    assert!(
+        removed.contains(&format!("deleted model {id} (job run-1)")),
+        "{removed}"
+    );
+    let (status, _) = server.get(&format!("/v1/models/{id}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let gone = berth(&server.url, &["models", "show", "run-1"]);
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(
+        lossy(&gone.stderr).contains("no model has the id or job id"),
+        "{gone:?}"
+    );
+}
+
+#[test]
+fn dotfiles_come_with_all_and_an_empty_folder_is_refused() {
+    let parent = TempDir::new().unwrap();
+    let dir = peft_run(parent.path());
+    let source = "http://files.local/{job_id}/{path}";
+    let dry = berth(
+        "http://127.0.0.1:9",
+        &[
+            "models",
+            "register",
+            path(&dir),
+            "--source",
+            source,
+            "--all",
+            "--dry-run",
+        ],
+    );
+    let body: Value = serde_json::from_str(&expect_success(&dry)).unwrap();
+    let paths: Vec<&str> = body["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert!(paths.contains(&".env"), "{paths:?}");
+    assert!(!paths.iter().any(|p| p.starts_with(".git/")), "{paths:?}");
+    assert_eq!(body["job_id"], "support-bot-run");
+
+    let empty = parent.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::write(empty.join(".hidden"), b"x").unwrap();
+    let refused = berth(
+        "http://127.0.0.1:9",
+        &[
+            "models",
+            "register",
+            path(&empty),
+            "--source",
+            source,
+            "--dry-run",
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        lossy(&refused.stderr).contains("holds no file to register"),
+        "{refused:?}"
+    );
+}
+
+/// A 2 GiB file (sparse, so the disk does not fill) is hashed through
+/// fixed buffers: the process's peak memory stays far below the file.
+#[test]
+fn a_large_file_is_hashed_without_holding_it() {
+    const SIZE: u64 = 2 << 30;
+    let parent = TempDir::new().unwrap();
+    let dir = parent.path().join("big-run");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::File::create(dir.join("weights.bin"))
+        .unwrap()
+        .set_len(SIZE)
+        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["models", "register", path(&dir), "--dry-run"])
+        .args(["--source", "http://files.local/{job_id}/{path}"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (max_rss_kib, output) = waited(child);
+    let body: Value = serde_json::from_str(&expect_success(&output)).unwrap();
+    assert_eq!(body["files"][0]["size_bytes"], SIZE);
+    assert_eq!(body["files"][0]["sha256"], zeros_sha256(SIZE));
+    assert!(max_rss_kib < 200 * 1024, "peak memory {max_rss_kib} KiB");
+}
+
+/// The sha256 of `len` zero bytes, computed here in pieces.
+fn zeros_sha256(len: u64) -> String {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    let block = vec![0u8; 1 << 20];
+    for _ in 0..len / block.len() as u64 {
+        hasher.update(&block);
+    }
+    hex::encode(hasher.finalize())
+}
+
+/// Waits for `child`, reading its output: its peak resident memory (KiB,
+/// the kernel's own count for exactly this process) and what it wrote.
+fn waited(mut child: std::process::Child) -> (i64, Output) {
+    use std::io::Read;
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        err.read_to_end(&mut text).unwrap();
+        text
+    });
+    let mut stdout = Vec::new();
+    out.read_to_end(&mut stdout).unwrap();
+    let stderr = reader.join().unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, which nothing else waits for;
+    // `status` and `usage` are valid for writes.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32, "wait4 failed");
+    use std::os::unix::process::ExitStatusExt;
+    (
+        usage.ru_maxrss,
+        Output {
+            status: std::process::ExitStatus::from_raw(status),
+            stdout,
+            stderr,
+        },
+    )
+}
