@@ -17,7 +17,7 @@ pub enum ModelsCommand {
     /// adapter_config.json and trainer_state.json (at the top or in the
     /// latest checkpoint-N/), the flags winning. Symbolic links, FIFOs,
     /// sockets, .git/ and (without --all) dotfiles are skipped and named.
-    Register(RegisterArgs),
+    Register(Box<RegisterArgs>),
     /// Shows a model and its files.
     Show {
         /// The model: its id or its job id.
@@ -36,7 +36,7 @@ pub enum ModelsCommand {
 
 pub async fn run(command: ModelsCommand) -> Result<(), Error> {
     match command {
-        ModelsCommand::Register(args) => register::run(args).await,
+        ModelsCommand::Register(args) => register::run(*args).await,
         ModelsCommand::Show { model, common } => {
             let api = Api::new(&common.server, common.token.as_deref())?;
             let id = find_model(&api, &model).await?.id;

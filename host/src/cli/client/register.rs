@@ -148,8 +148,7 @@ fn folder_name(dir: &Path) -> Option<String> {
     std::path::absolute(dir)
         .ok()?
         .components()
-        .filter(|c| matches!(c, std::path::Component::Normal(_)))
-        .next_back()
+        .rfind(|c| matches!(c, std::path::Component::Normal(_)))
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
 }
 
