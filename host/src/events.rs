@@ -1,12 +1,16 @@
-//! What happened, for whoever listens: one closed `enum Event`, published
-//! after the database write it reports, logged at once, and appended to the
-//! event log (`db::events`) by one task per process, in publishing order,
-//! what waits batched into one write. Readers (the SSE stream, the webhook)
-//! follow the log, never this process's memory, so they see every server's
-//! events. Publishing never waits for the database: while it refuses
-//! writes (a full disk) the events wait here and are offered again. What an
-//! event's stored `data` says is the wire's business: the encoder is handed
-//! in (`http::event_data`), never imported.
+//! What happened, for whoever listens: one closed `enum Event`, logged at
+//! once and stored in the event log (`db::events`). A deployment's change
+//! of state (recorded, started here at once, ended) carries its event into
+//! the transaction that writes it (`Events::report`): one commit. The other
+//! events are published after the write they report and appended by one
+//! task per process, in publishing order, what waits batched into one
+//! write. Readers (the SSE stream, the webhook) follow the log, never this
+//! process's memory, so they see every server's events. Publishing never
+//! waits for the database: while it refuses writes (a full disk) the
+//! events wait here and are offered again (a state change's event waits
+//! with its change, which its caller offers again). What an event's stored
+//! `data` says is the wire's business: the encoder is handed in
+//! (`http::event_data`), never imported.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -17,9 +21,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::db::events::NewEvent;
-use crate::db::{self, Db, Topic};
-use crate::model::{Phase, Progress};
+use crate::db::events::{NewEvent, Report};
+use crate::db::{self, Db};
+use crate::model::{Deployment, Phase, Progress};
 use crate::runtime::Change;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -98,6 +102,8 @@ pub struct Events {
 }
 
 struct Shared {
+    /// Whose events these are, as the log records them.
+    server_id: String,
     /// An event's `data` as the log stores it.
     encode: fn(&Event) -> String,
     waiting: Mutex<Waiting>,
@@ -119,6 +125,7 @@ impl Events {
     /// event's `data` written by `encode`; starts the appender.
     pub fn stored(db: Db, server_id: String, encode: fn(&Event) -> String) -> Self {
         let shared = Arc::new(Shared {
+            server_id: server_id.clone(),
             encode,
             waiting: Mutex::new(Waiting::default()),
             wake: Notify::new(),
@@ -150,7 +157,57 @@ impl Events {
 
     /// Logs `event` and queues it for the log; never waits.
     pub fn publish(&self, event: Event) {
-        match &event {
+        let progress = matches!(event, Event::DeploymentProgress { .. });
+        let new = self.shared.stamp(&event);
+        let mut waiting = self.shared.waiting.lock().unwrap();
+        if progress && waiting.events.len() >= MAX_WAITING {
+            if waiting.dropped == 0 {
+                tracing::warn!(
+                    waiting = waiting.events.len(),
+                    "the event log is far behind (is the database refusing writes?): progress events are dropped until it catches up"
+                );
+            }
+            waiting.dropped += 1;
+            return;
+        }
+        waiting.events.push_back(new);
+        crate::metrics::events_waiting(waiting.events.len());
+        drop(waiting);
+        self.shared.wake.notify_one();
+    }
+
+    /// The events `word` makes of a deployment's row, for the database to
+    /// store in the transaction that writes that row (`db::events::Report`):
+    /// the change and its event are one commit, in the log's order. Each is
+    /// logged when worded, as a published one is.
+    pub fn report(&self, word: impl FnOnce(&Deployment) -> Vec<Event> + Send + 'static) -> Report {
+        let shared = self.shared.clone();
+        Report {
+            server_id: self.shared.server_id.clone(),
+            events: Box::new(move |row| word(row).iter().map(|e| shared.stamp(e)).collect()),
+        }
+    }
+
+    /// Publishes what a change of the served deployers did. Called after
+    /// the swap, so a listener that asks finds what it was told.
+    pub(crate) fn announce(&self, changes: Vec<Change>) {
+        for change in changes {
+            self.publish(match change {
+                Change::Loaded { name, .. } => Event::PluginLoaded { name },
+                Change::Removed { name } => Event::PluginRemoved { name },
+                Change::Rejected(rejection) => Event::PluginRejected {
+                    file: rejection.file,
+                    reason: rejection.reason,
+                },
+            });
+        }
+    }
+}
+
+impl Shared {
+    /// Logs `event` and makes it the log's record.
+    fn stamp(&self, event: &Event) -> NewEvent {
+        match event {
             Event::DeploymentQueued {
                 deploy_id,
                 model_id,
@@ -214,41 +271,10 @@ impl Events {
             | Event::PluginRejected { .. }
             | Event::PluginRemoved { .. } => {}
         }
-        let progress = matches!(event, Event::DeploymentProgress { .. });
-        let new = NewEvent {
+        NewEvent {
             kind: event.kind().to_string(),
-            data: (self.shared.encode)(&event),
+            data: (self.encode)(event),
             created_at: db::now(),
-        };
-        let mut waiting = self.shared.waiting.lock().unwrap();
-        if progress && waiting.events.len() >= MAX_WAITING {
-            if waiting.dropped == 0 {
-                tracing::warn!(
-                    waiting = waiting.events.len(),
-                    "the event log is far behind (is the database refusing writes?): progress events are dropped until it catches up"
-                );
-            }
-            waiting.dropped += 1;
-            return;
-        }
-        waiting.events.push_back(new);
-        crate::metrics::events_waiting(waiting.events.len());
-        drop(waiting);
-        self.shared.wake.notify_one();
-    }
-
-    /// Publishes what a change of the served deployers did. Called after
-    /// the swap, so a listener that asks finds what it was told.
-    pub(crate) fn announce(&self, changes: Vec<Change>) {
-        for change in changes {
-            self.publish(match change {
-                Change::Loaded { name, .. } => Event::PluginLoaded { name },
-                Change::Removed { name } => Event::PluginRemoved { name },
-                Change::Rejected(rejection) => Event::PluginRejected {
-                    file: rejection.file,
-                    reason: rejection.reason,
-                },
-            });
         }
     }
 }
@@ -272,7 +298,7 @@ async fn append(db: Db, server_id: String, shared: Arc<Shared>) {
             continue;
         }
         match db.append_events(&server_id, &batch).await {
-            Ok(last) => {
+            Ok(_) => {
                 let (left, dropped) = {
                     let mut waiting = shared.waiting.lock().unwrap();
                     waiting.events.drain(..batch.len());
@@ -297,10 +323,6 @@ async fn append(db: Db, server_id: String, shared: Arc<Shared>) {
                     );
                 }
                 backoff.reset();
-                if let Err(e) = db.notify(Topic::Events, &last.to_string()).await {
-                    // Readers also look on a tick of their own.
-                    tracing::debug!("could not announce events up to {last}: {e}");
-                }
             }
             Err(e) => {
                 refused_since.get_or_insert_with(SystemTime::now);

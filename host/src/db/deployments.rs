@@ -3,9 +3,11 @@
 //! previous run of this server left running. Which server takes a queued
 //! one is `queue`'s; nothing here knows of files or plugins.
 
-use sqlx::Row;
+use futures::future::BoxFuture;
 use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row};
 
+use super::events::Report;
 use super::{Claim, Db, Error, Result, now};
 use crate::model::{Deployment, Outcome, Phase, Progress, Status};
 
@@ -36,77 +38,91 @@ impl Db {
     /// Records a deployment as queued, for a server that has its deployer
     /// at `new.plugin_sha256` to claim (and to give it an out-dir). With
     /// `claim`, and no deployment queued before it, it is recorded running
-    /// on that server at once.
+    /// on that server at once. `report`'s events are stored in the same
+    /// transaction.
     pub async fn insert_deployment(
         &self,
         new: NewDeployment<'_>,
         claim: Option<Claim>,
+        report: Option<Report>,
     ) -> Result<Deployment> {
         let model_id = new.model_id;
         let [deployer, options, dir, plugin_sha256] =
             [new.deployer, new.options_json, new.dir, new.plugin_sha256].map(str::to_string);
         let created_by = new.created_by.map(str::to_string);
-        self.write(statements!(|conn| {
-            let claim = match claim {
-                Some(claim) => sqlx::query("SELECT 1 FROM deployments WHERE status = $1 LIMIT 1")
-                    .bind(Status::Queued.as_str())
-                    .fetch_optional(&mut *conn)
-                    .await?
-                    .is_none()
-                    .then_some(claim),
-                None => None,
-            };
-            let now = now();
-            let (status, server_id, lease_until, phase, started_at) = match &claim {
-                Some(c) => (
-                    Status::Running,
-                    c.server_id.as_str(),
-                    Some(c.lease_until),
-                    Some(c.phase.as_str()),
-                    Some(now.as_str()),
-                ),
-                None => (Status::Queued, "", None, None, None),
-            };
-            let row = sqlx::query(&format!(
-                "INSERT INTO deployments (model_id, deployer, options, status, dir, \
+        self.write_deployment(
+            report,
+            statements!(|conn| {
+                let claim = match claim {
+                    Some(claim) => {
+                        sqlx::query("SELECT 1 FROM deployments WHERE status = $1 LIMIT 1")
+                            .bind(Status::Queued.as_str())
+                            .fetch_optional(&mut *conn)
+                            .await?
+                            .is_none()
+                            .then_some(claim)
+                    }
+                    None => None,
+                };
+                let now = now();
+                let (status, server_id, lease_until, phase, started_at) = match &claim {
+                    Some(c) => (
+                        Status::Running,
+                        c.server_id.as_str(),
+                        Some(c.lease_until),
+                        Some(c.phase.as_str()),
+                        Some(now.as_str()),
+                    ),
+                    None => (Status::Queued, "", None, None, None),
+                };
+                let row = sqlx::query(&format!(
+                    "INSERT INTO deployments (model_id, deployer, options, status, dir, \
                  out_dir, details, server_id, created_at, created_by, plugin_sha256, \
                  lease_until, phase, started_at) \
                  VALUES ($1, $2, $3, $4, $5, '', '{{}}', $6, $7, $8, $9, $10, $11, $12) \
                  RETURNING {DEPLOYMENT_COLUMNS}"
-            ))
-            .bind(model_id)
-            .bind(deployer)
-            .bind(options)
-            .bind(status.as_str())
-            .bind(dir)
-            .bind(server_id)
-            .bind(&now)
-            .bind(created_by)
-            .bind(plugin_sha256)
-            .bind(lease_until)
-            .bind(phase)
-            .bind(started_at)
-            .fetch_one(&mut *conn)
-            .await?;
-            let deployment = deployment_row(&row)?;
-            let Some(claim) = claim else {
-                return Ok(deployment);
-            };
-            let row = sqlx::query(&format!(
+                ))
+                .bind(model_id)
+                .bind(deployer)
+                .bind(options)
+                .bind(status.as_str())
+                .bind(dir)
+                .bind(server_id)
+                .bind(&now)
+                .bind(created_by)
+                .bind(plugin_sha256)
+                .bind(lease_until)
+                .bind(phase)
+                .bind(started_at)
+                .fetch_one(&mut *conn)
+                .await?;
+                let deployment = deployment_row(&row)?;
+                let Some(claim) = claim else {
+                    return Ok(deployment);
+                };
+                let row = sqlx::query(&format!(
                 "UPDATE deployments SET out_dir = $1 WHERE id = $2 RETURNING {DEPLOYMENT_COLUMNS}"
             ))
             .bind((claim.out_dir)(deployment.id))
             .bind(deployment.id)
             .fetch_one(&mut *conn)
             .await?;
-            deployment_row(&row)
-        }))
+                deployment_row(&row)
+            }),
+        )
         .await
     }
 
     /// Ends a running deployment. A deployment that already ended (or whose
-    /// model was deleted meanwhile) is left as it is: `NotRunning`.
-    pub async fn finish_deployment(&self, id: i64, ending: &Ending<'_>) -> Result<Deployment> {
+    /// model was deleted meanwhile) is left as it is: `NotRunning`, and
+    /// `report`'s events are not stored; otherwise they are, in the same
+    /// transaction.
+    pub async fn finish_deployment(
+        &self,
+        id: i64,
+        ending: &Ending<'_>,
+        report: Option<Report>,
+    ) -> Result<Deployment> {
         let progress =
             serde_json::to_string(ending.progress).map_err(|e| Error::Corrupt(e.to_string()))?;
         let (status, reference, details, error) = match ending.outcome {
@@ -127,29 +143,32 @@ impl Db {
             error.map(str::to_string),
         );
         let (duration_ms, logs) = (ending.duration_ms, ending.logs.to_string());
-        self.write(statements!(|conn| {
-            let updated = sqlx::query(&format!(
-                "UPDATE deployments SET status = $1, ref = $2, details = $3, error = $4, \
+        self.write_deployment(
+            report,
+            statements!(|conn| {
+                let updated = sqlx::query(&format!(
+                    "UPDATE deployments SET status = $1, ref = $2, details = $3, error = $4, \
                  duration_ms = $5, completed_at = $6, phase = NULL, logs = $7, progress = $8 \
                  WHERE id = $9 AND status = $10 RETURNING {DEPLOYMENT_COLUMNS}"
-            ))
-            .bind(status.as_str())
-            .bind(reference)
-            .bind(details)
-            .bind(error)
-            .bind(duration_ms)
-            .bind(now())
-            .bind(logs)
-            .bind(progress)
-            .bind(id)
-            .bind(Status::Running.as_str())
-            .fetch_all(conn)
-            .await?;
-            match updated.first() {
-                Some(row) => deployment_row(row),
-                None => Err(Error::NotRunning(id)),
-            }
-        }))
+                ))
+                .bind(status.as_str())
+                .bind(reference)
+                .bind(details)
+                .bind(error)
+                .bind(duration_ms)
+                .bind(now())
+                .bind(logs)
+                .bind(progress)
+                .bind(id)
+                .bind(Status::Running.as_str())
+                .fetch_all(conn)
+                .await?;
+                match updated.first() {
+                    Some(row) => deployment_row(row),
+                    None => Err(Error::NotRunning(id)),
+                }
+            }),
+        )
         .await
     }
 
@@ -244,6 +263,21 @@ impl Db {
             rows.iter().map(deployment_row).collect()
         }))
         .await
+    }
+}
+
+impl Db {
+    /// Makes `work`, with `report`'s events in its transaction if any.
+    async fn write_deployment<F>(&self, report: Option<Report>, work: F) -> Result<Deployment>
+    where
+        F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<Deployment>>
+            + Send
+            + 'static,
+    {
+        match report {
+            Some(report) => self.write_reported(work, report).await,
+            None => self.write(work).await,
+        }
     }
 }
 

@@ -5,10 +5,13 @@
 
 use std::fmt::Write;
 
-use sqlx::Row;
+use futures::future::BoxFuture;
 use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row};
 
-use super::{Db, Result, postgres};
+use super::notify::Topic;
+use super::{Backend, Db, Result, postgres};
+use crate::model::Deployment;
 
 /// Deployment events, the ones a webhook carries.
 const DEPLOYMENT_KINDS: &str = "deployment.%";
@@ -22,6 +25,17 @@ pub struct NewEvent {
     /// RFC 3339 UTC with milliseconds, when it was published.
     pub created_at: String,
 }
+
+/// The events a write of a deployment stores in its own transaction,
+/// worded from the row it wrote (so the change and its report are one
+/// commit), and the server they are recorded as.
+pub struct Report {
+    pub server_id: String,
+    pub events: Wording,
+}
+
+/// Words the events of a deployment's row.
+pub type Wording = Box<dyn FnOnce(&Deployment) -> Vec<NewEvent> + Send>;
 
 /// An event of the log.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,8 +90,9 @@ pub struct WebhookFailure {
 
 impl Db {
     /// Appends `events` in their order, in one transaction; returns the
-    /// last id. On PostgreSQL the append holds an advisory lock until it
-    /// commits, so appends of several servers commit in id order.
+    /// last id, and wakes the log's readers on every server. On PostgreSQL
+    /// the append holds an advisory lock until it commits, so appends of
+    /// several servers commit in id order.
     pub async fn append_events(&self, server_id: &str, events: &[NewEvent]) -> Result<i64> {
         if events.is_empty() {
             return Ok(self.event_bounds().await?.last);
@@ -85,41 +100,43 @@ impl Db {
         let backend = self.backend;
         let events = events.to_vec();
         let server_id = server_id.to_string();
-        self.write(statements!(|conn| {
-            if backend.is_postgres() {
-                postgres::lock_appends(&mut *conn).await?;
-            }
-            let mut sql =
-                String::from("INSERT INTO events (kind, data, server_id, created_at) VALUES ");
-            for i in 0..events.len() {
-                let n = 4 * i;
-                let comma = if i == 0 { "" } else { ", " };
-                let _ = write!(
-                    sql,
-                    "{comma}(${}, ${}, ${}, ${})",
-                    n + 1,
-                    n + 2,
-                    n + 3,
-                    n + 4
-                );
-            }
-            sql.push_str(" RETURNING id");
-            let mut query = sqlx::query(&sql);
-            for event in events {
-                query = query
-                    .bind(event.kind)
-                    .bind(event.data)
-                    .bind(server_id.clone())
-                    .bind(event.created_at);
-            }
-            let rows = query.fetch_all(&mut *conn).await?;
-            let mut last = 0;
-            for row in &rows {
-                last = last.max(row.try_get::<i64, _>(0)?);
-            }
-            Ok(last)
-        }))
-        .await
+        let last = self
+            .write(statements!(|conn| {
+                insert(conn, backend, &server_id, events).await
+            }))
+            .await?;
+        self.appended(last);
+        Ok(last)
+    }
+
+    /// Makes `work`, a write of one deployment, and appends the events
+    /// `report` words from the row it wrote in the same transaction; wakes
+    /// the log's readers once that committed.
+    pub(super) async fn write_reported<F>(&self, work: F, report: Report) -> Result<Deployment>
+    where
+        F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<Deployment>>
+            + Send
+            + 'static,
+    {
+        let backend = self.backend;
+        let (row, last) = self
+            .write(statements!(|conn| {
+                let row = work(&mut *conn).await?;
+                let events = (report.events)(&row);
+                let last = insert(conn, backend, &report.server_id, events).await?;
+                Ok((row, last))
+            }))
+            .await?;
+        self.appended(last);
+        Ok(row)
+    }
+
+    /// Wakes the readers of the log on this server once events up to `last`
+    /// committed; PostgreSQL's `NOTIFY` went out at the commit.
+    fn appended(&self, last: i64) {
+        if last > 0 && !self.backend.is_postgres() {
+            self.wakeups.deliver(Topic::Events, last.to_string());
+        }
     }
 
     /// At most `limit` events after `after`, in id order.
@@ -373,6 +390,56 @@ impl Db {
             failure,
         }))
     }
+}
+
+/// Appends `events` on `conn`, in the transaction it is in, and returns the
+/// last id (0: none). On PostgreSQL it first takes the append lock, held
+/// until that transaction ends (so ids commit in id order: callers make
+/// this the transaction's last statement, to hold it briefly), and queues
+/// the `NOTIFY` of the new ids, which PostgreSQL sends at the commit.
+pub(super) async fn insert(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    server_id: &str,
+    events: Vec<NewEvent>,
+) -> Result<i64> {
+    if events.is_empty() {
+        return Ok(0);
+    }
+    if backend.is_postgres() {
+        postgres::lock_appends(&mut *conn).await?;
+    }
+    let mut sql = String::from("INSERT INTO events (kind, data, server_id, created_at) VALUES ");
+    for i in 0..events.len() {
+        let n = 4 * i;
+        let comma = if i == 0 { "" } else { ", " };
+        let _ = write!(
+            sql,
+            "{comma}(${}, ${}, ${}, ${})",
+            n + 1,
+            n + 2,
+            n + 3,
+            n + 4
+        );
+    }
+    sql.push_str(" RETURNING id");
+    let mut query = sqlx::query(&sql);
+    for event in events {
+        query = query
+            .bind(event.kind)
+            .bind(event.data)
+            .bind(server_id.to_string())
+            .bind(event.created_at);
+    }
+    let rows = query.fetch_all(&mut *conn).await?;
+    let mut last = 0;
+    for row in &rows {
+        last = last.max(row.try_get::<i64, _>(0)?);
+    }
+    if backend.is_postgres() {
+        postgres::notify_at_commit(&mut *conn, Topic::Events, &last.to_string()).await?;
+    }
+    Ok(last)
 }
 
 fn event_row(row: &AnyRow) -> Result<StoredEvent> {

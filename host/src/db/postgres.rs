@@ -45,6 +45,21 @@ pub(super) async fn notify(pool: &AnyPool, topic: Topic, payload: &str) -> Resul
     Ok(())
 }
 
+/// Queues `notify`'s wake-up in the transaction on `conn`: PostgreSQL
+/// sends it when that transaction commits, and never if it does not.
+pub(super) async fn notify_at_commit(
+    conn: &mut AnyConnection,
+    topic: Topic,
+    payload: &str,
+) -> Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(topic.channel())
+        .bind(payload)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Holds the append lock until the transaction on `conn` ends.
 pub(super) async fn lock_appends(conn: &mut AnyConnection) -> Result<()> {
     sqlx::query("SELECT pg_advisory_xact_lock($1)")

@@ -256,7 +256,7 @@ mod tests {
                             plugin_sha256: "ab",
                             created_by: None,
                         };
-                        let inserted = db.insert_deployment(new, None).await;
+                        let inserted = db.insert_deployment(new, None, None).await;
                         ("orphan", inserted.err())
                     }
                     _ => (

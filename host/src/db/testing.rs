@@ -52,5 +52,5 @@ pub async fn queue(db: &Db, model_id: i64, deployer: &str, sha256: &str) -> Depl
         plugin_sha256: sha256,
         created_by: None,
     };
-    db.insert_deployment(new, None).await.unwrap()
+    db.insert_deployment(new, None, None).await.unwrap()
 }

@@ -195,6 +195,16 @@ impl Pipeline {
                     created_by,
                 },
                 claim,
+                Some(self.events.report(|row| {
+                    vec![match row.status {
+                        Status::Running => super::started(row),
+                        _ => Event::DeploymentQueued {
+                            deploy_id: row.id,
+                            model_id: row.model_id,
+                            deployer: row.deployer.clone(),
+                        },
+                    }]
+                })),
             )
             .await?;
         match permit {
@@ -203,11 +213,6 @@ impl Pipeline {
                 self.launch(started, permit, tracing::Span::current());
             }
             _ => {
-                self.events.publish(Event::DeploymentQueued {
-                    deploy_id: deployment.id,
-                    model_id,
-                    deployer: deployment.deployer.clone(),
-                });
                 self.queued_here(deployment.id);
                 self.wake(Topic::Queue, deployment.id).await;
             }

@@ -214,26 +214,40 @@ impl Pipeline {
 
     /// Publishes how a deployment ended, from its stored row.
     fn publish_end(&self, row: &Deployment) {
-        let (deploy_id, model_id, deployer) = (row.id, row.model_id, row.deployer.clone());
-        // None for a deployment that never ran here: ended by a sweep,
-        // a restart or a cancel while queued.
-        let duration_ms = row.duration_ms.unwrap_or(0);
-        self.events.publish(match (&row.reference, &row.error) {
-            (Some(reference), _) if row.status == Status::Completed => Event::DeploymentCompleted {
-                deploy_id,
-                model_id,
-                deployer,
-                duration_ms,
-                reference: reference.clone(),
-            },
-            (_, error) => Event::DeploymentFailed {
-                deploy_id,
-                model_id,
-                deployer,
-                duration_ms,
-                error: error.clone().unwrap_or_default(),
-            },
-        });
+        self.events.publish(ended(row));
+    }
+}
+
+/// That deployment `row` started, on the server it names.
+fn started(row: &Deployment) -> Event {
+    Event::DeploymentStarted {
+        deploy_id: row.id,
+        model_id: row.model_id,
+        deployer: row.deployer.clone(),
+    }
+}
+
+/// How deployment `row` ended, from its stored row.
+fn ended(row: &Deployment) -> Event {
+    let (deploy_id, model_id, deployer) = (row.id, row.model_id, row.deployer.clone());
+    // None for a deployment that never ran here: ended by a sweep,
+    // a restart or a cancel while queued.
+    let duration_ms = row.duration_ms.unwrap_or(0);
+    match (&row.reference, &row.error) {
+        (Some(reference), _) if row.status == Status::Completed => Event::DeploymentCompleted {
+            deploy_id,
+            model_id,
+            deployer,
+            duration_ms,
+            reference: reference.clone(),
+        },
+        (_, error) => Event::DeploymentFailed {
+            deploy_id,
+            model_id,
+            deployer,
+            duration_ms,
+            error: error.clone().unwrap_or_default(),
+        },
     }
 }
 

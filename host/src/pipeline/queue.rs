@@ -68,6 +68,7 @@ impl Pipeline {
                     let full = claimed.len() == wanted;
                     for (started, permit) in claimed.into_iter().zip(permits) {
                         let span = self.request_span(started.deployment.id);
+                        self.events.publish(super::started(&started.deployment));
                         self.launch(started, permit, span);
                     }
                     if full {

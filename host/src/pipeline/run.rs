@@ -63,11 +63,6 @@ impl Pipeline {
             running,
         } = started;
         metrics::deployment_started();
-        self.events.publish(Event::DeploymentStarted {
-            deploy_id: deployment.id,
-            model_id: deployment.model_id,
-            deployer: deployment.deployer.clone(),
-        });
         let clock = Instant::now();
         let reporter = self.tasks.spawn(
             report_progress(
@@ -102,7 +97,6 @@ impl Pipeline {
         metrics::deployment_ended(&deployment.deployer, &outcome, took);
         running.finish();
         let stored = stored?;
-        self.publish_end(&stored);
         self.wake(Topic::Ended, stored.id).await;
         Ok(stored)
     }
@@ -119,7 +113,12 @@ impl Pipeline {
     ) -> Result<Deployment, db::Error> {
         let mut backoff = Backoff::new();
         loop {
-            match self.db.finish_deployment(deploy_id, ending).await {
+            let report = self.events.report(|row| vec![super::ended(row)]);
+            match self
+                .db
+                .finish_deployment(deploy_id, ending, Some(report))
+                .await
+            {
                 Err(e @ (db::Error::NotRunning(_) | db::Error::Corrupt(_))) => return Err(e),
                 Err(e) => {
                     let wait = backoff.next_wait();
