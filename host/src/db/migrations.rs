@@ -4,8 +4,9 @@
 //! and name, and a line in each list below.
 
 use sqlx::AnyPool;
+use sqlx::migrate::MigrateError;
 
-use super::{Backend, Result};
+use super::{Backend, Error, Result};
 
 /// The schema's migrations, compiled in: (version, description, SQL) per
 /// backend, one entry per file of `migrations/<backend>/`. Listed by hand
@@ -109,11 +110,15 @@ pub(super) async fn apply(pool: &AnyPool, backend: Backend) -> Result<()> {
         Backend::Sqlite => SQLITE_MIGRATIONS,
         Backend::Postgres => POSTGRES_MIGRATIONS,
     };
-    sqlx::migrate::Migrator::new(migrations)
-        .await?
-        .run(pool)
-        .await?;
-    Ok(())
+    let known = migrations.0.last().map_or(0, |&(version, _, _)| version);
+    let migrator = sqlx::migrate::Migrator::new(migrations).await?;
+    migrator.run(pool).await.map_err(|e| match e {
+        // sqlx refuses an applied migration it was not given: one made by
+        // a newer berth. Said as such, not as sqlx's "missing".
+        MigrateError::VersionMissing(applied) => Error::SchemaNewer { applied, known },
+        MigrateError::Execute(e) => e.into(),
+        e => e.into(),
+    })
 }
 
 #[cfg(test)]
@@ -154,5 +159,34 @@ mod tests {
                 "{backend}: the list in db/migrations.rs and the folder differ"
             );
         }
+    }
+
+    /// A database migrated by a newer berth is refused at connect with
+    /// berth's sentence, and nothing of it is touched.
+    #[tokio::test]
+    async fn a_database_with_a_newer_migration_is_refused_with_a_sentence() {
+        let (dir, db) = crate::db::testing::open().await;
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (9999, 'from the future', TRUE, x'00', 0)",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        db.close().await;
+        let refused = match crate::db::Db::connect(&crate::db::testing::url(&dir)).await {
+            Ok(_) => panic!("a newer schema was accepted"),
+            Err(e) => e,
+        };
+        assert!(
+            matches!(refused, Error::SchemaNewer { applied: 9999, .. }),
+            "{refused:?}"
+        );
+        assert!(
+            refused
+                .to_string()
+                .contains("migration 9999, newer than this build of berth knows"),
+            "{refused}"
+        );
     }
 }

@@ -39,6 +39,7 @@ mod models;
 mod notify;
 mod postgres;
 mod queue;
+mod reach;
 mod sqlite;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -60,6 +61,17 @@ pub enum Error {
     /// freed, while reads keep working.
     #[error("the database has no room to write (its disk is full): {0}")]
     NoRoom(sqlx::Error),
+    /// The database cannot be reached (down, restarting, cut off) or
+    /// gave no connection within `ACQUIRE_TIMEOUT`: a write may not have
+    /// been made; the same request can be made again once it is back.
+    #[error("the database is unreachable: {0}")]
+    Unreachable(sqlx::Error),
+    /// The database was migrated by a newer berth: this build does not
+    /// know the schema, so it touches nothing.
+    #[error(
+        "the database's schema has migration {applied}, newer than this build of berth knows (its newest is {known}): a newer berth release migrated it; run that release or a later one against this database, or restore a backup taken before the upgrade"
+    )]
+    SchemaNewer { applied: i64, known: i64 },
     #[error("database migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database holds a value berth cannot read: {0}")]
@@ -76,11 +88,45 @@ impl From<sqlx::Error> for Error {
     fn from(e: sqlx::Error) -> Self {
         if no_room(&e) {
             Error::NoRoom(e)
+        } else if unreachable(&e) {
+            Error::Unreachable(e)
         } else {
             Error::Sql(e)
         }
     }
 }
+
+impl Error {
+    /// Whether the database could not be reached: nothing about the
+    /// request itself was wrong, and it may be made again later.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, Error::Unreachable(_))
+    }
+}
+
+/// Whether a statement failed because the database could not be reached:
+/// no connection (refused, reset, timed out waiting for one), or
+/// PostgreSQL ending the session as it shuts down or starts up (class 08,
+/// connection exception; 57P01–57P03, admin/crash shutdown and "cannot
+/// connect now").
+fn unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(e) => e
+            .code()
+            .is_some_and(|code| code.starts_with("08") || code.starts_with("57P0")),
+        _ => false,
+    }
+}
+
+/// How long a statement waits for a connection before it fails as
+/// `Unreachable`: short, so a request during an outage is answered (503)
+/// well within any client's patience instead of hanging.
+pub const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whether a statement failed because the database's disk is full:
 /// SQLite's SQLITE_FULL (13), PostgreSQL's disk_full (53100).
@@ -137,6 +183,8 @@ pub struct Db {
     wakeups: Arc<notify::Wakeups>,
     /// Cancelled by `close`: stops listening.
     closing: CancellationToken,
+    /// The last answer to "does the database answer?", for `/readyz`.
+    reach: Arc<reach::Reach>,
 }
 
 pub fn now() -> String {
@@ -184,6 +232,7 @@ impl Db {
             committer,
             wakeups,
             closing,
+            reach: Arc::new(reach::Reach::default()),
         })
     }
 

@@ -31,6 +31,7 @@ const RETRY_MAX: Duration = Duration::from_millis(200);
 pub(super) async fn pool(url: &str, connections: u32) -> Result<AnyPool> {
     Ok(AnyPoolOptions::new()
         .max_connections(connections)
+        .acquire_timeout(super::ACQUIRE_TIMEOUT)
         .connect(url)
         .await?)
 }

@@ -85,6 +85,7 @@ impl From<db::Error> for Error {
             db::Error::DuplicateJob(_) => Error::Conflict(e.to_string()),
             db::Error::NoRoom(_) => Error::Unavailable(no_room(&e)),
             db::Error::Unwritten(_) => Error::Unavailable(e.to_string()),
+            db::Error::Unreachable(_) => Error::Unavailable(unreachable(&e)),
             e => Error::Internal(e.to_string()),
         }
     }
@@ -115,6 +116,9 @@ impl From<StartError> for Error {
             | StartError::UnknownDeployer { .. }
             | StartError::BadOptions(_) => Error::BadRequest(e.to_string()),
             StartError::Record(e @ db::Error::NoRoom(_)) => Error::Unavailable(no_room(&e)),
+            StartError::Record(e @ db::Error::Unreachable(_)) => {
+                Error::Unavailable(unreachable(&e))
+            }
             StartError::Record(e @ db::Error::Unwritten(_)) => {
                 Error::Unavailable(format!("recording a deployment: {e}"))
             }
@@ -127,6 +131,7 @@ impl From<RunError> for Error {
     fn from(e: RunError) -> Self {
         match e {
             RunError::Start(e) => e.into(),
+            RunError::Record(e @ db::Error::Unreachable(_)) => Error::Unavailable(unreachable(&e)),
             e @ RunError::Record(_) => Error::Internal(e.to_string()),
         }
     }
@@ -138,3 +143,13 @@ fn no_room(e: &db::Error) -> String {
     tracing::error!("{e}");
     "the server's database has no room to write (its disk is full), so nothing can be recorded until space is freed; reads keep working".to_string()
 }
+
+/// A request the database could not be reached for: not the client's
+/// fault and not a bug, so a 503 saying when to try again, not a 500.
+fn unreachable(e: &db::Error) -> String {
+    tracing::warn!("{e}");
+    UNREACHABLE.to_string()
+}
+
+/// The answer to a request made while the database is unreachable.
+const UNREACHABLE: &str = "the server cannot reach its database (it is down, restarting or cut off from this server), so the request could not be completed; try again once GET /readyz answers ready";

@@ -125,15 +125,21 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Readiness: 503 with what is still loading until the server's first load
-/// of the plugins folder is done (liveness is `/healthz`).
+/// Readiness: 503 with a sentence while the database does not answer (a
+/// ping, its answer kept a second) or until the server's first load of the
+/// plugins folder is done (liveness is `/healthz`).
 #[utoipa::path(get, path = "/readyz", operation_id = "readyz", tag = "server",
     responses(
         (status = OK, description = "`ready`", body = String, content_type = "text/plain"),
-        (status = SERVICE_UNAVAILABLE, description = "What is still loading", body = ErrorBody,
+        (status = SERVICE_UNAVAILABLE, description = "The database is unreachable, or what is still loading", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait before asking again"))),
     ))]
 async fn ready(State(ctx): State<ApiContext>) -> Result<&'static str, error::Error> {
+    if let Err(why) = ctx.db.reachable().await {
+        return Err(error::Error::Unavailable(format!(
+            "not ready: the server cannot reach its database ({why}); it keeps trying"
+        )));
+    }
     let loading = ctx.deployers.still_loading();
     if loading.is_empty() {
         return Ok("ready");

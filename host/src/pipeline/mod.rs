@@ -163,7 +163,8 @@ impl Pipeline {
     /// Reads a deployment, from `row` as last read, until it ended (woken
     /// by `ended`, or on a tick), at most for `limit`; returns the last
     /// row read. A server that stops meanwhile cancels it if nobody took
-    /// it yet, since the caller goes too.
+    /// it yet, since the caller goes too; a database that cannot be
+    /// reached meanwhile is waited for.
     async fn wait_ended(
         &self,
         mut row: Deployment,
@@ -195,11 +196,16 @@ impl Pipeline {
                     _ = heard_of(ended, id) => {}
                 }
             }
-            row = self
-                .db
-                .deployment(id)
-                .await?
-                .ok_or(db::Error::NotRunning(id))?;
+            // An unreachable database is waited out, not answered: the
+            // deployment goes on (or is ended by the lease rules) and the
+            // caller still wants its end.
+            match self.db.deployment(id).await {
+                Ok(read) => row = read.ok_or(db::Error::NotRunning(id))?,
+                Err(e) if e.is_unreachable() => {
+                    tracing::debug!(deploy_id = id, "waiting for a deployment's end: {e}");
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 
