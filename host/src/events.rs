@@ -182,9 +182,15 @@ impl Events {
     /// logged when worded, as a published one is.
     pub fn report(&self, word: impl FnOnce(&Deployment) -> Vec<Event> + Send + 'static) -> Report {
         let shared = self.shared.clone();
+        // Worded inside the database's write (on SQLite, the committer's
+        // task): the caller's span keeps the log line in its request.
+        let span = tracing::Span::current();
         Report {
             server_id: self.shared.server_id.clone(),
-            events: Box::new(move |row| word(row).iter().map(|e| shared.stamp(e)).collect()),
+            events: Box::new(move |row| {
+                let _request = span.enter();
+                word(row).iter().map(|e| shared.stamp(e)).collect()
+            }),
         }
     }
 
