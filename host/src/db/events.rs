@@ -437,7 +437,7 @@ pub(super) async fn insert(
         last = last.max(row.try_get::<i64, _>(0)?);
     }
     if backend.is_postgres() {
-        postgres::notify_at_commit(&mut *conn, Topic::Events, &last.to_string()).await?;
+        postgres::notify(&mut *conn, Topic::Events, &last.to_string()).await?;
     }
     Ok(last)
 }

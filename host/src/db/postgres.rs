@@ -36,27 +36,18 @@ pub(super) async fn pool(url: &str, connections: u32) -> Result<AnyPool> {
         .await?)
 }
 
-/// Tells every server on the database that `topic` changed.
-pub(super) async fn notify(pool: &AnyPool, topic: Topic, payload: &str) -> Result<()> {
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(topic.channel())
-        .bind(payload)
-        .execute(pool)
-        .await?;
-    Ok(())
-}
-
-/// Queues `notify`'s wake-up in the transaction on `conn`: PostgreSQL
-/// sends it when that transaction commits, and never if it does not.
-pub(super) async fn notify_at_commit(
-    conn: &mut AnyConnection,
+/// Tells every server on the database that `topic` changed. On the pool it
+/// goes out at once; on a connection inside a transaction PostgreSQL sends
+/// it when that transaction commits, and never if it does not.
+pub(super) async fn notify<'e>(
+    executor: impl sqlx::Executor<'e, Database = sqlx::Any>,
     topic: Topic,
     payload: &str,
 ) -> Result<()> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(topic.channel())
         .bind(payload)
-        .execute(conn)
+        .execute(executor)
         .await?;
     Ok(())
 }
