@@ -24,7 +24,7 @@ use crate::report::{Table, median, micros, percentile};
 mod guest {
     wasmtime::component::bindgen!({
         world: "deployer",
-        path: "../wit",
+        path: "../wit/0.1.0",
         exports: { default: async },
         with: { "wasi": wasmtime_wasi::p2::bindings },
     });

@@ -46,7 +46,7 @@ async fn berth_with_publisher(backend: Backend, allowed_hosts: Option<&[String]>
 /// `options` with `http-publish` and its manifest, as `berth_with_publisher`.
 fn publisher_options(options: Options, allowed_hosts: Option<&[String]>) -> Options {
     let mut options = options
-        .plugin("http-publish", plugins::example("http-publish"))
+        .plugin("http-publish", plugins::test_plugin("http-publish-0-1"))
         .env("TEST_MIRROR_TOKEN", TOKEN);
     if let Some(hosts) = allowed_hosts {
         let manifest = format!(
@@ -364,7 +364,7 @@ async fn bad_manifests_reject_their_plugin_and_spare_the_others(backend: Backend
     let mut options = berth_options_with_publisher(backend);
     for (name, manifest, _) in &cases {
         options = options
-            .plugin(name, plugins::example("http-publish"))
+            .plugin(name, plugins::test_plugin("http-publish-0-1"))
             .plugins_file(&format!("{name}.toml"), *manifest);
     }
     let berth = options.start().await;
@@ -406,7 +406,7 @@ async fn bad_manifests_reject_their_plugin_and_spare_the_others(backend: Backend
 /// The default plugins and `http-publish` with a valid manifest.
 fn berth_options_with_publisher(backend: Backend) -> Options {
     Berth::options(backend)
-        .plugin("http-publish", plugins::example("http-publish"))
+        .plugin("http-publish", plugins::test_plugin("http-publish-0-1"))
         .plugins_file(
             "http-publish.toml",
             "allowed_hosts = [\"127.0.0.1:9\"]\nenv = { MIRROR_TOKEN = \"${TEST_MIRROR_TOKEN}\" }\n",

@@ -15,7 +15,7 @@ use exports::berth::deployer::plugin::{DeployRequest, DeployResult, DeployerInfo
 
 wit_bindgen::generate!({
     world: "deployer",
-    path: "../../wit",
+    path: "../../wit/0.1.0",
     // The world imports wasi:filesystem explicitly for languages without a file
     // API; Rust reaches it through std, so generated bindings just go unused.
     generate_all,

@@ -16,7 +16,7 @@ use crate::runtime::{DeployCall, MODEL_DIR, OUT_DIR};
 
 wasmtime::component::bindgen!({
     world: "deployer",
-    path: "../wit",
+    path: "../wit/0.1.0",
     exports: { default: async },
     with: {
         "wasi": wasmtime_wasi::p2::bindings,

@@ -13,7 +13,7 @@ use exports::berth::deployer::plugin::{DeployRequest, DeployResult, DeployerInfo
 
 wit_bindgen::generate!({
     world: "deployer",
-    path: "../../../wit",
+    path: "../../../wit/0.1.0",
     generate_all,
 });
 
