@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use wasmtime::{Trap, UpdateDeadline};
 
 use crate::model::TrainedModel;
+use crate::targets::Targets;
 use crate::trust::Trust;
 use guests::GuestThreads;
 use report::GuestOutput;
@@ -165,6 +166,9 @@ pub struct Runtime {
     connector: connect::Connector,
     /// Whose signatures a plugin may load with, and whether it must.
     signers: Signers,
+    /// The operator's publishing targets, which a plugin's manifest grants
+    /// by name; none by default.
+    targets: Arc<Targets>,
     ticker_stop: Arc<AtomicBool>,
     guests: GuestThreads,
     /// One permit per instance the pool holds (`Engines::pool`): a call
@@ -232,6 +236,7 @@ impl Runtime {
             cache,
             connector: connect::Connector::new(&Trust::default()),
             signers: Signers::default(),
+            targets: Arc::default(),
             ticker_stop,
             guests: GuestThreads::new()?,
             slots: pool.map(|n| Arc::new(tokio::sync::Semaphore::new(n as usize))),
@@ -249,6 +254,13 @@ impl Runtime {
     /// `--require-signed`); by default none is required and none verified.
     pub fn signers(mut self, signers: Signers) -> Self {
         self.signers = signers;
+        self
+    }
+
+    /// The publishing targets plugins may be granted (the sources file's
+    /// `[[target]]`s); by default none.
+    pub fn targets(mut self, targets: Arc<Targets>) -> Self {
+        self.targets = targets;
         self
     }
 

@@ -18,6 +18,7 @@ use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
 use crate::runtime::{CodeCache, Engines, Limits, Origin, Runtime, Signers, folder_names};
+use crate::targets::Targets;
 use crate::trust::Trust;
 use crate::watch::Watcher;
 
@@ -45,6 +46,7 @@ impl FirstLoad {
         args: &ServeArgs,
         trust: &Trust,
         signers: Signers,
+        targets: Arc<Targets>,
         db: &Db,
     ) -> anyhow::Result<Self> {
         let limits = Limits {
@@ -60,7 +62,8 @@ impl FirstLoad {
         let runtime = Arc::new(
             Runtime::new(limits, cache, engines)?
                 .trust(trust)
-                .signers(signers),
+                .signers(signers)
+                .targets(targets),
         );
         let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
         let names = folder_names(&args.plugins_dir);

@@ -42,7 +42,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let (db, server_id) = setup::open_records(&args).await?;
     let events = Events::stored(db.clone(), server_id.clone(), crate::http::event_data);
-    let first_load = FirstLoad::prepare(&args, &trust, signers, &db).await?;
+    let first_load = FirstLoad::prepare(&args, &trust, signers, targets.clone(), &db).await?;
     let deployers = first_load.deployers.clone();
     let catalog = Arc::new(
         Catalog::new(
