@@ -24,6 +24,7 @@ use crate::backoff::Backoff;
 use crate::db::events::{NewEvent, Report};
 use crate::db::{self, Db};
 use crate::model::{Deployment, Phase, Progress};
+use crate::publish::Receipt;
 use crate::runtime::Change;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +53,8 @@ pub enum Event {
         deployer: String,
         duration_ms: i64,
         reference: String,
+        /// What it put into publishing targets.
+        published: Vec<Receipt>,
     },
     DeploymentFailed {
         deploy_id: i64,
@@ -59,6 +62,8 @@ pub enum Event {
         deployer: String,
         duration_ms: i64,
         error: String,
+        /// What it did put before it failed.
+        published: Vec<Receipt>,
     },
     PluginLoaded {
         name: String,
@@ -234,6 +239,7 @@ impl Shared {
                 deployer,
                 duration_ms,
                 reference,
+                ..
             } => {
                 tracing::info!(
                     deploy_id,
@@ -250,6 +256,7 @@ impl Shared {
                 deployer,
                 duration_ms,
                 error,
+                ..
             } => {
                 tracing::warn!(
                     deploy_id,

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fetch;
 use crate::model::{Phase, Progress};
+use crate::publish::Receipt;
 use crate::runtime::{GuestLevel, LogReporter, Reporter};
 
 /// A deployment's log keeps at most this many bytes; older lines go first.
@@ -68,6 +69,8 @@ struct State {
     lines: VecDeque<String>,
     bytes: usize,
     dropped: usize,
+    /// Every put into a publishing target so far, in order.
+    published: Vec<Receipt>,
 }
 
 impl Running {
@@ -85,6 +88,7 @@ impl Running {
                 lines: VecDeque::new(),
                 bytes: 0,
                 dropped: 0,
+                published: Vec::new(),
             }),
             log: LogReporter::new(plugin, Some(deploy_id)),
         }
@@ -139,6 +143,11 @@ impl Running {
         self.state.lock().expect("running lock").progress.clone()
     }
 
+    /// What it put into publishing targets so far.
+    pub fn published(&self) -> Vec<Receipt> {
+        self.state.lock().expect("running lock").published.clone()
+    }
+
     /// The deployer's log lines so far, oldest first.
     pub fn logs(&self) -> String {
         let state = self.state.lock().expect("running lock");
@@ -186,6 +195,24 @@ impl Reporter for Running {
         let p = &mut state.progress;
         (p.deployer_done, p.deployer_total) = (done, total);
         p.deployer_note = note.to_string();
+        state.dirty = true;
+    }
+
+    fn publishing(&self, bytes: u64) {
+        let mut state = self.state.lock().expect("running lock");
+        state.progress.published_bytes += bytes;
+        state.dirty = true;
+    }
+
+    fn published(&self, receipt: &Receipt) {
+        self.log.published(receipt);
+        let mut state = self.state.lock().expect("running lock");
+        // The put's progress counted what was sent, retries included: the
+        // receipt is what landed.
+        let done: u64 = state.published.iter().map(|r| r.bytes).sum();
+        state.progress.published_bytes = done + receipt.bytes;
+        state.progress.published_files += 1;
+        state.published.push(receipt.clone());
         state.dirty = true;
     }
 }

@@ -126,6 +126,8 @@ pub struct Deployment {
     pub server: Option<String>,
     /// When a server claimed it.
     pub started_at: Option<String>,
+    /// What it put into publishing targets, in order.
+    pub published: Vec<crate::publish::Receipt>,
 }
 
 /// How a deployment ended.
@@ -178,4 +180,7 @@ pub struct Progress {
     pub deployer_done: u64,
     pub deployer_total: u64,
     pub deployer_note: String,
+    /// Put into publishing targets so far (`published` lists each put).
+    pub published_bytes: u64,
+    pub published_files: usize,
 }

@@ -10,6 +10,7 @@ use sqlx::{AnyConnection, Row};
 use super::events::Report;
 use super::{Claim, Db, Error, Result, now};
 use crate::model::{Deployment, Outcome, Phase, Progress, Status};
+use crate::publish::Receipt;
 
 /// A deployment about to start.
 pub struct NewDeployment<'a> {
@@ -28,11 +29,13 @@ pub struct Ending<'a> {
     pub duration_ms: i64,
     pub progress: &'a Progress,
     pub logs: &'a str,
+    /// What it put into publishing targets.
+    pub published: &'a [Receipt],
 }
 
 pub(super) const DEPLOYMENT_COLUMNS: &str = "id, model_id, deployer, options, status, phase, progress, dir, \
      out_dir, ref, details, error, duration_ms, created_at, completed_at, created_by, plugin_sha256, \
-     server_id, started_at";
+     server_id, started_at, published";
 
 impl Db {
     /// Records a deployment as queued, for a server that has its deployer
@@ -143,13 +146,14 @@ impl Db {
             error.map(str::to_string),
         );
         let (duration_ms, logs) = (ending.duration_ms, ending.logs.to_string());
+        let published = receipts(ending.published)?;
         self.write_deployment(
             report,
             statements!(|conn| {
                 let updated = sqlx::query(&format!(
                     "UPDATE deployments SET status = $1, ref = $2, details = $3, error = $4, \
-                 duration_ms = $5, completed_at = $6, phase = NULL, logs = $7, progress = $8 \
-                 WHERE id = $9 AND status = $10 RETURNING {DEPLOYMENT_COLUMNS}"
+                 duration_ms = $5, completed_at = $6, phase = NULL, logs = $7, progress = $8, \
+                 published = $11 WHERE id = $9 AND status = $10 RETURNING {DEPLOYMENT_COLUMNS}"
                 ))
                 .bind(status.as_str())
                 .bind(reference)
@@ -161,6 +165,7 @@ impl Db {
                 .bind(progress)
                 .bind(id)
                 .bind(Status::Running.as_str())
+                .bind(published)
                 .fetch_all(conn)
                 .await?;
                 match updated.first() {
@@ -176,19 +181,29 @@ impl Db {
     /// The phase never goes back from `deploying`, so an update taken
     /// before the deployer started and written late cannot hide that it
     /// did from the next start's `fail_leftovers`.
-    pub async fn update_progress(&self, id: i64, phase: Phase, progress: &Progress) -> Result<()> {
+    /// `published` is every put so far (it only grows), so a deployment
+    /// that ends without a recorded end (a killed server) still lists them.
+    pub async fn update_progress(
+        &self,
+        id: i64,
+        phase: Phase,
+        progress: &Progress,
+        published: &[Receipt],
+    ) -> Result<()> {
         let progress =
             serde_json::to_string(progress).map_err(|e| Error::Corrupt(e.to_string()))?;
+        let published = receipts(published)?;
         self.write(statements!(|conn| {
             sqlx::query(
                 "UPDATE deployments SET phase = CASE phase WHEN $1 THEN phase ELSE $2 END, \
-                 progress = $3 WHERE id = $4 AND status = $5",
+                 progress = $3, published = $6 WHERE id = $4 AND status = $5",
             )
             .bind(Phase::Deploying.as_str())
             .bind(phase.as_str())
             .bind(progress)
             .bind(id)
             .bind(Status::Running.as_str())
+            .bind(published)
             .execute(conn)
             .await?;
             Ok(())
@@ -285,6 +300,7 @@ pub(super) fn deployment_row(row: &AnyRow) -> Result<Deployment> {
     let status: String = row.try_get("status")?;
     let phase: Option<String> = row.try_get("phase")?;
     let progress: String = row.try_get("progress")?;
+    let published: String = row.try_get("published")?;
     Ok(Deployment {
         id: row.try_get("id")?,
         model_id: row.try_get("model_id")?,
@@ -306,5 +322,12 @@ pub(super) fn deployment_row(row: &AnyRow) -> Result<Deployment> {
         plugin_sha256: row.try_get("plugin_sha256")?,
         server: Some(row.try_get::<String, _>("server_id")?).filter(|s| !s.is_empty()),
         started_at: row.try_get("started_at")?,
+        published: serde_json::from_str(&published)
+            .map_err(|e| Error::Corrupt(format!("published = {published:?}: {e}")))?,
     })
+}
+
+/// Receipts as stored: a JSON array.
+fn receipts(published: &[Receipt]) -> Result<String> {
+    serde_json::to_string(published).map_err(|e| Error::Corrupt(e.to_string()))
 }

@@ -43,6 +43,11 @@ const SQLITE_MIGRATIONS: Migrations = Migrations(&[
         "catalog",
         include_str!("../../../migrations/sqlite/0006_catalog.sql"),
     ),
+    (
+        7,
+        "published",
+        include_str!("../../../migrations/sqlite/0007_published.sql"),
+    ),
 ]);
 const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
     (
@@ -74,6 +79,11 @@ const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
         6,
         "catalog",
         include_str!("../../../migrations/postgres/0006_catalog.sql"),
+    ),
+    (
+        7,
+        "published",
+        include_str!("../../../migrations/postgres/0007_published.sql"),
     ),
 ]);
 

@@ -154,6 +154,9 @@ impl Pipeline {
                 known: plugins.deployers.keys().cloned().collect(),
             }
         })?;
+        // A deployer granted one target may be asked without naming it.
+        let filled = crate::runtime::default_target(&plugin, options_json);
+        let options_json = filled.as_deref().unwrap_or(options_json);
         self.deployers
             .runtime()
             .check_options(&plugin, options_json)

@@ -246,6 +246,7 @@ fn ended(row: &Deployment) -> Event {
             deployer,
             duration_ms,
             reference: reference.clone(),
+            published: row.published.clone(),
         },
         (_, error) => Event::DeploymentFailed {
             deploy_id,
@@ -253,6 +254,7 @@ fn ended(row: &Deployment) -> Event {
             deployer,
             duration_ms,
             error: error.clone().unwrap_or_default(),
+            published: row.published.clone(),
         },
     }
 }

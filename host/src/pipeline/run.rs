@@ -91,6 +91,7 @@ impl Pipeline {
             duration_ms,
             progress: &running.snapshot(),
             logs: &running.logs(),
+            published: &running.published(),
         };
         let stored = self.record_end(deployment.id, &ending).await;
         self.live.remove(deployment.id);
@@ -209,7 +210,12 @@ impl Pipeline {
         // interrupted while deploying when it starts again.
         if let Err(e) = self
             .db
-            .update_progress(running.deploy_id, Phase::Deploying, &running.snapshot())
+            .update_progress(
+                running.deploy_id,
+                Phase::Deploying,
+                &running.snapshot(),
+                &running.published(),
+            )
             .await
         {
             tracing::warn!(
@@ -280,7 +286,7 @@ async fn report_progress(db: Db, events: Events, running: Arc<Running>, model_id
             continue;
         };
         if let Err(e) = db
-            .update_progress(running.deploy_id, phase, &progress)
+            .update_progress(running.deploy_id, phase, &progress, &running.published())
             .await
         {
             tracing::warn!(

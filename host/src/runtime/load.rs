@@ -22,7 +22,7 @@ use wasmtime::component::types::ComponentItem;
 
 use super::plugins::check_name;
 use super::tier::{Backend, Code, CodeSlot, Compiler, Job, Tier};
-use super::wit::{self, PLUGIN_FUNCTIONS, PLUGIN_INTERFACE, WIT_VERSION};
+use super::wit::{self, PLUGIN_FUNCTIONS, PLUGIN_INTERFACE, WIT_VERSIONS};
 use super::{CodeCache, Limits, LogReporter, Manifest, Origin, Plugin, Runtime, Signers, Verdict};
 
 impl Runtime {
@@ -95,7 +95,7 @@ impl Runtime {
         };
         let wit_version = check_world(&backend.engine, &component)?;
         let code = CodeSlot::new(Code {
-            pre: backend.link(&component)?,
+            pre: backend.link(&component, &wit_version)?,
             tier: backend.tier,
         });
 
@@ -147,6 +147,7 @@ impl Runtime {
             optimizer.submit(Job {
                 name: plugin.name.clone(),
                 sha256: plugin.sha256.clone(),
+                wit_version: plugin.wit_version.clone(),
                 wasm,
                 slot: Arc::downgrade(&plugin.code),
             });
@@ -272,10 +273,11 @@ fn check_magic(wasm: &[u8]) -> Result<(), String> {
 }
 
 /// Explains, in the plugin author's terms, why a component is not a
-/// deployer of the version this server speaks. Returns its version.
-fn check_world(engine: &Engine, component: &Component) -> Result<String, String> {
+/// deployer of a version this server speaks. Returns the version it was
+/// built for.
+pub(crate) fn check_world(engine: &Engine, component: &Component) -> Result<String, String> {
     let ty = component.component_type();
-    let wanted = format!("{PLUGIN_INTERFACE}@{WIT_VERSION}");
+    let spoken = WIT_VERSIONS.join(" and ");
     let mut found = None;
     for (name, item) in ty.exports(engine) {
         if let Some(version) = name
@@ -291,7 +293,7 @@ fn check_world(engine: &Engine, component: &Component) -> Result<String, String>
             .map(|(name, _)| name.to_string())
             .collect();
         return Err(format!(
-            "exports no {wanted} interface (exports: {}); is it built for another world? Generate its bindings from berth's wit/ with world \"deployer\"",
+            "exports no {PLUGIN_INTERFACE} interface of version {spoken} (exports: {}); is it built for another world? Generate its bindings from berth's wit/ with world \"deployer\"",
             if exports.is_empty() {
                 "nothing".to_string()
             } else {
@@ -299,13 +301,15 @@ fn check_world(engine: &Engine, component: &Component) -> Result<String, String>
             }
         ));
     };
-    if !compatible(&version, WIT_VERSION) {
+    if wit::spoken(&version).is_none() {
         return Err(format!(
-            "built for berth:deployer@{version} but this server speaks {WIT_VERSION}"
+            "built for berth:deployer@{version} but this server speaks {spoken}"
         ));
     }
     let ComponentItem::ComponentInstance(instance) = item.ty else {
-        return Err(format!("exports {wanted} but not as an interface"));
+        return Err(format!(
+            "exports {PLUGIN_INTERFACE}@{version} but not as an interface"
+        ));
     };
     let functions: Vec<_> = instance
         .exports(engine)
@@ -317,12 +321,6 @@ fn check_world(engine: &Engine, component: &Component) -> Result<String, String>
         }
     }
     Ok(version)
-}
-
-/// Semver compatibility for 0.x: same minor, any patch.
-fn compatible(version: &str, ours: &str) -> bool {
-    let major_minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
-    major_minor(version) == major_minor(ours)
 }
 
 #[cfg(test)]
@@ -386,9 +384,11 @@ mod tests {
     }
 
     #[test]
-    fn versions_are_compatible_within_a_minor() {
-        assert!(compatible("0.1.0", "0.1.0"));
-        assert!(compatible("0.1.7", "0.1.0"));
-        assert!(!compatible("0.2.0", "0.1.0"));
+    fn versions_are_spoken_within_a_minor() {
+        assert_eq!(wit::spoken("0.1.0"), Some("0.1.0"));
+        assert_eq!(wit::spoken("0.1.7"), Some("0.1.0"));
+        assert_eq!(wit::spoken("0.2.3"), Some("0.2.0"));
+        assert_eq!(wit::spoken("0.3.0"), None);
+        assert_eq!(wit::spoken("1.0.0"), None);
     }
 }

@@ -16,6 +16,7 @@ mod load;
 mod manifest;
 mod memory;
 mod plugins;
+mod publish;
 mod quota;
 mod report;
 mod sandbox;
@@ -34,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use wasmtime::{Trap, UpdateDeadline};
 
 use crate::model::TrainedModel;
+use crate::publish::Publishers;
 use crate::targets::Targets;
 use crate::trust::Trust;
 use guests::GuestThreads;
@@ -49,6 +51,7 @@ pub use load::signature_path;
 pub use manifest::{MAX_OUT_MIB, MAX_TIMEOUT_S, Manifest};
 pub(crate) use plugins::{Change, Folder, is_plugin_file};
 pub use plugins::{PluginSet, Rejection, check_name, folder_names};
+pub use publish::{MAX_PUT_BYTES, default_target};
 pub(crate) use report::one_line;
 pub use report::{GuestLevel, LogReporter, Reporter};
 pub use sandbox::{MODEL_DIR, OUT_DIR};
@@ -169,6 +172,9 @@ pub struct Runtime {
     /// The operator's publishing targets, which a plugin's manifest grants
     /// by name; none by default.
     targets: Arc<Targets>,
+    /// What puts into them, trusting what `trust` does.
+    publishers: Arc<Publishers>,
+    trust: Trust,
     ticker_stop: Arc<AtomicBool>,
     guests: GuestThreads,
     /// One permit per instance the pool holds (`Engines::pool`): a call
@@ -237,6 +243,8 @@ impl Runtime {
             connector: connect::Connector::new(&Trust::default()),
             signers: Signers::default(),
             targets: Arc::default(),
+            publishers: Arc::new(Publishers::new(Arc::default(), &Trust::default())),
+            trust: Trust::default(),
             ticker_stop,
             guests: GuestThreads::new()?,
             slots: pool.map(|n| Arc::new(tokio::sync::Semaphore::new(n as usize))),
@@ -247,6 +255,8 @@ impl Runtime {
     /// (`--ca-file`).
     pub fn trust(mut self, trust: &Trust) -> Self {
         self.connector = connect::Connector::new(trust);
+        self.trust = trust.clone();
+        self.publishers = Arc::new(Publishers::new(self.targets.clone(), trust));
         self
     }
 
@@ -260,6 +270,7 @@ impl Runtime {
     /// The publishing targets plugins may be granted (the sources file's
     /// `[[target]]`s); by default none.
     pub fn targets(mut self, targets: Arc<Targets>) -> Self {
+        self.publishers = Arc::new(Publishers::new(targets.clone(), &self.trust));
         self.targets = targets;
         self
     }
@@ -355,16 +366,29 @@ impl Runtime {
         cancel: &CancellationToken,
         question: Question<'_>,
     ) -> Result<Answer, CallError> {
-        let (limit, mounts) = match &question {
+        let (limit, mounts, sources) = match &question {
             Question::Deploy(call) => (
                 plugin.limits.timeout,
                 Some(Mounts {
                     model_dir: call.model_dir,
                     out_dir: call.out_dir,
                 }),
+                Some(publish::Sources {
+                    model: call.model,
+                    model_dir: call.model_dir,
+                    out_dir: call.out_dir,
+                }),
             ),
-            _ => (plugin.limits.timeout.min(QUESTION_LIMIT), None),
+            _ => (plugin.limits.timeout.min(QUESTION_LIMIT), None, None),
         };
+        let publishing = publish::Publishing::new(
+            plugin,
+            self.targets.clone(),
+            self.publishers.clone(),
+            sources,
+            reporter.clone(),
+            cancel.clone(),
+        );
         let slot = match &self.slots {
             Some(slots) => tokio::select! {
                 slot = slots.clone().acquire_owned() => Some(slot.expect("the semaphore is never closed")),
@@ -381,6 +405,7 @@ impl Runtime {
             plugin,
             &self.connector,
             mounts,
+            publishing,
             reporter,
             stderr.clone(),
         )?;

@@ -5,6 +5,7 @@
 //! one line per record and held to a budget per call (a deployment), so a
 //! plugin can neither forge the server's lines nor flood its log.
 
+use crate::publish::Receipt;
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -43,6 +44,14 @@ impl GuestLevel {
 pub trait Reporter: Send + Sync {
     fn log(&self, level: GuestLevel, message: &str);
     fn progress(&self, done: u64, total: u64, note: &str);
+    /// `bytes` more of a put are on their way to a target.
+    fn publishing(&self, bytes: u64) {
+        let _ = bytes;
+    }
+    /// A put is done: called before the guest sees its receipt.
+    fn published(&self, receipt: &Receipt) {
+        let _ = receipt;
+    }
 }
 
 /// What one call (a deployment) writes to the server log in full: this many
@@ -159,6 +168,22 @@ impl Reporter for LogReporter {
                 tracing::error!(target: "berth::plugin", plugin, deploy_id, "{message}")
             }
         }
+    }
+
+    /// The host's own line, outside the guest's budget: one a put.
+    fn published(&self, receipt: &Receipt) {
+        tracing::info!(
+            target: "berth::publish",
+            plugin = %self.plugin,
+            deploy_id = self.deploy_id,
+            to = %receipt.target,
+            key = %receipt.key,
+            bytes = receipt.bytes,
+            "published {} ({}, sha256 {})",
+            receipt.url,
+            crate::human::size(receipt.bytes),
+            receipt.sha256
+        );
     }
 
     fn progress(&self, done: u64, total: u64, note: &str) {

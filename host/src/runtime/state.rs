@@ -12,6 +12,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::http_gate::HttpGate;
 use super::memory::MemoryBudget;
+use super::publish::Publishing;
 use super::report::Reporter;
 
 pub(crate) struct State {
@@ -20,6 +21,8 @@ pub(crate) struct State {
     pub(crate) table: ResourceTable,
     pub(crate) gate: HttpGate,
     pub(crate) memory: MemoryBudget,
+    /// The targets it may open and what its puts may read.
+    pub(crate) publishing: Publishing,
     pub(crate) reporter: Arc<dyn Reporter>,
 }
 

@@ -143,18 +143,20 @@ impl Backend {
             .map_err(|e| format!("is not a valid component: {}", root_message(&e)))
     }
 
-    /// Links a component of this engine against the host's imports.
-    pub(crate) fn link(&self, component: &Component) -> Result<PluginPre, String> {
+    /// Links a component of this engine, built for `berth:deployer@version`,
+    /// against the host's imports.
+    pub(crate) fn link(&self, component: &Component, version: &str) -> Result<PluginPre, String> {
+        let spoken = wit::spoken(version)
+            .ok_or_else(|| format!("is built for berth:deployer@{version}, which berth does not speak"))?;
         let instance_pre = self.linker.instantiate_pre(component).map_err(|e| {
             format!(
                 "needs an import berth does not provide: {}",
                 root_message(&e)
             )
         })?;
-        PluginPre::new(instance_pre).map_err(|e| {
+        PluginPre::new(instance_pre, spoken).map_err(|e| {
             format!(
-                "does not implement berth:deployer@{}: {}",
-                wit::WIT_VERSION,
+                "does not implement berth:deployer@{spoken}: {}",
                 root_message(&e)
             )
         })
@@ -227,6 +229,8 @@ impl CodeSlot {
 pub(crate) struct Job {
     pub(crate) name: String,
     pub(crate) sha256: String,
+    /// The `berth:deployer` version it was built for.
+    pub(crate) wit_version: String,
     pub(crate) wasm: bytes::Bytes,
     /// Gone when every version holding it was dropped (the plugin was
     /// replaced or removed): its compile is skipped.
@@ -273,6 +277,7 @@ fn optimize(backend: &Backend, cache: Option<&CodeCache>, pool: &rayon::ThreadPo
     let Job {
         name,
         sha256,
+        wit_version,
         wasm,
         slot,
     } = job;
@@ -291,7 +296,7 @@ fn optimize(backend: &Backend, cache: Option<&CodeCache>, pool: &rayon::ThreadPo
                 }
             }),
     };
-    let pre = component.and_then(|component| backend.link(&component));
+    let pre = component.and_then(|component| backend.link(&component, &wit_version));
     match (pre, slot.upgrade()) {
         (Ok(pre), Some(slot)) => {
             slot.replace(Code {

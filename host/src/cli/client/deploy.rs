@@ -242,6 +242,13 @@ fn print(deployment: &Answer<Deployment>, json: bool) {
     if let Some(ms) = d.duration_ms {
         lines.push(("duration", text::duration_ms(ms)));
     }
+    // Kept when it failed halfway: what it did put is somewhere now.
+    for p in &d.published {
+        lines.push((
+            "published",
+            format!("{} ({}, sha256 {})", p.url, crate::human::size(p.bytes), p.sha256),
+        ));
+    }
     for (name, value) in lines {
         println!("{name:<9} {value}");
     }

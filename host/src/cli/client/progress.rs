@@ -127,6 +127,15 @@ fn describe(phase: Phase, progress: &Progress) -> String {
                 words.push_str(", ");
                 words.push_str(&note);
             }
+            let published = &progress.published;
+            if published.bytes > 0 {
+                words.push_str(&format!(
+                    ", published {} ({} {})",
+                    crate::human::size(published.bytes),
+                    published.files,
+                    if published.files == 1 { "file" } else { "files" }
+                ));
+            }
             words
         }
     }
@@ -163,6 +172,7 @@ mod tests {
             },
             files_done,
             files_total: 3,
+            published: Default::default(),
         }
     }
 
@@ -187,6 +197,14 @@ mod tests {
             Phase::Deploying,
             progress(0, 3, 0, 0, "packing"),
             "deploying, packing",
+        );
+        let mut publishing = progress(0, 3, 1, 3, "uploading");
+        publishing.published.bytes = 3 * 1024 * 1024;
+        publishing.published.files = 1;
+        check(
+            Phase::Deploying,
+            publishing,
+            "deploying 1/3 (33%), uploading, published 3 MiB (1 file)",
         );
     }
 

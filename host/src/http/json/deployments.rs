@@ -8,6 +8,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::object;
 use crate::model;
+use crate::publish::Receipt;
 
 /// Which deployer, with which options.
 #[derive(Serialize, Deserialize, ToSchema)]
@@ -114,6 +115,9 @@ pub struct Deployment {
     #[schema(required = true)]
     pub plugin_sha256: Option<String>,
     pub progress: Progress,
+    /// What it put into publishing targets, in order; kept when it failed
+    /// halfway.
+    pub published: Vec<Published>,
     /// What the deployer made (a URL, a path, an id); null unless completed.
     #[serde(rename = "ref")]
     #[schema(required = true)]
@@ -145,6 +149,7 @@ impl From<model::Deployment> for Deployment {
             phase: d.phase.map(Phase::from),
             plugin_sha256: d.plugin_sha256,
             progress: d.progress.into(),
+            published: d.published.into_iter().map(Published::from).collect(),
             reference: d.reference,
             server: d.server,
             started_at: d.started_at,
@@ -166,8 +171,38 @@ impl From<Vec<model::Deployment>> for Deployments {
     }
 }
 
-/// How far a deployment has come: bytes and files fetched, and the
-/// deployer's own count.
+/// One put into a publishing target.
+#[derive(Serialize, Deserialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct Published {
+    pub bytes: u64,
+    /// The destination's entity tag, when it gave one.
+    #[schema(required = true)]
+    pub etag: Option<String>,
+    /// Under the target's URL.
+    pub key: String,
+    /// Lowercase hex SHA-256 of what was put; the destination checked it.
+    pub sha256: String,
+    /// The target's name.
+    pub target: String,
+    /// Where it is: the target's URL and the key.
+    pub url: String,
+}
+
+impl From<Receipt> for Published {
+    fn from(r: Receipt) -> Self {
+        Published {
+            bytes: r.bytes,
+            etag: r.etag,
+            key: r.key,
+            sha256: r.sha256,
+            target: r.target,
+            url: r.url,
+        }
+    }
+}
+
+/// How far a deployment has come: bytes and files fetched, the deployer's
+/// own count, and what it published.
 #[derive(Serialize, Deserialize, ToSchema, Default)]
 pub struct Progress {
     pub bytes_done: u64,
@@ -175,6 +210,17 @@ pub struct Progress {
     pub deployer: DeployerProgress,
     pub files_done: usize,
     pub files_total: usize,
+    /// Put into publishing targets so far.
+    #[serde(default)]
+    pub published: PublishedProgress,
+}
+
+/// Bytes (sent, counting a retried part again until its put is done) and
+/// files put into publishing targets.
+#[derive(Serialize, Deserialize, ToSchema, Default)]
+pub struct PublishedProgress {
+    pub bytes: u64,
+    pub files: usize,
 }
 
 impl From<model::Progress> for Progress {
@@ -189,6 +235,10 @@ impl From<model::Progress> for Progress {
             },
             files_done: p.files_done,
             files_total: p.files_total,
+            published: PublishedProgress {
+                bytes: p.published_bytes,
+                files: p.published_files,
+            },
         }
     }
 }
@@ -233,6 +283,7 @@ mod tests {
             plugin_sha256: Some("cd".repeat(32)),
             server: Some("5e4a1d2c3b4a5968".into()),
             started_at: Some("2026-12-01T10:00:01.250Z".into()),
+            published: Vec::new(),
         }
     }
 
@@ -240,7 +291,7 @@ mod tests {
     fn deployments_keep_their_bytes() {
         check(
             Deployment::from(running()),
-            r#"{"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","created_by":"ci","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2},"ref":null,"server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"running"}"#,
+            r#"{"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","created_by":"ci","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[],"ref":null,"server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"running"}"#,
         );
         let completed = model::Deployment {
             status: model::Status::Completed,
@@ -250,11 +301,19 @@ mod tests {
             duration_ms: Some(42),
             completed_at: Some("2026-12-01T10:00:02.000Z".into()),
             created_by: None,
+            published: vec![Receipt {
+                target: "releases".into(),
+                key: "ft-1/a.bin".into(),
+                url: "s3://team/models/ft-1/a.bin".into(),
+                bytes: 12,
+                sha256: "ab".repeat(32),
+                etag: Some("\"e1\"".into()),
+            }],
             ..running()
         };
         check(
             Deployment::from(completed),
-            r#"{"completed_at":"2026-12-01T10:00:02.000Z","created_at":"2026-12-01T10:00:01.000Z","created_by":null,"deployer":"archive","details":{"k":"v"},"dir":"/m/ft-1","duration_ms":42,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":null,"plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2},"ref":"r","server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"completed"}"#,
+            r#"{"completed_at":"2026-12-01T10:00:02.000Z","created_at":"2026-12-01T10:00:01.000Z","created_by":null,"deployer":"archive","details":{"k":"v"},"dir":"/m/ft-1","duration_ms":42,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":null,"plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[{"bytes":12,"etag":"\\"e1\\"","key":"ft-1/a.bin","sha256":"abababababababababababababababababababababababababababababababab","target":"releases","url":"s3://team/models/ft-1/a.bin"}],"ref":"r","server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"completed"}"#,
         );
     }
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::{Phase, Progress};
+use super::{Phase, Progress, Published};
 use crate::events::Event;
 
 #[derive(Deserialize, IntoParams)]
@@ -44,6 +44,9 @@ pub struct DeploymentCompleted {
     pub deployer: String,
     pub duration_ms: i64,
     pub model_id: i64,
+    /// What it put into publishing targets, in order.
+    #[serde(default)]
+    pub published: Vec<Published>,
     #[serde(rename = "ref")]
     pub reference: String,
 }
@@ -55,6 +58,9 @@ pub struct DeploymentFailed {
     pub duration_ms: i64,
     pub error: String,
     pub model_id: i64,
+    /// What it did put before it failed.
+    #[serde(default)]
+    pub published: Vec<Published>,
 }
 
 /// `plugin.loaded` and `plugin.removed`.
@@ -157,11 +163,13 @@ pub fn event(event: &Event) -> EventData {
             deployer,
             duration_ms,
             reference,
+            published,
         } => EventData::DeploymentCompleted(DeploymentCompleted {
             deploy_id: *deploy_id,
             deployer: deployer.clone(),
             duration_ms: *duration_ms,
             model_id: *model_id,
+            published: published.iter().cloned().map(Published::from).collect(),
             reference: reference.clone(),
         }),
         Event::DeploymentFailed {
@@ -170,12 +178,14 @@ pub fn event(event: &Event) -> EventData {
             deployer,
             duration_ms,
             error,
+            published,
         } => EventData::DeploymentFailed(DeploymentFailed {
             deploy_id: *deploy_id,
             deployer: deployer.clone(),
             duration_ms: *duration_ms,
             error: error.clone(),
             model_id: *model_id,
+            published: published.iter().cloned().map(Published::from).collect(),
         }),
         Event::PluginLoaded { name } => EventData::PluginLoaded(PluginNamed { name: name.clone() }),
         Event::PluginRemoved { name } => {
@@ -214,11 +224,11 @@ mod tests {
             (Event::DeploymentStarted { deploy_id: 3, model_id: 1, deployer: deployer() },
              r#"{"deploy_id":3,"deployer":"archive","model_id":1}"#),
             (Event::DeploymentProgress { deploy_id: 3, model_id: 1, phase: model::Phase::Deploying, progress },
-             r#"{"deploy_id":3,"model_id":1,"phase":"deploying","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2}}"#),
-            (Event::DeploymentCompleted { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, reference: "r".into() },
-             r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"model_id":1,"ref":"r"}"#),
-            (Event::DeploymentFailed { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, error: "e".into() },
-             r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"error":"e","model_id":1}"#),
+             r#"{"deploy_id":3,"model_id":1,"phase":"deploying","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}}}"#),
+            (Event::DeploymentCompleted { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, reference: "r".into(), published: vec![] },
+             r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"model_id":1,"published":[],"ref":"r"}"#),
+            (Event::DeploymentFailed { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, error: "e".into(), published: vec![] },
+             r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"error":"e","model_id":1,"published":[]}"#),
             (Event::PluginLoaded { name: deployer() }, r#"{"name":"archive"}"#),
             (Event::PluginRejected { file: "x.wasm".into(), reason: "bad".into() }, r#"{"file":"x.wasm","reason":"bad"}"#),
             (Event::PluginRemoved { name: deployer() }, r#"{"name":"archive"}"#),

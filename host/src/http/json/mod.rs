@@ -29,7 +29,7 @@ pub use deployers::{
 };
 pub use deployments::{
     DeployBody, DeployParams, DeployerProgress, Deployment, Deployments, ListParams, Phase,
-    Progress, Status,
+    Progress, Published, PublishedProgress, Status,
 };
 pub use events::{
     DeploymentCompleted, DeploymentFailed, DeploymentProgress, DeploymentStarted, EventData,

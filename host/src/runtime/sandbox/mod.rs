@@ -2,7 +2,8 @@
 //! an empty `WasiCtxBuilder`, and each capability module adds only what this
 //! call is granted: `filesystem` (the model read-only, the out-dir), `env`
 //! (argv and the manifest's variables), `stdio` (output into the log),
-//! `network` (HTTP through the gate, never a socket). Never decides a policy
+//! `network` (HTTP through the gate, never a socket); the publishing targets
+//! it may open come from its manifest's grant (`publish`). Never decides a policy
 //! of its own: the grants come from the plugin's manifest and the call.
 
 mod env;
@@ -22,6 +23,7 @@ pub use filesystem::{MODEL_DIR, OUT_DIR};
 use super::caps;
 use super::connect::Connector;
 use super::memory::MemoryBudget;
+use super::publish::Publishing;
 use super::report::{GuestOutput, Reporter};
 use super::state::State;
 use super::{CallError, Plugin};
@@ -40,6 +42,7 @@ pub(crate) fn store(
     plugin: &Plugin,
     connector: &Connector,
     mounts: Option<Mounts<'_>>,
+    publishing: Publishing,
     reporter: Arc<dyn Reporter>,
     stderr: GuestOutput,
 ) -> Result<Store<State>, CallError> {
@@ -56,6 +59,7 @@ pub(crate) fn store(
         table: ResourceTable::new(),
         gate,
         memory: MemoryBudget::new(memory_bytes),
+        publishing,
         reporter,
     };
     let mut store = Store::new(engine, state);

@@ -1,14 +1,79 @@
 //! The plugin contract, `berth:deployer`, as the rest of the runtime sees it:
 //! questions and answers in domain terms. Each version of the WIT package has
-//! a module of its own (`since_v0_1_0`) holding its bindings and conversions,
-//! so another version can arrive beside it; those modules are the only ones
-//! that name generated types. Never decides what a plugin may reach.
+//! a module of its own (`since_v0_1_0`, `since_v0_2_0`) holding its bindings
+//! and conversions; those modules are the only ones that name generated
+//! types. A plugin speaks the version it exports; every version's imports
+//! are linked for all. Never decides what a plugin may reach.
 
 mod since_v0_1_0;
+mod since_v0_2_0;
 
-pub(crate) use since_v0_1_0::{PLUGIN_FUNCTIONS, PluginPre, WIT_VERSION, add_to_linker};
+use futures::future::Either;
+use wasmtime::Store;
+use wasmtime::component::{InstancePre, Linker};
 
 use super::DeployCall;
+use super::state::State;
+
+/// The versions of `berth:deployer` this server speaks, oldest first.
+pub(crate) const WIT_VERSIONS: [&str; 2] = [since_v0_1_0::WIT_VERSION, since_v0_2_0::WIT_VERSION];
+/// The functions of the plugin interface, in WIT spelling (every version).
+pub(crate) const PLUGIN_FUNCTIONS: [&str; 3] = ["describe", "check-options", "deploy"];
+
+/// Links every version's imports.
+pub(crate) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> {
+    since_v0_1_0::add_to_linker(linker)?;
+    since_v0_2_0::add_to_linker(linker)
+}
+
+/// A plugin, linked and checked once against the version it was built for;
+/// each call instantiates it into a fresh `Store`.
+pub(crate) enum PluginPre {
+    V0_1(since_v0_1_0::PluginPre),
+    V0_2(since_v0_2_0::PluginPre),
+}
+
+impl PluginPre {
+    /// `version` is one of `WIT_VERSIONS` (a plugin's exported version,
+    /// matched by `compatible`).
+    pub(crate) fn new(pre: InstancePre<State>, version: &str) -> wasmtime::Result<Self> {
+        if version == since_v0_2_0::WIT_VERSION {
+            since_v0_2_0::PluginPre::new(pre).map(Self::V0_2)
+        } else {
+            since_v0_1_0::PluginPre::new(pre).map(Self::V0_1)
+        }
+    }
+
+    /// The engine its code was compiled by, which its stores must share.
+    pub(crate) fn engine(&self) -> &wasmtime::Engine {
+        match self {
+            Self::V0_1(pre) => pre.engine(),
+            Self::V0_2(pre) => pre.engine(),
+        }
+    }
+
+    /// One call into a fresh instance in `store`, as a future that borrows
+    /// nothing, so it may run on any thread; it hands the store back.
+    pub(crate) fn ask(
+        &self,
+        store: Store<State>,
+        question: Question<'_>,
+    ) -> impl Future<Output = (wasmtime::Result<Answer>, Store<State>)> + Send + use<> {
+        match self {
+            Self::V0_1(pre) => Either::Left(pre.ask(store, question)),
+            Self::V0_2(pre) => Either::Right(pre.ask(store, question)),
+        }
+    }
+}
+
+/// The version of `WIT_VERSIONS` a plugin built for `version` speaks: the
+/// same minor, any patch (semver for 0.x).
+pub(crate) fn spoken(version: &str) -> Option<&'static str> {
+    let major_minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+    WIT_VERSIONS
+        .into_iter()
+        .find(|ours| major_minor(ours) == major_minor(version))
+}
 
 /// The interface every plugin exports, without its version suffix.
 pub(crate) const PLUGIN_INTERFACE: &str = "berth:deployer/plugin";

@@ -26,8 +26,6 @@ wasmtime::component::bindgen!({
 /// The version of the package this module speaks; a plugin's export name
 /// carries the version it was built for.
 pub(crate) const WIT_VERSION: &str = "0.1.0";
-/// The functions of the plugin interface, in WIT spelling.
-pub(crate) const PLUGIN_FUNCTIONS: [&str; 3] = ["describe", "check-options", "deploy"];
 
 /// Links the imports this version adds to WASI: the `host` interface.
 pub(crate) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> {
@@ -65,8 +63,8 @@ impl PluginPre {
     }
 }
 
-/// A `Question` in this version's own types.
-enum Asked {
+/// A `Question` in this version's own types (0.2.0's too: it shares them).
+pub(super) enum Asked {
     Describe,
     CheckOptions(String),
     /// Boxed: the request is ten times the size of the other questions.

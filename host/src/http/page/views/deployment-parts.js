@@ -28,6 +28,7 @@ export function fillProgress(cell, phase, p) {
       max = p.deployer.total;
     }
     note = p.deployer?.note ?? "";
+    if (p.published?.bytes) note = `${note}${note ? "; " : ""}published ${bytes(p.published.bytes)} in ${p.published.files} files`;
   } else if (p.bytes_total) {
     value = p.bytes_done;
     max = p.bytes_total;

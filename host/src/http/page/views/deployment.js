@@ -1,5 +1,5 @@
 // One deployment (#/deployments/ID): its record, options, details,
-// artifacts and logs; drawn again when it changes.
+// artifacts, what it published and its logs; drawn again when it changes.
 
 import { api } from "../api.js";
 import { failure, h, show, table } from "../dom.js";
@@ -54,6 +54,12 @@ export async function deploymentView(id) {
       { id: "artifacts" })
       : h("p", { class: "muted" }, "The deployer wrote no files."),
     files.truncated && h("p", { class: "muted" }, "Only the first 10,000 files are listed."),
+    h("h2", {}, "Published"),
+    d.published.length
+      ? table(["Target", "Key", "Size", "sha256", "Where"], d.published.map((p) =>
+        h("tr", {}, h("td", {}, p.target), h("td", { class: "wrap mono" }, p.key), h("td", { class: "num", title: `${p.bytes} bytes` }, bytes(p.bytes)), h("td", { class: "mono", title: p.sha256 }, p.sha256.slice(0, 12)), h("td", { class: "wrap mono" }, p.url))),
+      { id: "published" })
+      : h("p", { class: "muted" }, "The deployer published nothing."),
     h("h2", {}, "Logs"),
     h("pre", { id: "logs" }, typeof logs === "string" && logs ? logs : "(nothing logged)"),
   );

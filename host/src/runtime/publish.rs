@@ -1,0 +1,323 @@
+//! What one call may publish, and the host's side of every `publish` call
+//! in domain terms (the WIT glue converts): a target is opened only when
+//! the plugin's manifest grants it and this server configures it; a model
+//! file is put by its recorded path (with its verified sha256), an out
+//! file only from under the deployment's out-dir; what a deployment
+//! publishes to a target stays within the target's `max_gib`. Every put is
+//! reported (`Reporter::published`) before the guest sees its receipt.
+//! Never moves bytes itself (`crate::publish` does) and never reads a
+//! credential.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::human;
+use crate::model::TrainedModel;
+use crate::publish::{Body, Key, ObjectInfo, Publisher, Publishers, Receipt};
+use crate::targets::Targets;
+
+use super::report::Reporter;
+use super::sandbox::OUT_DIR;
+
+/// `put-bytes` takes at most this much: generated content (a manifest, a
+/// card), not files, which go through `put-out-file` from disk.
+pub const MAX_PUT_BYTES: usize = 8 << 20;
+
+/// The publishing grants of one call.
+pub(crate) struct Publishing {
+    plugin: String,
+    granted: Vec<String>,
+    targets: Arc<Targets>,
+    publishers: Arc<Publishers>,
+    /// Only a deployment may put: `describe` and `check-options` may not.
+    deployment: Option<Deployment>,
+    reporter: Arc<dyn Reporter>,
+    cancel: CancellationToken,
+    /// Bytes put so far, by target, against each target's `max_gib`.
+    sent: HashMap<String, u64>,
+}
+
+/// What a deployment's puts read from.
+struct Deployment {
+    model_dir: PathBuf,
+    /// Recorded path → size and verified sha256.
+    files: HashMap<String, (u64, Option<String>)>,
+    out_dir: PathBuf,
+}
+
+/// The host files a deployment's puts may read.
+pub(crate) struct Sources<'a> {
+    pub(crate) model: &'a TrainedModel,
+    pub(crate) model_dir: &'a Path,
+    pub(crate) out_dir: &'a Path,
+}
+
+/// An opened target, as the guest's handle holds it.
+pub(crate) struct Opened {
+    publisher: Publisher,
+}
+
+impl Opened {
+    pub(crate) fn name(&self) -> &str {
+        self.publisher.name()
+    }
+}
+
+impl Publishing {
+    pub(crate) fn new(
+        plugin: &super::Plugin,
+        targets: Arc<Targets>,
+        publishers: Arc<Publishers>,
+        sources: Option<Sources<'_>>,
+        reporter: Arc<dyn Reporter>,
+        cancel: CancellationToken,
+    ) -> Self {
+        let deployment = sources.map(|s| Deployment {
+            model_dir: s.model_dir.to_path_buf(),
+            files: s
+                .model
+                .files
+                .iter()
+                .map(|f| (f.path.clone(), (f.size_bytes, f.sha256.clone())))
+                .collect(),
+            out_dir: s.out_dir.to_path_buf(),
+        });
+        Self {
+            plugin: plugin.name.clone(),
+            granted: plugin.manifest.targets.clone(),
+            targets,
+            publishers,
+            deployment,
+            reporter,
+            cancel,
+            sent: HashMap::new(),
+        }
+    }
+
+    /// Opens the target `name`: deny by default.
+    pub(crate) fn open(&self, name: &str) -> Result<Opened, String> {
+        self.targets.open(&self.plugin, &self.granted, name)?;
+        let publisher = self.publishers.get(name).map_err(|e| e.to_string())?;
+        Ok(Opened { publisher })
+    }
+
+    pub(crate) fn url(&self, target: &Opened, key: &str) -> Result<String, String> {
+        let key = self.key(target, key)?;
+        Ok(target.publisher.url(&key))
+    }
+
+    pub(crate) async fn stat(
+        &self,
+        target: &Opened,
+        key: &str,
+    ) -> Result<Option<ObjectInfo>, String> {
+        let key = self.key(target, key)?;
+        target.publisher.stat(&key).await.map_err(|e| e.to_string())
+    }
+
+    /// Puts the model's file recorded at `path`.
+    pub(crate) async fn put_model_file(
+        &mut self,
+        target: &Opened,
+        path: &str,
+        key: &str,
+    ) -> Result<Receipt, String> {
+        let key = self.key(target, key)?;
+        let deployment = self.deployment(target)?;
+        let Some((bytes, sha256)) = deployment.files.get(path) else {
+            return Err(format!(
+                "put-model-file {path:?}: the model has no file recorded at that path \
+                 (use a model-file.path of the request, relative to {})",
+                super::MODEL_DIR
+            ));
+        };
+        let body = Body::File {
+            path: deployment.model_dir.join(path),
+            bytes: *bytes,
+            sha256: sha256.clone(),
+        };
+        self.put(target, key, body, *bytes).await
+    }
+
+    /// Puts a file the deployment wrote under its out-dir.
+    pub(crate) async fn put_out_file(
+        &mut self,
+        target: &Opened,
+        path: &str,
+        key: &str,
+    ) -> Result<Receipt, String> {
+        let key = self.key(target, key)?;
+        let out_dir = self.deployment(target)?.out_dir.clone();
+        let file = tokio::task::spawn_blocking({
+            let path = path.to_string();
+            move || out_file(&out_dir, &path)
+        })
+        .await
+        .map_err(|e| format!("put-out-file {path:?}: looking at it crashed: {e}"))??;
+        let bytes = file.1;
+        let body = Body::File {
+            path: file.0,
+            bytes,
+            sha256: None,
+        };
+        self.put(target, key, body, bytes).await
+    }
+
+    /// Puts a few bytes the guest handed over.
+    pub(crate) async fn put_bytes(
+        &mut self,
+        target: &Opened,
+        key: &str,
+        bytes: Vec<u8>,
+        content_type: &str,
+    ) -> Result<Receipt, String> {
+        let key = self.key(target, key)?;
+        self.deployment(target)?;
+        if bytes.len() > MAX_PUT_BYTES {
+            return Err(format!(
+                "put-bytes {}: {} is more than put-bytes takes ({}); write the file under {OUT_DIR} \
+                 and use put-out-file",
+                key.as_str(),
+                human::size(bytes.len() as u64),
+                human::size(MAX_PUT_BYTES as u64)
+            ));
+        }
+        let content_type = match content_type.trim() {
+            "" => "application/octet-stream".to_string(),
+            given => given.parse::<http::HeaderValue>().map(|_| given.to_string()).map_err(|_| {
+                format!("put-bytes {}: content type {content_type:?} is not a header value", key.as_str())
+            })?,
+        };
+        let size = bytes.len() as u64;
+        let body = Body::Bytes {
+            bytes: bytes.into(),
+            content_type,
+        };
+        self.put(target, key, body, size).await
+    }
+
+    /// Puts `body` within the target's budget, reports its progress and
+    /// its receipt.
+    async fn put(
+        &mut self,
+        target: &Opened,
+        key: Key,
+        body: Body,
+        size: u64,
+    ) -> Result<Receipt, String> {
+        let name = target.name().to_string();
+        let sent = self.sent.get(&name).copied().unwrap_or(0);
+        if let Some(max) = self.targets.get(&name).and_then(|t| t.max_bytes())
+            && sent.saturating_add(size) > max
+        {
+            return Err(format!(
+                "target {name:?} takes at most {} from one deployment (its max_gib); this one \
+                 has put {} and {} is {} more",
+                human::size(max),
+                human::size(sent),
+                key.as_str(),
+                human::size(size)
+            ));
+        }
+        let reporter = self.reporter.clone();
+        let progress = move |bytes: u64| reporter.publishing(bytes);
+        let receipt = target
+            .publisher
+            .put(&key, body, &progress, &self.cancel)
+            .await
+            .map_err(|e| e.to_string())?;
+        *self.sent.entry(name).or_default() += receipt.bytes;
+        self.reporter.published(&receipt);
+        Ok(receipt)
+    }
+
+    fn key(&self, target: &Opened, key: &str) -> Result<Key, String> {
+        Key::parse(key).map_err(|e| format!("target {:?}: {e}", target.name()))
+    }
+
+    fn deployment(&self, target: &Opened) -> Result<&Deployment, String> {
+        self.deployment.as_ref().ok_or_else(|| {
+            format!(
+                "target {:?}: only deploy may put; describe and check-options may not",
+                target.name()
+            )
+        })
+    }
+}
+
+/// The host path and size of the regular file `path` names under
+/// `out_dir` (relative to it, or under `/out`): never a link out of it, a
+/// folder or a pipe. The guest waits on this call, so what is checked is
+/// what is read.
+fn out_file(out_dir: &Path, path: &str) -> Result<(PathBuf, u64), String> {
+    let refuse = |why: &str| format!("put-out-file {path:?}: {why}");
+    let relative = match path.strip_prefix(OUT_DIR) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => rest.trim_start_matches('/'),
+        _ => path,
+    };
+    let relative = Path::new(relative);
+    if relative.as_os_str().is_empty()
+        || !relative
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+    {
+        return Err(refuse(&format!(
+            "name a file under {OUT_DIR}, relative to it or starting with {OUT_DIR}/ (no .., no other absolute path)"
+        )));
+    }
+    let root = out_dir
+        .canonicalize()
+        .map_err(|e| refuse(&format!("the out-dir cannot be read: {e}")))?;
+    let real = root.join(relative).canonicalize().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => refuse("no such file under the out-dir"),
+        _ => refuse(&e.to_string()),
+    })?;
+    if !real.starts_with(&root) {
+        return Err(refuse("it is a link to outside the out-dir"));
+    }
+    let meta = std::fs::metadata(&real).map_err(|e| refuse(&e.to_string()))?;
+    if !meta.is_file() {
+        return Err(refuse("not a regular file"));
+    }
+    Ok((real, meta.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_files_are_regular_files_under_the_out_dir_only() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let out = dir.path().join("out");
+        std::fs::create_dir_all(out.join("sub")).unwrap();
+        std::fs::write(out.join("sub/a.txt"), b"abc").unwrap();
+        std::fs::write(dir.path().join("secret"), b"s").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret"), out.join("link")).unwrap();
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            out.join("fifo"),
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        )
+        .unwrap();
+
+        let found = out_file(&out, "sub/a.txt").unwrap();
+        assert_eq!(found.1, 3);
+        assert_eq!(out_file(&out, "/out/sub/a.txt").unwrap(), found);
+        for (path, why) in [
+            ("../secret", "no .."),
+            ("/etc/passwd", "no other absolute path"),
+            ("", "name a file"),
+            ("missing", "no such file"),
+            ("link", "a link to outside"),
+            ("sub", "not a regular file"),
+            ("fifo", "not a regular file"),
+        ] {
+            let e = out_file(&out, path).unwrap_err();
+            assert!(e.contains(why), "{path}: {e}");
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! `berth:deployer@0.2.0`: its bindings, generated from `wit/`, the host's
+//! side of its imports (`host`, and `publish`, whose calls `runtime::publish`
+//! answers), and the conversions between its types and berth's. Its `types`
+//! are 0.1.0's, unchanged, so they are taken from there (`with`) and the
+//! request and answers convert once. Never grants a capability.
+
+use wasmtime::Store;
+use wasmtime::component::{HasSelf, InstancePre, Linker, Resource};
+
+use self::berth::deployer::host::{self, Level};
+use self::berth::deployer::publish::{self, ObjectInfo, Receipt};
+use super::since_v0_1_0::Asked;
+use super::{Answer, Question, Reply};
+use crate::runtime::caps;
+use crate::runtime::publish::Opened;
+use crate::runtime::report::GuestLevel;
+use crate::runtime::state::State;
+
+wasmtime::component::bindgen!({
+    world: "deployer",
+    path: "../wit",
+    imports: { default: async | trappable },
+    exports: { default: async },
+    with: {
+        "wasi": wasmtime_wasi::p2::bindings,
+        "berth:deployer/types": super::since_v0_1_0::berth::deployer::types,
+        "berth:deployer/publish.target": Opened,
+    },
+});
+
+/// The version of the package this module speaks.
+pub(crate) const WIT_VERSION: &str = "0.2.0";
+
+/// Links the imports this version adds to WASI: `host` and `publish`.
+pub(crate) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> {
+    host::add_to_linker::<State, HasSelf<State>>(linker, |state| state)?;
+    publish::add_to_linker::<State, HasSelf<State>>(linker, |state| state)
+}
+
+/// A plugin of this version, linked and checked once.
+pub(crate) struct PluginPre(DeployerPre<State>);
+
+impl PluginPre {
+    pub(crate) fn new(pre: InstancePre<State>) -> wasmtime::Result<Self> {
+        DeployerPre::new(pre).map(Self)
+    }
+
+    pub(crate) fn engine(&self) -> &wasmtime::Engine {
+        self.0.engine()
+    }
+
+    /// As `since_v0_1_0::PluginPre::ask`.
+    pub(crate) fn ask(
+        &self,
+        mut store: Store<State>,
+        question: Question<'_>,
+    ) -> impl Future<Output = (wasmtime::Result<Answer>, Store<State>)> + Send + use<> {
+        let pre = self.0.clone();
+        let question = Asked::from(question);
+        async move {
+            let answer = ask(&pre, &mut store, question).await;
+            (answer, store)
+        }
+    }
+}
+
+async fn ask(
+    pre: &DeployerPre<State>,
+    store: &mut Store<State>,
+    question: Asked,
+) -> wasmtime::Result<Answer> {
+    let instance = pre.instantiate_async(&mut *store).await?;
+    let api = instance.berth_deployer_plugin();
+    Ok(match question {
+        Asked::Describe => Answer::Info(api.call_describe(&mut *store).await?.into()),
+        Asked::CheckOptions(options) => {
+            Answer::Checked(api.call_check_options(&mut *store, &options).await?)
+        }
+        Asked::Deploy(request) => Answer::Deployed(
+            api.call_deploy(&mut *store, &request)
+                .await?
+                .map(Reply::from),
+        ),
+    })
+}
+
+impl host::Host for State {
+    async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
+        self.reporter.log(level.into(), &caps::log_line(&message));
+        Ok(())
+    }
+
+    async fn progress(&mut self, done: u64, total: u64, note: String) -> wasmtime::Result<()> {
+        self.reporter.progress(done, total, caps::note(&note));
+        Ok(())
+    }
+}
+
+impl From<Level> for GuestLevel {
+    fn from(level: Level) -> Self {
+        match level {
+            Level::Debug => GuestLevel::Debug,
+            Level::Info => GuestLevel::Info,
+            Level::Warn => GuestLevel::Warn,
+            Level::Error => GuestLevel::Error,
+        }
+    }
+}
+
+impl publish::Host for State {}
+
+impl publish::HostTarget for State {
+    async fn open(&mut self, name: String) -> wasmtime::Result<Result<Resource<Opened>, String>> {
+        Ok(match self.publishing.open(&name) {
+            Ok(opened) => Ok(self.table.push(opened)?),
+            Err(e) => Err(caps::error(e)),
+        })
+    }
+
+    async fn name(&mut self, target: Resource<Opened>) -> wasmtime::Result<String> {
+        Ok(self.table.get(&target)?.name().to_string())
+    }
+
+    async fn put_model_file(
+        &mut self,
+        target: Resource<Opened>,
+        path: String,
+        key: String,
+    ) -> wasmtime::Result<Result<Receipt, String>> {
+        let opened = self.table.get(&target)?;
+        let put = self.publishing.put_model_file(opened, &path, &key).await;
+        Ok(put.map(Receipt::from).map_err(caps::error))
+    }
+
+    async fn put_out_file(
+        &mut self,
+        target: Resource<Opened>,
+        path: String,
+        key: String,
+    ) -> wasmtime::Result<Result<Receipt, String>> {
+        let opened = self.table.get(&target)?;
+        let put = self.publishing.put_out_file(opened, &path, &key).await;
+        Ok(put.map(Receipt::from).map_err(caps::error))
+    }
+
+    async fn put_bytes(
+        &mut self,
+        target: Resource<Opened>,
+        key: String,
+        bytes: Vec<u8>,
+        content_type: String,
+    ) -> wasmtime::Result<Result<Receipt, String>> {
+        let opened = self.table.get(&target)?;
+        let put = self
+            .publishing
+            .put_bytes(opened, &key, bytes, &content_type)
+            .await;
+        Ok(put.map(Receipt::from).map_err(caps::error))
+    }
+
+    async fn stat(
+        &mut self,
+        target: Resource<Opened>,
+        key: String,
+    ) -> wasmtime::Result<Result<Option<ObjectInfo>, String>> {
+        let opened = self.table.get(&target)?;
+        let found = self.publishing.stat(opened, &key).await;
+        Ok(found
+            .map(|info| {
+                info.map(|i| ObjectInfo {
+                    bytes: i.bytes,
+                    etag: i.etag,
+                })
+            })
+            .map_err(caps::error))
+    }
+
+    async fn url(
+        &mut self,
+        target: Resource<Opened>,
+        key: String,
+    ) -> wasmtime::Result<Result<String, String>> {
+        let opened = self.table.get(&target)?;
+        Ok(self.publishing.url(opened, &key).map_err(caps::error))
+    }
+
+    async fn drop(&mut self, target: Resource<Opened>) -> wasmtime::Result<()> {
+        self.table.delete(target)?;
+        Ok(())
+    }
+}
+
+impl From<crate::publish::Receipt> for Receipt {
+    fn from(receipt: crate::publish::Receipt) -> Self {
+        Receipt {
+            url: receipt.url,
+            bytes: receipt.bytes,
+            sha256: receipt.sha256,
+            etag: receipt.etag,
+        }
+    }
+}
