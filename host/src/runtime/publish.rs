@@ -26,6 +26,25 @@ use super::sandbox::OUT_DIR;
 /// card), not files, which go through `put-out-file` from disk.
 pub const MAX_PUT_BYTES: usize = 8 << 20;
 
+/// A deployment's options with its `target` filled in where the author
+/// may leave it out: the deployer takes a `target` option (its options
+/// schema says so), its manifest grants exactly one target, and the
+/// options name none. `None`: the options stand as given.
+pub fn default_target(plugin: &super::Plugin, options_json: &str) -> Option<String> {
+    let [only] = plugin.manifest.targets.as_slice() else {
+        return None;
+    };
+    let schema: serde_json::Value = serde_json::from_str(plugin.options_schema.as_deref()?).ok()?;
+    schema.get("properties")?.get("target")?;
+    let mut options: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(options_json).ok()?;
+    if options.contains_key("target") {
+        return None;
+    }
+    options.insert("target".into(), only.clone().into());
+    serde_json::to_string(&options).ok()
+}
+
 /// The publishing grants of one call.
 pub(crate) struct Publishing {
     plugin: String,
@@ -56,7 +75,7 @@ pub(crate) struct Sources<'a> {
 }
 
 /// An opened target, as the guest's handle holds it.
-pub(crate) struct Opened {
+pub struct Opened {
     publisher: Publisher,
 }
 
@@ -187,9 +206,15 @@ impl Publishing {
         }
         let content_type = match content_type.trim() {
             "" => "application/octet-stream".to_string(),
-            given => given.parse::<http::HeaderValue>().map(|_| given.to_string()).map_err(|_| {
-                format!("put-bytes {}: content type {content_type:?} is not a header value", key.as_str())
-            })?,
+            given => given
+                .parse::<http::HeaderValue>()
+                .map(|_| given.to_string())
+                .map_err(|_| {
+                    format!(
+                        "put-bytes {}: content type {content_type:?} is not a header value",
+                        key.as_str()
+                    )
+                })?,
         };
         let size = bytes.len() as u64;
         let body = Body::Bytes {
@@ -271,10 +296,13 @@ fn out_file(out_dir: &Path, path: &str) -> Result<(PathBuf, u64), String> {
     let root = out_dir
         .canonicalize()
         .map_err(|e| refuse(&format!("the out-dir cannot be read: {e}")))?;
-    let real = root.join(relative).canonicalize().map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => refuse("no such file under the out-dir"),
-        _ => refuse(&e.to_string()),
-    })?;
+    let real = root
+        .join(relative)
+        .canonicalize()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => refuse("no such file under the out-dir"),
+            _ => refuse(&e.to_string()),
+        })?;
     if !real.starts_with(&root) {
         return Err(refuse("it is a link to outside the out-dir"));
     }

@@ -146,8 +146,9 @@ impl Backend {
     /// Links a component of this engine, built for `berth:deployer@version`,
     /// against the host's imports.
     pub(crate) fn link(&self, component: &Component, version: &str) -> Result<PluginPre, String> {
-        let spoken = wit::spoken(version)
-            .ok_or_else(|| format!("is built for berth:deployer@{version}, which berth does not speak"))?;
+        let spoken = wit::spoken(version).ok_or_else(|| {
+            format!("is built for berth:deployer@{version}, which berth does not speak")
+        })?;
         let instance_pre = self.linker.instantiate_pre(component).map_err(|e| {
             format!(
                 "needs an import berth does not provide: {}",

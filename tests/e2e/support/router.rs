@@ -64,21 +64,34 @@ impl App {
     }
 
     async fn start_with(backend: Backend, tokens: Option<Arc<Tokens>>, targets: Targets) -> Self {
+        Self::start_with_plugins(backend, tokens, targets, &plugins::defaults()).await
+    }
+
+    /// The API serving `served` (name, wasm) from its folder, with the
+    /// publishing targets of a sources file.
+    pub async fn start_with_plugins(
+        backend: Backend,
+        tokens: Option<Arc<Tokens>>,
+        targets: Targets,
+        served: &[(&str, std::path::PathBuf)],
+    ) -> Self {
         let temp = tempfile::tempdir().unwrap();
         let plugins_dir = temp.path().join("plugins");
         std::fs::create_dir_all(&plugins_dir).unwrap();
-        for (name, wasm) in plugins::defaults() {
+        for (name, wasm) in served {
             std::fs::copy(wasm, plugins_dir.join(format!("{name}.wasm"))).unwrap();
         }
         let db = Db::connect(&database_url(backend).await)
             .await
             .expect("opening the test database");
+        let targets = Arc::new(targets);
         let runtime = Runtime::new(
             Limits::default(),
             Some(CodeCache::new(plugins::shared_cache())),
             Engines::optimized(),
         )
-        .unwrap();
+        .unwrap()
+        .targets(targets.clone());
         // 20: `serve`'s default --max-deployers.
         let loaded = runtime.load_dir(&plugins_dir, 20).await;
         let deployers = Arc::new(Deployers::new(Arc::new(runtime), plugins_dir, loaded));
@@ -91,7 +104,7 @@ impl App {
         db: Db,
         deployers: Arc<Deployers>,
         tokens: Option<Arc<Tokens>>,
-        targets: Targets,
+        targets: Arc<Targets>,
         temp: tempfile::TempDir,
     ) -> Self {
         let fetcher = Fetcher::new(temp.path().join("models"), Duration::from_secs(1800)).unwrap();
@@ -123,7 +136,7 @@ impl App {
             pipeline,
             tokens,
             webhook: None,
-            targets: Arc::new(targets),
+            targets,
             shutdown,
         });
         Self {
@@ -147,7 +160,7 @@ impl App {
         let db = Db::connect(&database_url(Backend::Sqlite).await)
             .await
             .unwrap();
-        Self::assemble(db, deployers, None, Targets::default(), temp)
+        Self::assemble(db, deployers, None, Arc::default(), temp)
     }
 
     /// The same API, called with `token` (or with none).

@@ -246,7 +246,12 @@ fn print(deployment: &Answer<Deployment>, json: bool) {
     for p in &d.published {
         lines.push((
             "published",
-            format!("{} ({}, sha256 {})", p.url, crate::human::size(p.bytes), p.sha256),
+            format!(
+                "{} ({}, sha256 {})",
+                p.url,
+                crate::human::size(p.bytes),
+                p.sha256
+            ),
         ));
     }
     for (name, value) in lines {

@@ -133,7 +133,11 @@ fn describe(phase: Phase, progress: &Progress) -> String {
                     ", published {} ({} {})",
                     crate::human::size(published.bytes),
                     published.files,
-                    if published.files == 1 { "file" } else { "files" }
+                    if published.files == 1 {
+                        "file"
+                    } else {
+                        "files"
+                    }
                 ));
             }
             words

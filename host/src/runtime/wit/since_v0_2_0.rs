@@ -24,7 +24,7 @@ wasmtime::component::bindgen!({
     with: {
         "wasi": wasmtime_wasi::p2::bindings,
         "berth:deployer/types": super::since_v0_1_0::berth::deployer::types,
-        "berth:deployer/publish.target": Opened,
+        "berth:deployer/publish.target": crate::runtime::publish::Opened,
     },
 });
 

@@ -82,7 +82,10 @@ fn text(step: &Value, field: &str) -> String {
 
 fn run(step: &Value, target: &mut Option<Target>) -> Result<Value, String> {
     let opened = |target: &Option<Target>| -> Result<(), String> {
-        target.as_ref().map(|_| ()).ok_or_else(|| "no target opened".to_string())
+        target
+            .as_ref()
+            .map(|_| ())
+            .ok_or_else(|| "no target opened".to_string())
     };
     if let Some(name) = step["open"].as_str() {
         let opened = Target::open(name)?;
@@ -92,7 +95,10 @@ fn run(step: &Value, target: &mut Option<Target>) -> Result<Value, String> {
     }
     if let Some(path) = step["put_model_file"].as_str() {
         opened(target)?;
-        let receipt = target.as_ref().unwrap().put_model_file(path, &text(step, "key"))?;
+        let receipt = target
+            .as_ref()
+            .unwrap()
+            .put_model_file(path, &text(step, "key"))?;
         return Ok(receipt_json(&receipt));
     }
     if let Some(path) = step["put_out_file"].as_str() {
@@ -104,7 +110,10 @@ fn run(step: &Value, target: &mut Option<Target>) -> Result<Value, String> {
             }
             std::fs::write(&file, write).map_err(|e| e.to_string())?;
         }
-        let receipt = target.as_ref().unwrap().put_out_file(path, &text(step, "key"))?;
+        let receipt = target
+            .as_ref()
+            .unwrap()
+            .put_out_file(path, &text(step, "key"))?;
         return Ok(receipt_json(&receipt));
     }
     if let Some(key) = step["put_bytes"].as_str() {
@@ -113,10 +122,11 @@ fn run(step: &Value, target: &mut Option<Target>) -> Result<Value, String> {
             Some(size) => vec![b'x'; size as usize],
             None => text(step, "text").into_bytes(),
         };
-        let receipt = target
-            .as_ref()
-            .unwrap()
-            .put_bytes(key, &bytes, &text(step, "content_type"))?;
+        let receipt =
+            target
+                .as_ref()
+                .unwrap()
+                .put_bytes(key, &bytes, &text(step, "content_type"))?;
         return Ok(receipt_json(&receipt));
     }
     if let Some(key) = step["stat"].as_str() {
@@ -133,10 +143,14 @@ fn run(step: &Value, target: &mut Option<Target>) -> Result<Value, String> {
             let all: Map<String, Value> = std::env::vars().map(|(k, v)| (k, json!(v))).collect();
             return Ok(Value::Object(all));
         }
-        return std::env::var(name).map(|v| json!(v)).map_err(|e| e.to_string());
+        return std::env::var(name)
+            .map(|v| json!(v))
+            .map_err(|e| e.to_string());
     }
     if let Some(path) = step["read"].as_str() {
-        return std::fs::read_to_string(path).map(|t| json!(t)).map_err(|e| e.to_string());
+        return std::fs::read_to_string(path)
+            .map(|t| json!(t))
+            .map_err(|e| e.to_string());
     }
     if let Some(url) = step["http"].as_str() {
         return http(url, &text(step, "method"), step["headers"].as_object());
@@ -177,8 +191,12 @@ fn http(url: &str, method: &str, headers: Option<&Map<String, Value>>) -> Result
             _ => Scheme::Https,
         }))
         .map_err(|_| "scheme")?;
-    request.set_authority(Some(authority)).map_err(|_| "authority")?;
-    request.set_path_with_query(Some(path)).map_err(|_| "path")?;
+    request
+        .set_authority(Some(authority))
+        .map_err(|_| "authority")?;
+    request
+        .set_path_with_query(Some(path))
+        .map_err(|_| "path")?;
     let body = request.body().map_err(|_| "body")?;
     let response = outgoing_handler::handle(request, None).map_err(|e| format!("{e:?}"))?;
     OutgoingBody::finish(body, None).map_err(|e| format!("{e:?}"))?;
