@@ -5,6 +5,66 @@
 //! types. A plugin speaks the version it exports; every version's imports
 //! are linked for all. Never decides what a plugin may reach.
 
+/// A version's `PluginPre`: its bindings' `DeployerPre`, and one call as a
+/// `Question` in, an `Answer` out. The same for every version, whose
+/// generated names agree; expanded in each `since_*` module, where those
+/// names (and `Asked`, the question in the version's types) resolve.
+macro_rules! plugin_pre {
+    () => {
+        /// A plugin of this version, linked and checked once; each call
+        /// instantiates it into a fresh `Store`.
+        pub(crate) struct PluginPre(DeployerPre<State>);
+
+        impl PluginPre {
+            pub(crate) fn new(pre: InstancePre<State>) -> wasmtime::Result<Self> {
+                DeployerPre::new(pre).map(Self)
+            }
+
+            /// The engine its code was compiled by, which its stores must share.
+            pub(crate) fn engine(&self) -> &wasmtime::Engine {
+                self.0.engine()
+            }
+
+            /// One call into a fresh instance in `store`, as a future that
+            /// borrows nothing (the question is converted now), so it may
+            /// run on any thread; it hands the store back with the answer.
+            pub(crate) fn ask(
+                &self,
+                mut store: Store<State>,
+                question: Question<'_>,
+            ) -> impl Future<Output = (wasmtime::Result<Answer>, Store<State>)> + Send + use<> {
+                let pre = self.0.clone();
+                let question = Asked::from(question);
+                async move {
+                    let answer = ask(&pre, &mut store, question).await;
+                    (answer, store)
+                }
+            }
+        }
+
+        async fn ask(
+            pre: &DeployerPre<State>,
+            store: &mut Store<State>,
+            question: Asked,
+        ) -> wasmtime::Result<Answer> {
+            let instance = pre.instantiate_async(&mut *store).await?;
+            let api = instance.berth_deployer_plugin();
+            Ok(match question {
+                Asked::Describe => Answer::Info(api.call_describe(&mut *store).await?.into()),
+                Asked::CheckOptions(options) => {
+                    Answer::Checked(api.call_check_options(&mut *store, &options).await?)
+                }
+                Asked::Deploy(request) => Answer::Deployed(
+                    api.call_deploy(&mut *store, &request)
+                        .await?
+                        .map(Reply::from),
+                ),
+            })
+        }
+    };
+}
+use plugin_pre;
+
 mod since_v0_1_0;
 mod since_v0_2_0;
 

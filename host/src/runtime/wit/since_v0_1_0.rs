@@ -32,36 +32,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> 
     host::add_to_linker::<State, HasSelf<State>>(linker, |state| state)
 }
 
-/// A plugin of this version, linked and checked once; each call instantiates
-/// it into a fresh `Store`.
-pub(crate) struct PluginPre(DeployerPre<State>);
-
-impl PluginPre {
-    pub(crate) fn new(pre: InstancePre<State>) -> wasmtime::Result<Self> {
-        DeployerPre::new(pre).map(Self)
-    }
-
-    /// The engine its code was compiled by, which its stores must share.
-    pub(crate) fn engine(&self) -> &wasmtime::Engine {
-        self.0.engine()
-    }
-
-    /// One call into a fresh instance in `store`, as a future that borrows
-    /// nothing (the question is converted now), so it may run on any
-    /// thread; it hands the store back with the answer.
-    pub(crate) fn ask(
-        &self,
-        mut store: Store<State>,
-        question: Question<'_>,
-    ) -> impl Future<Output = (wasmtime::Result<Answer>, Store<State>)> + Send + use<> {
-        let pre = self.0.clone();
-        let question = Asked::from(question);
-        async move {
-            let answer = ask(&pre, &mut store, question).await;
-            (answer, store)
-        }
-    }
-}
+super::plugin_pre!();
 
 /// A `Question` in this version's own types (0.2.0's too: it shares them).
 pub(super) enum Asked {
@@ -79,26 +50,6 @@ impl From<Question<'_>> for Asked {
             Question::Deploy(call) => Asked::Deploy(Box::new(call.into())),
         }
     }
-}
-
-async fn ask(
-    pre: &DeployerPre<State>,
-    store: &mut Store<State>,
-    question: Asked,
-) -> wasmtime::Result<Answer> {
-    let instance = pre.instantiate_async(&mut *store).await?;
-    let api = instance.berth_deployer_plugin();
-    Ok(match question {
-        Asked::Describe => Answer::Info(api.call_describe(&mut *store).await?.into()),
-        Asked::CheckOptions(options) => {
-            Answer::Checked(api.call_check_options(&mut *store, &options).await?)
-        }
-        Asked::Deploy(request) => Answer::Deployed(
-            api.call_deploy(&mut *store, &request)
-                .await?
-                .map(Reply::from),
-        ),
-    })
 }
 
 impl Host for State {

@@ -37,52 +37,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> 
     publish::add_to_linker::<State, HasSelf<State>>(linker, |state| state)
 }
 
-/// A plugin of this version, linked and checked once.
-pub(crate) struct PluginPre(DeployerPre<State>);
-
-impl PluginPre {
-    pub(crate) fn new(pre: InstancePre<State>) -> wasmtime::Result<Self> {
-        DeployerPre::new(pre).map(Self)
-    }
-
-    pub(crate) fn engine(&self) -> &wasmtime::Engine {
-        self.0.engine()
-    }
-
-    /// As `since_v0_1_0::PluginPre::ask`.
-    pub(crate) fn ask(
-        &self,
-        mut store: Store<State>,
-        question: Question<'_>,
-    ) -> impl Future<Output = (wasmtime::Result<Answer>, Store<State>)> + Send + use<> {
-        let pre = self.0.clone();
-        let question = Asked::from(question);
-        async move {
-            let answer = ask(&pre, &mut store, question).await;
-            (answer, store)
-        }
-    }
-}
-
-async fn ask(
-    pre: &DeployerPre<State>,
-    store: &mut Store<State>,
-    question: Asked,
-) -> wasmtime::Result<Answer> {
-    let instance = pre.instantiate_async(&mut *store).await?;
-    let api = instance.berth_deployer_plugin();
-    Ok(match question {
-        Asked::Describe => Answer::Info(api.call_describe(&mut *store).await?.into()),
-        Asked::CheckOptions(options) => {
-            Answer::Checked(api.call_check_options(&mut *store, &options).await?)
-        }
-        Asked::Deploy(request) => Answer::Deployed(
-            api.call_deploy(&mut *store, &request)
-                .await?
-                .map(Reply::from),
-        ),
-    })
-}
+super::plugin_pre!();
 
 impl host::Host for State {
     async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
