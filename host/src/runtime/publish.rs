@@ -19,8 +19,8 @@ use crate::model::TrainedModel;
 use crate::publish::{Body, Key, ObjectInfo, Publisher, Publishers, Receipt};
 use crate::targets::Targets;
 
+use super::OUT_DIR;
 use super::report::Reporter;
-use super::sandbox::OUT_DIR;
 
 /// `put-bytes` takes at most this much: generated content (a manifest, a
 /// card), not files, which go through `put-out-file` from disk.
