@@ -167,7 +167,30 @@ impl fetch::Observer for Running {
 impl Reporter for Running {
     fn log(&self, level: GuestLevel, message: &str) {
         self.log.log(level, message);
-        let line = format!("{} {message}", level.as_str());
+        self.keep(format!("{} {message}", level.as_str()));
+    }
+
+    /// Into the deployment's log only: the server log has it already.
+    /// Marked `berth` where a guest's line has its level, so a plugin
+    /// cannot write a line that reads as the host's.
+    fn host_line(&self, message: &str) {
+        self.keep(format!("berth {message}"));
+    }
+
+    fn progress(&self, done: u64, total: u64, note: &str) {
+        self.log.progress(done, total, note);
+        let mut state = self.state.lock().expect("running lock");
+        let p = &mut state.progress;
+        (p.deployer_done, p.deployer_total) = (done, total);
+        p.deployer_note = note.to_string();
+        state.dirty = true;
+    }
+}
+
+impl Running {
+    /// Keeps one line of the deployment's log, dropping the oldest past
+    /// the bound.
+    fn keep(&self, line: String) {
         let mut state = self.state.lock().expect("running lock");
         state.bytes += line.len() + 1;
         state.lines.push_back(line);
@@ -178,15 +201,6 @@ impl Reporter for Running {
             state.bytes -= old.len() + 1;
             state.dropped += 1;
         }
-    }
-
-    fn progress(&self, done: u64, total: u64, note: &str) {
-        self.log.progress(done, total, note);
-        let mut state = self.state.lock().expect("running lock");
-        let p = &mut state.progress;
-        (p.deployer_done, p.deployer_total) = (done, total);
-        p.deployer_note = note.to_string();
-        state.dirty = true;
     }
 }
 

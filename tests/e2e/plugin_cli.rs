@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::support::bytes as noise;
-use crate::support::cli::{expect_success, lossy, path};
+use crate::support::cli::{berth_command, expect_success, lossy, path};
 use crate::support::{plugins, sha256_hex, tree, unpack};
 
 #[test]
@@ -487,17 +487,6 @@ fn verbose_shows_the_deployers_log_and_progress_lines() {
 
 fn berth(command: &[&str], plugin: &Path, args: &[&str]) -> Output {
     run(berth_command(command, plugin, args))
-}
-
-fn berth_command(command: &[&str], plugin: &Path, args: &[&str]) -> Command {
-    let mut berth = Command::new(env!("CARGO_BIN_EXE_berth"));
-    berth
-        .args(command)
-        .arg(plugin)
-        .args(args)
-        .env("BERTH_LOG", "warn")
-        .env("BERTH_CACHE_DIR", plugins::shared_cache());
-    berth
 }
 
 fn run(mut command: Command) -> Output {

@@ -1,7 +1,21 @@
 //! The one place that decides whether a plugin may make an outgoing HTTP
 //! request: the allow-list of its manifest, checked against every request's
-//! scheme, host and port. wasmtime's HTTP client connects from the host and
-//! ignores WASI socket permissions, so this hook is the only gate.
+//! scheme, host and port, and the http(s) publishing targets it is granted,
+//! each of which opens its own URL (`http_targets`: same scheme, host and
+//! port, a path under the target's). wasmtime's HTTP client connects from
+//! the host and ignores WASI socket permissions, so this hook is the only
+//! gate.
+//!
+//! A request under a granted target gets the target's headers (its
+//! credentials), added here at send time, after the checks and the address
+//! resolution: the guest never holds them. A guest that sets a header of
+//! the same name itself is refused with a sentence naming the header,
+//! never its value; a request to the target's host outside its path gets
+//! no headers and passes only if `allowed_hosts` lets it.
+//!
+//! Every refusal is said in the server's log and in the call's own log
+//! (`Reporter::host_line`, the deployment's log), since many guests only
+//! see a closed stream; neither names a query string or a header value.
 //!
 //! Redirects are not followed by wasi:http: a guest that follows one makes a
 //! new request, which passes through here again. The `Host` header is on
@@ -10,7 +24,11 @@
 //! A granted host *name* is resolved here and every address it resolves to
 //! is checked: one on this machine, a private network, link-local (cloud
 //! metadata at 169.254.169.254) or unspecified is refused unless the
-//! manifest grants that address itself (`127.0.0.1:9000`). The request then
+//! manifest grants that address itself (`127.0.0.1:9000`), or the name is
+//! that of a granted target's URL: the operator wrote that URL into the
+//! sources file, naming the host as surely as an address in the manifest
+//! does, and an internal mirror is what a target usually is; the plugin's
+//! own manifest cannot add such a name. The request then
 //! goes to exactly the address checked, plain HTTP and HTTPS alike
 //! (`connect`: the name is never resolved again, so a DNS answer that
 //! changes in between reaches nothing); HTTPS still verifies the
@@ -18,10 +36,13 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use wasmtime_wasi_http::{WasiBody, WasiHttpHooks};
 
 use super::connect::{Connector, Failure, Sent};
+use super::http_targets::{HttpTarget, HttpTargets};
+use super::report::Reporter;
 
 /// One entry of a manifest's `allowed_hosts`: `host`, `host:port` or
 /// `scheme://host[:port]`.
@@ -131,33 +152,96 @@ fn normalize_host(host: &str) -> String {
 pub(crate) struct HttpGate {
     plugin: String,
     allowed: Vec<AllowedHost>,
+    targets: HttpTargets,
     connector: Connector,
+    /// The call's log, where refusals are said.
+    reporter: Arc<dyn Reporter>,
+}
+
+/// Where a request is going: scheme, host (normalized) and port.
+struct Endpoint {
+    scheme: String,
+    host: String,
+    port: u16,
+}
+
+impl Endpoint {
+    /// `host:port`, as refusals name it (an IPv6 address bracketed).
+    fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
 }
 
 impl HttpGate {
-    pub(crate) fn new(plugin: &str, allowed: Vec<AllowedHost>, connector: Connector) -> Self {
+    pub(crate) fn new(
+        plugin: &str,
+        allowed: Vec<AllowedHost>,
+        targets: HttpTargets,
+        connector: Connector,
+        reporter: Arc<dyn Reporter>,
+    ) -> Self {
         Self {
             plugin: plugin.to_string(),
             allowed,
+            targets,
             connector,
+            reporter,
         }
     }
 
-    /// The scheme, host and port of `uri` if the allow-list grants them.
-    fn target(&self, uri: &http::Uri) -> Option<(String, String, u16)> {
+    /// The scheme, host and port of `uri`; `None` when it names no host,
+    /// or user info: wasmtime's sender connects to the raw authority, and
+    /// with user info in it what connects is not the host checked here.
+    fn endpoint(uri: &http::Uri) -> Option<Endpoint> {
         let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
-        // wasmtime's sender connects to the raw authority: with user info in
-        // it, what connects is not the host checked here.
         let host = uri
             .host()
             .filter(|_| !uri.authority().is_some_and(|a| a.as_str().contains('@')))?;
         let port = uri.port_u16().unwrap_or(default_port(&scheme));
-        let host = normalize_host(host);
+        Some(Endpoint {
+            host: normalize_host(host),
+            scheme,
+            port,
+        })
+    }
+
+    fn allows(&self, to: &Endpoint) -> bool {
         self.allowed
             .iter()
-            .any(|a| a.allows(&scheme, &host, port))
-            .then_some((scheme, host, port))
+            .any(|a| a.allows(&to.scheme, &to.host, to.port))
     }
+
+    /// Why a request passes neither check, for the logs: what would let
+    /// it pass.
+    fn not_allowed(&self) -> String {
+        let hosts: Vec<String> = self.allowed.iter().map(|a| a.to_string()).collect();
+        let mut reason = format!(
+            "not in allowed_hosts (the plugin's manifest grants: {})",
+            if hosts.is_empty() {
+                "none".to_string()
+            } else {
+                hosts.join(", ")
+            }
+        );
+        if !self.targets.is_empty() {
+            reason.push_str(&format!(
+                ", and under none of its targets: {}",
+                self.targets.listed()
+            ));
+        }
+        reason
+    }
+}
+
+/// Says a refusal in the server's log and the call's own.
+fn refused(plugin: &str, reporter: &dyn Reporter, to: &str, reason: &str) {
+    let sentence = format!("outgoing request to {to} refused: {reason}");
+    tracing::warn!(plugin, "{sentence}");
+    reporter.host_line(&sentence);
 }
 
 /// Whether a host name may not lead a plugin to `ip` without the address
@@ -189,8 +273,9 @@ fn internal(ip: IpAddr) -> bool {
 
 /// Where a granted host may be reached: the address itself when the grant
 /// is one, else the name's first resolved address, or why not (a refused
-/// address, or no answer).
-async fn resolve(host: &str, port: u16) -> Result<SocketAddr, Failure> {
+/// address, or no answer). `named_by_operator`: the name is a granted
+/// target's, so an internal address is as good as granted (see the top).
+async fn resolve(host: &str, port: u16, named_by_operator: bool) -> Result<SocketAddr, Failure> {
     // An address in the grant is the address granted.
     if let Ok(ip) = host.parse::<IpAddr>() {
         return Ok(SocketAddr::new(ip, port));
@@ -205,7 +290,7 @@ async fn resolve(host: &str, port: u16) -> Result<SocketAddr, Failure> {
             reason: format!("{host} does not resolve: {e}"),
         })?
         .collect();
-    if let Some(refused) = addrs.iter().find(|a| internal(a.ip())) {
+    if !named_by_operator && let Some(refused) = addrs.iter().find(|a| internal(a.ip())) {
         return Err(Failure {
             error: wasmtime_wasi_http::Error::DestinationIpProhibited,
             reason: format!(
@@ -238,39 +323,71 @@ type SendResult = wasmtime_wasi_http::Result<Sent>;
 impl WasiHttpHooks for HttpGate {
     fn send_request(
         &mut self,
-        request: http::Request<WasiBody>,
+        mut request: http::Request<WasiBody>,
         options: Option<wasmtime_wasi_http::RequestOptions>,
         fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
-        let Some((scheme, host, port)) = self.target(request.uri()) else {
-            tracing::warn!(
-                plugin = %self.plugin,
-                to = %loggable(request.uri()),
-                "outgoing request denied: the host is not in allowed_hosts of the plugin's manifest"
-            );
-            return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
+        let denied = || Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
+        let Some(to) = Self::endpoint(request.uri()) else {
+            let reason = "it names no host, or a user name before the host";
+            refused(&self.plugin, &*self.reporter, &loggable(request.uri()), reason);
+            return denied();
         };
+        let covering: Option<Arc<HttpTarget>> = self.targets.covering(request.uri()).cloned();
+        if let Some(target) = &covering
+            && let Some(header) = target.clash(request.headers())
+        {
+            let reason = format!(
+                "it sets its own {header} header under target {:?} ({}), whose credentials berth adds; \
+                 leave the header out",
+                target.name(),
+                target.url()
+            );
+            refused(&self.plugin, &*self.reporter, &to.authority(), &reason);
+            let guest = format!("refused by berth: {reason}");
+            return Box::new(async move {
+                Err(wasmtime_wasi_http::Error::InternalError(Some(guest)))
+            });
+        }
+        if covering.is_none() && !self.allows(&to) {
+            refused(&self.plugin, &*self.reporter, &to.authority(), &self.not_allowed());
+            return denied();
+        }
         // Unused, as by wasmtime's default sender: errors reach the guest
         // through the answer and the response body.
         drop(fut);
         let plugin = self.plugin.clone();
         let connector = self.connector.clone();
+        let reporter = self.reporter.clone();
         Box::new(async move {
-            let to = loggable(request.uri());
-            let addr = match resolve(&host, port).await {
+            let path = loggable(request.uri());
+            let addr = match resolve(&to.host, to.port, covering.is_some()).await {
                 Ok(addr) => addr,
                 Err(Failure { error, reason }) => {
-                    tracing::warn!(plugin = %plugin, to = %to, "outgoing request denied: {reason}");
+                    refused(&plugin, &*reporter, &to.authority(), &reason);
                     return Err(error);
                 }
             };
-            tracing::debug!(plugin = %plugin, to = %to, %addr, "outgoing request allowed");
-            let tls_name = (scheme == "https").then_some(host.as_str());
+            // After every check: the credentials go to exactly the
+            // address checked, and nothing of them reaches the guest.
+            if let Some(target) = &covering {
+                target.add_headers(request.headers_mut());
+            }
+            tracing::debug!(
+                plugin = %plugin,
+                to = %path,
+                %addr,
+                via_target = ?covering.as_ref().map(|t| t.name()),
+                "outgoing request allowed"
+            );
+            let tls_name = (to.scheme == "https").then_some(to.host.as_str());
             connector
                 .send(request, addr, tls_name, options)
                 .await
                 .map_err(|Failure { error, reason }| {
-                    tracing::warn!(plugin = %plugin, to = %to, "outgoing request failed: {reason}");
+                    let sentence = format!("outgoing request to {} failed: {reason}", to.authority());
+                    tracing::warn!(plugin = %plugin, to = %path, "{sentence}");
+                    reporter.host_line(&sentence);
                     error
                 })
         })
@@ -305,7 +422,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_name_that_resolves_to_an_internal_address_is_refused() {
-        let Failure { error, reason } = resolve("localhost", 80).await.unwrap_err();
+        let Failure { error, reason } = resolve("localhost", 80, false).await.unwrap_err();
         assert!(matches!(
             error,
             wasmtime_wasi_http::Error::DestinationIpProhibited
@@ -319,18 +436,37 @@ mod tests {
         );
     }
 
+    /// A name a granted target's URL holds is reached even when it
+    /// resolves to this machine: the operator named it.
+    #[tokio::test]
+    async fn a_targets_name_may_resolve_to_an_internal_address() {
+        let addr = resolve("localhost", 80, true).await.unwrap();
+        assert!(internal(addr.ip()), "{addr}");
+    }
+
+    pub(super) fn gate(allowed: Vec<AllowedHost>) -> HttpGate {
+        let reporter = Arc::new(crate::runtime::LogReporter::new("test", None));
+        HttpGate::new(
+            "test",
+            allowed,
+            HttpTargets::default(),
+            Connector::new(&Default::default()),
+            reporter,
+        )
+    }
+
+    /// Whether the allow-list lets `uri` pass.
+    pub(super) fn passes(gate: &HttpGate, uri: &str) -> bool {
+        HttpGate::endpoint(&uri.parse().unwrap()).is_some_and(|to| gate.allows(&to))
+    }
+
     #[track_caller]
     fn check(allowed: &[&str], uri: &str, expected: bool) {
         let allowed = allowed
             .iter()
             .map(|a| AllowedHost::parse(a).unwrap())
             .collect();
-        let gate = HttpGate::new("test", allowed, Connector::new(&Default::default()));
-        assert_eq!(
-            gate.target(&uri.parse().unwrap()).is_some(),
-            expected,
-            "{uri}"
-        );
+        assert_eq!(passes(&gate(allowed), uri), expected, "{uri}");
     }
 
     #[test]
@@ -388,6 +524,31 @@ mod tests {
             "http://user@mirror.internal:8443/",
             false,
         );
+    }
+
+    #[test]
+    fn a_refusal_names_what_the_manifest_grants() {
+        let none = gate(Vec::new());
+        assert_eq!(
+            none.not_allowed(),
+            "not in allowed_hosts (the plugin's manifest grants: none)"
+        );
+        let allowed = ["mirror.internal:8443", "[::1]:9000"]
+            .iter()
+            .map(|a| AllowedHost::parse(a).unwrap())
+            .collect();
+        let sources = "[[target]]\nname = \"mirror\"\nurl = \"https://m.internal/up/\"\n\
+                       headers = { Authorization = \"Bearer s3cret\" }\n";
+        let targets = crate::targets::Targets::parse(sources, "sources.toml", |_| None).unwrap();
+        let mut granted = gate(allowed);
+        granted.targets = HttpTargets::granted(&targets, "test", &["mirror".to_string()]);
+        let reason = granted.not_allowed();
+        assert_eq!(
+            reason,
+            "not in allowed_hosts (the plugin's manifest grants: mirror.internal:8443, [::1]:9000), \
+             and under none of its targets: mirror (https://m.internal/up/)"
+        );
+        assert!(!reason.contains("s3cret"));
     }
 
     #[test]
@@ -482,9 +643,9 @@ mod props {
                 Ok(IpAddr::V6(ip)) => format!("[{ip}]"),
                 _ => parsed.host.clone(),
             };
-            let gate = HttpGate::new("props", vec![parsed], Connector::new(&Default::default()));
-            let uri = format!("{scheme}://{host}:{port}/x").parse().unwrap();
-            prop_assert!(gate.target(&uri).is_some(), "{uri} refused");
+            let gate = super::tests::gate(vec![parsed]);
+            let uri = format!("{scheme}://{host}:{port}/x");
+            prop_assert!(super::tests::passes(&gate, &uri), "{uri} refused");
         }
 
         /// Whatever the text, it is parsed or refused naming the entry, and
