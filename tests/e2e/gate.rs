@@ -227,9 +227,9 @@ async fn a_granted_http_target_gets_its_credentials_from_the_host_and_only_under
     }
     assert_no_secret("the server log", &berth.log());
     assert!(
-        berth.log().contains(&format!(
-            "outgoing request to {host} refused: {sentence}"
-        )),
+        berth
+            .log()
+            .contains(&format!("outgoing request to {host} refused: {sentence}")),
         "the server log has the refusal too"
     );
 }
@@ -256,9 +256,7 @@ async fn plugin_run_takes_targets_env_values_and_a_deployment_id() {
     let targeted = plugin("targeted", "targets = [\"mirror\"]\n");
     let with_env = plugin(
         "with-env",
-        &format!(
-            "allowed_hosts = [\"{host}\"]\nenv = {{ MIRROR_TOKEN = \"${{TRIAL_TOKEN}}\" }}\n"
-        ),
+        &format!("allowed_hosts = [\"{host}\"]\nenv = {{ MIRROR_TOKEN = \"${{TRIAL_TOKEN}}\" }}\n"),
     );
     let run = |wasm: &Path, base: &str, flags: &[&str]| {
         let options = json!({ "base_url": format!("http://{host}/{base}") }).to_string();
@@ -337,5 +335,9 @@ async fn plugin_run_takes_targets_env_values_and_a_deployment_id() {
         )),
         "{stderr}"
     );
-    assert_eq!(mirror.received().len(), 2, "nothing more reached the mirror");
+    assert_eq!(
+        mirror.received().len(),
+        2,
+        "nothing more reached the mirror"
+    );
 }

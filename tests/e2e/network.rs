@@ -429,8 +429,9 @@ async fn a_granted_name_that_resolves_to_an_internal_address_is_refused() {
     assert_eq!(mirror.received().len(), 0, "nothing reached the mirror");
     let log = berth.log();
     assert!(
-        log.contains(&format!("outgoing request to {name} refused: localhost resolves to"))
-            && log.contains("an internal address; grant the address itself in allowed_hosts"),
+        log.contains(&format!(
+            "outgoing request to {name} refused: localhost resolves to"
+        )) && log.contains("an internal address; grant the address itself in allowed_hosts"),
         "{log}"
     );
 }

@@ -330,7 +330,12 @@ impl WasiHttpHooks for HttpGate {
         let denied = || Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
         let Some(to) = Self::endpoint(request.uri()) else {
             let reason = "it names no host, or a user name before the host";
-            refused(&self.plugin, &*self.reporter, &loggable(request.uri()), reason);
+            refused(
+                &self.plugin,
+                &*self.reporter,
+                &loggable(request.uri()),
+                reason,
+            );
             return denied();
         };
         let covering: Option<Arc<HttpTarget>> = self.targets.covering(request.uri()).cloned();
@@ -345,12 +350,17 @@ impl WasiHttpHooks for HttpGate {
             );
             refused(&self.plugin, &*self.reporter, &to.authority(), &reason);
             let guest = format!("refused by berth: {reason}");
-            return Box::new(async move {
-                Err(wasmtime_wasi_http::Error::InternalError(Some(guest)))
-            });
+            return Box::new(
+                async move { Err(wasmtime_wasi_http::Error::InternalError(Some(guest))) },
+            );
         }
         if covering.is_none() && !self.allows(&to) {
-            refused(&self.plugin, &*self.reporter, &to.authority(), &self.not_allowed());
+            refused(
+                &self.plugin,
+                &*self.reporter,
+                &to.authority(),
+                &self.not_allowed(),
+            );
             return denied();
         }
         // Unused, as by wasmtime's default sender: errors reach the guest
@@ -385,7 +395,8 @@ impl WasiHttpHooks for HttpGate {
                 .send(request, addr, tls_name, options)
                 .await
                 .map_err(|Failure { error, reason }| {
-                    let sentence = format!("outgoing request to {} failed: {reason}", to.authority());
+                    let sentence =
+                        format!("outgoing request to {} failed: {reason}", to.authority());
                     tracing::warn!(plugin = %plugin, to = %path, "{sentence}");
                     reporter.host_line(&sentence);
                     error

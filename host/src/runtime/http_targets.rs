@@ -181,9 +181,17 @@ headers = { Authorization = "Bearer plain" }
             check(&all, uri, expected);
         }
         // Granted but not configured, an s3 target, or not granted: nothing.
-        check(&granted(&["elsewhere", "bucket"]), "https://mirror.internal:8443/base/a", None);
+        check(
+            &granted(&["elsewhere", "bucket"]),
+            "https://mirror.internal:8443/base/a",
+            None,
+        );
         assert!(granted(&["bucket"]).is_empty());
-        check(&granted(&["plain"]), "https://mirror.internal:8443/base/a", None);
+        check(
+            &granted(&["plain"]),
+            "https://mirror.internal:8443/base/a",
+            None,
+        );
     }
 
     #[test]
@@ -206,9 +214,6 @@ headers = { Authorization = "Bearer plain" }
             target.clash(&own).map(HeaderName::as_str),
             Some("authorization")
         );
-        assert_eq!(
-            all.listed(),
-            "mirror (https://mirror.internal:8443/base/)"
-        );
+        assert_eq!(all.listed(), "mirror (https://mirror.internal:8443/base/)");
     }
 }

@@ -175,8 +175,9 @@ fn read_files(
 ) -> Result<(Manifest, Vec<u8>, Option<String>), String> {
     let manifest_path = path.with_extension("toml");
     let manifest = match std::fs::read_to_string(&manifest_path) {
-        Ok(text) => Manifest::parse(&text, lookup)
-            .map_err(|e| format!("manifest {name}.toml: {e}"))?,
+        Ok(text) => {
+            Manifest::parse(&text, lookup).map_err(|e| format!("manifest {name}.toml: {e}"))?
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Manifest::default(),
         Err(e) => return Err(format!("manifest {name}.toml cannot be read: {e}")),
     };

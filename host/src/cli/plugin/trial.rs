@@ -135,7 +135,9 @@ mod tests {
             ("A-B=x", Err("is not a variable name")),
         ] {
             match (parse_env(text), expected) {
-                (Ok((name, value)), Ok((n, v))) => assert_eq!((name.as_str(), value.as_str()), (n, v)),
+                (Ok((name, value)), Ok((n, v))) => {
+                    assert_eq!((name.as_str(), value.as_str()), (n, v))
+                }
                 (Err(e), Err(fragment)) => assert!(e.contains(fragment), "{text}: {e}"),
                 (got, _) => panic!("{text}: {got:?}"),
             }
