@@ -2,8 +2,8 @@
 //! resolved against the environment given when the file is loaded, so a
 //! missing secret is a load error, never a surprise in the middle of a
 //! deployment; and the credentials the sources file's `[[source]]`s and
-//! `[[target]]`s resolve alike (a header, an S3 option). Does no I/O of its
-//! own.
+//! `[[target]]`s resolve alike (a header, an S3 option), and the one rule of
+//! where such a credential may go (`under`). Does no I/O of its own.
 
 use std::str::FromStr;
 
@@ -86,4 +86,19 @@ pub(crate) fn s3_option(
     };
     let value = expand(template, lookup).map_err(|e| format!("options.{option}: {e}"))?;
     Ok((key, value))
+}
+
+/// Whether `url` is under `prefix`, where the prefix's credentials may go:
+/// same scheme, host and port, and a path that is the prefix's or
+/// continues it (`/models` covers `/models/a`, not `/models2`). Both are
+/// `url::Url`s, so `.` and `..` segments are already resolved.
+pub(crate) fn under(prefix: &url::Url, url: &url::Url) -> bool {
+    let (prefix_path, path) = (prefix.path(), url.path());
+    prefix.scheme() == url.scheme()
+        && prefix.host_str() == url.host_str()
+        && prefix.port_or_known_default() == url.port_or_known_default()
+        && path.starts_with(prefix_path)
+        && (prefix_path.ends_with('/')
+            || path.len() == prefix_path.len()
+            || path[prefix_path.len()..].starts_with('/'))
 }

@@ -176,17 +176,14 @@ impl fetch::Observer for Running {
 impl Reporter for Running {
     fn log(&self, level: GuestLevel, message: &str) {
         self.log.log(level, message);
-        let line = format!("{} {message}", level.as_str());
-        let mut state = self.state.lock().expect("running lock");
-        state.bytes += line.len() + 1;
-        state.lines.push_back(line);
-        while state.bytes > MAX_LOG_BYTES {
-            let Some(old) = state.lines.pop_front() else {
-                break;
-            };
-            state.bytes -= old.len() + 1;
-            state.dropped += 1;
-        }
+        self.keep(format!("{} {message}", level.as_str()));
+    }
+
+    /// Into the deployment's log only: the server log has it already.
+    /// Marked `berth` where a guest's line has its level, so a plugin
+    /// cannot write a line that reads as the host's.
+    fn host_line(&self, message: &str) {
+        self.keep(format!("berth {message}"));
     }
 
     fn progress(&self, done: u64, total: u64, note: &str) {
@@ -214,6 +211,23 @@ impl Reporter for Running {
         state.progress.published_files += 1;
         state.published.push(receipt.clone());
         state.dirty = true;
+    }
+}
+
+impl Running {
+    /// Keeps one line of the deployment's log, dropping the oldest past
+    /// the bound.
+    fn keep(&self, line: String) {
+        let mut state = self.state.lock().expect("running lock");
+        state.bytes += line.len() + 1;
+        state.lines.push_back(line);
+        while state.bytes > MAX_LOG_BYTES {
+            let Some(old) = state.lines.pop_front() else {
+                break;
+            };
+            state.bytes -= old.len() + 1;
+            state.dropped += 1;
+        }
     }
 }
 

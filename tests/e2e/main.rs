@@ -16,6 +16,7 @@ mod crash;
 mod deploy;
 mod event_log;
 mod fetch;
+mod gate;
 mod languages;
 mod live;
 mod logs;

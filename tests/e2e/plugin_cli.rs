@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::support::bytes as noise;
-use crate::support::cli::{expect_success, lossy, path};
+use crate::support::cli::{berth_command, expect_success, lossy, path};
 use crate::support::{plugins, sha256_hex, tree, unpack};
 
 #[test]
@@ -18,26 +18,34 @@ fn run_packs_every_file_of_the_directory_into_the_archive() {
     let model = model_dir();
     let out = TempDir::new().unwrap();
 
+    // The archive is named after the deployment the plugin is told of.
     let output = berth(
         &["plugin", "run"],
         &plugins::example("archive"),
-        &["--dir", path(&model.dir), "--out", path(out.path())],
+        &[
+            "--dir",
+            path(&model.dir),
+            "--out",
+            path(out.path()),
+            "--deploy-id",
+            "7",
+        ],
     );
 
     let result = expect_success(&output);
     let printed: Value = serde_json::from_str(&result)
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {result}"));
     assert_eq!(
-        printed["ref"], "/out/support-bot-lora-1.tar.gz",
+        printed["ref"], "/out/support-bot-lora-7.tar.gz",
         "{printed:#}"
     );
     assert_eq!(printed["out_dir"], path(out.path()), "{printed:#}");
     let written = tree(out.path());
     assert_eq!(
         written.keys().collect::<Vec<_>>(),
-        ["support-bot-lora-1.tar.gz"]
+        ["support-bot-lora-7.tar.gz"]
     );
-    let archive = &written["support-bot-lora-1.tar.gz"];
+    let archive = &written["support-bot-lora-7.tar.gz"];
     assert_eq!(
         printed["details"],
         json!({"files": model.files.len(), "bytes": archive.len(), "sha256": sha256_hex(archive)})
@@ -446,6 +454,8 @@ fn verbose_shows_the_deployers_log_and_progress_lines() {
     let guest_lines = |flags: &[&str]| {
         let out = TempDir::new().unwrap();
         let mut args = vec!["--dir", path(&model.dir), "--out", path(out.path())];
+        // Chosen, so that berth says no id of its own among the lines.
+        args.extend(["--deploy-id", "1"]);
         args.extend(flags);
         let output = berth(&["plugin", "run"], &plugins::example("archive"), &args);
         expect_success(&output);
@@ -487,17 +497,6 @@ fn verbose_shows_the_deployers_log_and_progress_lines() {
 
 fn berth(command: &[&str], plugin: &Path, args: &[&str]) -> Output {
     run(berth_command(command, plugin, args))
-}
-
-fn berth_command(command: &[&str], plugin: &Path, args: &[&str]) -> Command {
-    let mut berth = Command::new(env!("CARGO_BIN_EXE_berth"));
-    berth
-        .args(command)
-        .arg(plugin)
-        .args(args)
-        .env("BERTH_LOG", "warn")
-        .env("BERTH_CACHE_DIR", plugins::shared_cache());
-    berth
 }
 
 fn run(mut command: Command) -> Output {

@@ -5,7 +5,7 @@
 //! the engine and never reads the runtime's private state. Every case runs
 //! on both tiers of compiled code (`optimized::` Cranelift, `baseline::`
 //! Winch); `tiers` covers the swap from one to the other, `pool` the
-//! instance pool's limit.
+//! instance pool's limit, `targets` the HTTP gate with publishing targets.
 
 mod optimized {
     const COMPILER: berth::runtime::Compiler = berth::runtime::Compiler::Optimized;
@@ -18,4 +18,5 @@ mod baseline {
 }
 
 mod pool;
+mod targets;
 mod tiers;

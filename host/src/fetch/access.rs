@@ -17,7 +17,7 @@ use object_store::aws::AmazonS3ConfigKey;
 use reqwest::header::HeaderMap;
 use serde::Deserialize;
 
-use crate::host_env::{header_value, s3_option};
+use crate::host_env::{header_value, s3_option, under};
 
 /// The parsed sources file; `Default` is no file: no source gets
 /// credentials.
@@ -185,14 +185,7 @@ impl Credentials {
     /// a path that is the prefix's or continues it (`/models` covers
     /// `/models/a`, not `/models2`).
     fn covers(&self, url: &url::Url) -> bool {
-        let (prefix, path) = (self.prefix.path(), url.path());
-        self.prefix.scheme() == url.scheme()
-            && self.prefix.host_str() == url.host_str()
-            && self.prefix.port_or_known_default() == url.port_or_known_default()
-            && path.starts_with(prefix)
-            && (prefix.ends_with('/')
-                || path.len() == prefix.len()
-                || path[prefix.len()..].starts_with('/'))
+        under(&self.prefix, url)
     }
 
     /// The prefix as written in messages.

@@ -1,7 +1,21 @@
 //! The one place that decides whether a plugin may make an outgoing HTTP
 //! request: the allow-list of its manifest, checked against every request's
-//! scheme, host and port. wasmtime's HTTP client connects from the host and
-//! ignores WASI socket permissions, so this hook is the only gate.
+//! scheme, host and port, and the http(s) publishing targets it is granted,
+//! each of which opens its own URL (`http_targets`: same scheme, host and
+//! port, a path under the target's). wasmtime's HTTP client connects from
+//! the host and ignores WASI socket permissions, so this hook is the only
+//! gate.
+//!
+//! A request under a granted target gets the target's headers (its
+//! credentials), added here at send time, after the checks and the address
+//! resolution: the guest never holds them. A guest that sets a header of
+//! the same name itself is refused with a sentence naming the header,
+//! never its value; a request to the target's host outside its path gets
+//! no headers and passes only if `allowed_hosts` lets it.
+//!
+//! Every refusal is said in the server's log and in the call's own log
+//! (`Reporter::host_line`, the deployment's log), since many guests only
+//! see a closed stream; neither names a query string or a header value.
 //!
 //! Redirects are not followed by wasi:http: a guest that follows one makes a
 //! new request, which passes through here again. The `Host` header is on
@@ -10,7 +24,11 @@
 //! A granted host *name* is resolved here and every address it resolves to
 //! is checked: one on this machine, a private network, link-local (cloud
 //! metadata at 169.254.169.254) or unspecified is refused unless the
-//! manifest grants that address itself (`127.0.0.1:9000`). The request then
+//! manifest grants that address itself (`127.0.0.1:9000`), or the name is
+//! that of a granted target's URL: the operator wrote that URL into the
+//! sources file, naming the host as surely as an address in the manifest
+//! does, and an internal mirror is what a target usually is; the plugin's
+//! own manifest cannot add such a name. The request then
 //! goes to exactly the address checked, plain HTTP and HTTPS alike
 //! (`connect`: the name is never resolved again, so a DNS answer that
 //! changes in between reaches nothing); HTTPS still verifies the
@@ -18,10 +36,13 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use wasmtime_wasi_http::{WasiBody, WasiHttpHooks};
 
 use super::connect::{Connector, Failure, Sent};
+use super::http_targets::{HttpTarget, HttpTargets};
+use super::report::Reporter;
 
 /// One entry of a manifest's `allowed_hosts`: `host`, `host:port` or
 /// `scheme://host[:port]`.
@@ -131,33 +152,96 @@ fn normalize_host(host: &str) -> String {
 pub(crate) struct HttpGate {
     plugin: String,
     allowed: Vec<AllowedHost>,
+    targets: HttpTargets,
     connector: Connector,
+    /// The call's log, where refusals are said.
+    reporter: Arc<dyn Reporter>,
+}
+
+/// Where a request is going: scheme, host (normalized) and port.
+struct Endpoint {
+    scheme: String,
+    host: String,
+    port: u16,
+}
+
+impl Endpoint {
+    /// `host:port`, as refusals name it (an IPv6 address bracketed).
+    fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
 }
 
 impl HttpGate {
-    pub(crate) fn new(plugin: &str, allowed: Vec<AllowedHost>, connector: Connector) -> Self {
+    pub(crate) fn new(
+        plugin: &str,
+        allowed: Vec<AllowedHost>,
+        targets: HttpTargets,
+        connector: Connector,
+        reporter: Arc<dyn Reporter>,
+    ) -> Self {
         Self {
             plugin: plugin.to_string(),
             allowed,
+            targets,
             connector,
+            reporter,
         }
     }
 
-    /// The scheme, host and port of `uri` if the allow-list grants them.
-    fn target(&self, uri: &http::Uri) -> Option<(String, String, u16)> {
+    /// The scheme, host and port of `uri`; `None` when it names no host,
+    /// or user info: wasmtime's sender connects to the raw authority, and
+    /// with user info in it what connects is not the host checked here.
+    fn endpoint(uri: &http::Uri) -> Option<Endpoint> {
         let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
-        // wasmtime's sender connects to the raw authority: with user info in
-        // it, what connects is not the host checked here.
         let host = uri
             .host()
             .filter(|_| !uri.authority().is_some_and(|a| a.as_str().contains('@')))?;
         let port = uri.port_u16().unwrap_or(default_port(&scheme));
-        let host = normalize_host(host);
+        Some(Endpoint {
+            host: normalize_host(host),
+            scheme,
+            port,
+        })
+    }
+
+    fn allows(&self, to: &Endpoint) -> bool {
         self.allowed
             .iter()
-            .any(|a| a.allows(&scheme, &host, port))
-            .then_some((scheme, host, port))
+            .any(|a| a.allows(&to.scheme, &to.host, to.port))
     }
+
+    /// Why a request passes neither check, for the logs: what would let
+    /// it pass.
+    fn not_allowed(&self) -> String {
+        let hosts: Vec<String> = self.allowed.iter().map(|a| a.to_string()).collect();
+        let mut reason = format!(
+            "not in allowed_hosts (the plugin's manifest grants: {})",
+            if hosts.is_empty() {
+                "none".to_string()
+            } else {
+                hosts.join(", ")
+            }
+        );
+        if !self.targets.is_empty() {
+            reason.push_str(&format!(
+                ", and under none of its targets: {}",
+                self.targets.listed()
+            ));
+        }
+        reason
+    }
+}
+
+/// Says a refusal in the server's log and the call's own.
+fn refused(plugin: &str, reporter: &dyn Reporter, to: &str, reason: &str) {
+    let sentence = format!("outgoing request to {to} refused: {reason}");
+    tracing::warn!(plugin, "{sentence}");
+    reporter.host_line(&sentence);
 }
 
 /// Whether a host name may not lead a plugin to `ip` without the address
@@ -189,8 +273,9 @@ fn internal(ip: IpAddr) -> bool {
 
 /// Where a granted host may be reached: the address itself when the grant
 /// is one, else the name's first resolved address, or why not (a refused
-/// address, or no answer).
-async fn resolve(host: &str, port: u16) -> Result<SocketAddr, Failure> {
+/// address, or no answer). `named_by_operator`: the name is a granted
+/// target's, so an internal address is as good as granted (see the top).
+async fn resolve(host: &str, port: u16, named_by_operator: bool) -> Result<SocketAddr, Failure> {
     // An address in the grant is the address granted.
     if let Ok(ip) = host.parse::<IpAddr>() {
         return Ok(SocketAddr::new(ip, port));
@@ -205,7 +290,7 @@ async fn resolve(host: &str, port: u16) -> Result<SocketAddr, Failure> {
             reason: format!("{host} does not resolve: {e}"),
         })?
         .collect();
-    if let Some(refused) = addrs.iter().find(|a| internal(a.ip())) {
+    if !named_by_operator && let Some(refused) = addrs.iter().find(|a| internal(a.ip())) {
         return Err(Failure {
             error: wasmtime_wasi_http::Error::DestinationIpProhibited,
             reason: format!(
@@ -238,39 +323,82 @@ type SendResult = wasmtime_wasi_http::Result<Sent>;
 impl WasiHttpHooks for HttpGate {
     fn send_request(
         &mut self,
-        request: http::Request<WasiBody>,
+        mut request: http::Request<WasiBody>,
         options: Option<wasmtime_wasi_http::RequestOptions>,
         fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
-        let Some((scheme, host, port)) = self.target(request.uri()) else {
-            tracing::warn!(
-                plugin = %self.plugin,
-                to = %loggable(request.uri()),
-                "outgoing request denied: the host is not in allowed_hosts of the plugin's manifest"
+        let denied = || Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
+        let Some(to) = Self::endpoint(request.uri()) else {
+            let reason = "it names no host, or a user name before the host";
+            refused(
+                &self.plugin,
+                &*self.reporter,
+                &loggable(request.uri()),
+                reason,
             );
-            return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
+            return denied();
         };
+        let covering: Option<Arc<HttpTarget>> = self.targets.covering(request.uri()).cloned();
+        if let Some(target) = &covering
+            && let Some(header) = target.clash(request.headers())
+        {
+            let reason = format!(
+                "it sets its own {header} header under target {:?} ({}), whose credentials berth adds; \
+                 leave the header out",
+                target.name(),
+                target.url()
+            );
+            refused(&self.plugin, &*self.reporter, &to.authority(), &reason);
+            let guest = format!("refused by berth: {reason}");
+            return Box::new(
+                async move { Err(wasmtime_wasi_http::Error::InternalError(Some(guest))) },
+            );
+        }
+        if covering.is_none() && !self.allows(&to) {
+            refused(
+                &self.plugin,
+                &*self.reporter,
+                &to.authority(),
+                &self.not_allowed(),
+            );
+            return denied();
+        }
         // Unused, as by wasmtime's default sender: errors reach the guest
         // through the answer and the response body.
         drop(fut);
         let plugin = self.plugin.clone();
         let connector = self.connector.clone();
+        let reporter = self.reporter.clone();
         Box::new(async move {
-            let to = loggable(request.uri());
-            let addr = match resolve(&host, port).await {
+            let path = loggable(request.uri());
+            let addr = match resolve(&to.host, to.port, covering.is_some()).await {
                 Ok(addr) => addr,
                 Err(Failure { error, reason }) => {
-                    tracing::warn!(plugin = %plugin, to = %to, "outgoing request denied: {reason}");
+                    refused(&plugin, &*reporter, &to.authority(), &reason);
                     return Err(error);
                 }
             };
-            tracing::debug!(plugin = %plugin, to = %to, %addr, "outgoing request allowed");
-            let tls_name = (scheme == "https").then_some(host.as_str());
+            // After every check: the credentials go to exactly the
+            // address checked, and nothing of them reaches the guest.
+            if let Some(target) = &covering {
+                target.add_headers(request.headers_mut());
+            }
+            tracing::debug!(
+                plugin = %plugin,
+                to = %path,
+                %addr,
+                via_target = ?covering.as_ref().map(|t| t.name()),
+                "outgoing request allowed"
+            );
+            let tls_name = (to.scheme == "https").then_some(to.host.as_str());
             connector
                 .send(request, addr, tls_name, options)
                 .await
                 .map_err(|Failure { error, reason }| {
-                    tracing::warn!(plugin = %plugin, to = %to, "outgoing request failed: {reason}");
+                    let sentence =
+                        format!("outgoing request to {} failed: {reason}", to.authority());
+                    tracing::warn!(plugin = %plugin, to = %path, "{sentence}");
+                    reporter.host_line(&sentence);
                     error
                 })
         })
@@ -278,223 +406,5 @@ impl WasiHttpHooks for HttpGate {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn internal_addresses_are_told_apart_from_public_ones() {
-        for (ip, expected) in [
-            ("127.0.0.1", true),
-            ("10.1.2.3", true),
-            ("172.16.0.1", true),
-            ("192.168.1.1", true),
-            ("169.254.169.254", true),
-            ("100.64.0.1", true),
-            ("0.0.0.0", true),
-            ("::1", true),
-            ("fd00::1", true),
-            ("fe80::1", true),
-            ("::ffff:127.0.0.1", true),
-            ("8.8.8.8", false),
-            ("100.128.0.1", false),
-            ("2001:4860:4860::8888", false),
-        ] {
-            assert_eq!(internal(ip.parse().unwrap()), expected, "{ip}");
-        }
-    }
-
-    #[tokio::test]
-    async fn a_name_that_resolves_to_an_internal_address_is_refused() {
-        let Failure { error, reason } = resolve("localhost", 80).await.unwrap_err();
-        assert!(matches!(
-            error,
-            wasmtime_wasi_http::Error::DestinationIpProhibited
-        ));
-        assert!(
-            reason.starts_with("localhost resolves to ")
-                && reason.ends_with(
-                    "an internal address; grant the address itself in allowed_hosts to reach it"
-                ),
-            "{reason}"
-        );
-    }
-
-    #[track_caller]
-    fn check(allowed: &[&str], uri: &str, expected: bool) {
-        let allowed = allowed
-            .iter()
-            .map(|a| AllowedHost::parse(a).unwrap())
-            .collect();
-        let gate = HttpGate::new("test", allowed, Connector::new(&Default::default()));
-        assert_eq!(
-            gate.target(&uri.parse().unwrap()).is_some(),
-            expected,
-            "{uri}"
-        );
-    }
-
-    #[test]
-    fn requests_pass_only_to_listed_scheme_host_and_port() {
-        check(&[], "http://anything/", false);
-        check(
-            &["mirror.internal:8443"],
-            "https://mirror.internal:8443/x",
-            true,
-        );
-        check(
-            &["mirror.internal:8443"],
-            "http://mirror.internal:8443/x",
-            true,
-        );
-        check(
-            &["mirror.internal:8443"],
-            "https://mirror.internal/x",
-            false,
-        );
-        check(
-            &["mirror.internal:8443"],
-            "https://MIRROR.internal.:8443/x",
-            true,
-        );
-        check(
-            &["mirror.internal:8443"],
-            "https://evil.internal:8443/x",
-            false,
-        );
-        check(
-            &["mirror.internal:8443"],
-            "https://mirror.internal.evil.com:8443/",
-            false,
-        );
-        check(&["mirror.internal"], "https://mirror.internal/x", true);
-        check(&["mirror.internal"], "http://mirror.internal/x", true);
-        check(&["mirror.internal"], "http://mirror.internal:8080/x", false);
-        check(
-            &["https://mirror.internal"],
-            "http://mirror.internal:443/x",
-            false,
-        );
-        check(
-            &["https://mirror.internal"],
-            "https://mirror.internal/x",
-            true,
-        );
-        check(&["127.0.0.1:9000"], "http://127.0.0.1:9000/", true);
-        check(&["127.0.0.1:9000"], "http://localhost:9000/", false);
-        check(&["127.0.0.1:9000"], "http://2130706433:9000/", false);
-        check(&["[::1]:9000"], "http://[::1]:9000/", true);
-        check(
-            &["mirror.internal:8443"],
-            "http://user@mirror.internal:8443/",
-            false,
-        );
-    }
-
-    #[test]
-    fn logged_addresses_leave_out_user_info_and_queries() {
-        let uri = "https://u:p@mirror.internal:8443/up/x?token=s3cret"
-            .parse()
-            .unwrap();
-        assert_eq!(loggable(&uri), "https://mirror.internal:8443/up/x");
-    }
-
-    /// Found by `props::an_entry_reads_back_from_its_text_…`: an IPv6
-    /// entry was shown without its brackets (`::1:9000`), which reads as
-    /// nothing, in `berth plugin check` and `GET /v1/deployers`.
-    #[test]
-    fn an_ipv6_entry_is_shown_as_written() {
-        for entry in ["[::1]:9000", "https://[::ffff:0.0.0.0]", "[fd00::1]"] {
-            let parsed = AllowedHost::parse(entry).unwrap();
-            assert_eq!(parsed.to_string(), entry);
-            assert_eq!(AllowedHost::parse(&parsed.to_string()), Ok(parsed));
-        }
-    }
-
-    #[test]
-    fn bad_entries_are_refused_with_the_entry_named() {
-        for entry in [
-            "",
-            "ftp://x",
-            "x/path",
-            "*.example.com",
-            "a b",
-            "host:notaport",
-            "u@host",
-            // Found by `props::any_entry_is_answered`: taken as hosts `a:`
-            // and the empty name.
-            "[a:]",
-            ".",
-        ] {
-            let err = AllowedHost::parse(entry).expect_err(entry);
-            assert!(err.contains(&format!("{entry:?}")), "{err}");
-        }
-    }
-}
-
-/// `allowed_hosts` entries over generated hosts, ports and schemes: each
-/// reads back from its own text, and grants the requests it names.
-#[cfg(test)]
-mod props {
-    use std::net::{Ipv4Addr, Ipv6Addr};
-
-    use proptest::prelude::*;
-
-    use super::*;
-    use crate::strategies;
-
-    fn host() -> impl Strategy<Value = String> {
-        prop_oneof![
-            r"[a-zA-Z][a-zA-Z0-9-]{0,8}(\.[a-zA-Z0-9-]{1,8}){0,3}\.?",
-            any::<Ipv4Addr>().prop_map(|ip| ip.to_string()),
-            any::<Ipv6Addr>().prop_map(|ip| format!("[{ip}]")),
-        ]
-    }
-
-    /// An entry as a person writes it: `[scheme://]host[:port]`.
-    fn entry() -> impl Strategy<Value = String> {
-        (
-            prop_oneof![
-                Just(""),
-                Just("http://"),
-                Just("https://"),
-                Just("HTTPS://")
-            ],
-            host(),
-            prop::option::of(1..=u16::MAX),
-        )
-            .prop_map(|(scheme, host, port)| match port {
-                Some(port) => format!("{scheme}{host}:{port}"),
-                None => format!("{scheme}{host}"),
-            })
-    }
-
-    proptest! {
-        #![proptest_config(strategies::cases(256))]
-
-        #[test]
-        fn an_entry_reads_back_from_its_text_and_grants_what_it_names(entry in entry()) {
-            let parsed = AllowedHost::parse(&entry).map_err(TestCaseError::fail)?;
-            let shown = parsed.to_string();
-            prop_assert_eq!(AllowedHost::parse(&shown), Ok(parsed.clone()), "shown as {}", shown);
-            let scheme = parsed.scheme.clone().unwrap_or("https".into());
-            let port = parsed.port.unwrap_or(default_port(&scheme));
-            let host = match parsed.host.parse::<IpAddr>() {
-                Ok(IpAddr::V6(ip)) => format!("[{ip}]"),
-                _ => parsed.host.clone(),
-            };
-            let gate = HttpGate::new("props", vec![parsed], Connector::new(&Default::default()));
-            let uri = format!("{scheme}://{host}:{port}/x").parse().unwrap();
-            prop_assert!(gate.target(&uri).is_some(), "{uri} refused");
-        }
-
-        /// Whatever the text, it is parsed or refused naming the entry, and
-        /// what is parsed reads back from its own text.
-        #[test]
-        fn any_entry_is_answered(entry in prop_oneof![entry(), strategies::text()]) {
-            match AllowedHost::parse(&entry) {
-                Ok(parsed) => prop_assert_eq!(AllowedHost::parse(&parsed.to_string()), Ok(parsed)),
-                Err(e) => prop_assert!(e.contains(&format!("{entry:?}")), "{e}"),
-            }
-        }
-    }
-}
+#[path = "http_gate_tests.rs"]
+mod tests;

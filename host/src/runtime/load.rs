@@ -30,10 +30,22 @@ impl Runtime {
     /// detached signature `NAME.wasm.sig` beside it when present; the
     /// manifest's `${VAR}`s come from this process's environment.
     pub async fn load_file(&self, path: &Path, name: &str) -> Result<Plugin, String> {
+        self.load_file_with(path, name, |var| std::env::var(var).ok())
+            .await
+    }
+
+    /// `load_file`, the manifest's `${VAR}`s read from `lookup`
+    /// (`berth plugin run --env`).
+    pub async fn load_file_with(
+        &self,
+        path: &Path,
+        name: &str,
+        lookup: impl Fn(&str) -> Option<String> + Send + 'static,
+    ) -> Result<Plugin, String> {
         check_name(name)?;
         let (path, owned_name) = (path.to_path_buf(), name.to_string());
         let (manifest, wasm, signature) =
-            tokio::task::spawn_blocking(move || read_files(&path, &owned_name))
+            tokio::task::spawn_blocking(move || read_files(&path, &owned_name, lookup))
                 .await
                 .map_err(|e| format!("reading it crashed: {e}"))??;
         self.load(name, wasm, manifest, signature).await
@@ -157,11 +169,16 @@ impl Runtime {
 }
 
 /// A plugin's manifest, bytes and signature text, read from the folder.
-fn read_files(path: &Path, name: &str) -> Result<(Manifest, Vec<u8>, Option<String>), String> {
+fn read_files(
+    path: &Path,
+    name: &str,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<(Manifest, Vec<u8>, Option<String>), String> {
     let manifest_path = path.with_extension("toml");
     let manifest = match std::fs::read_to_string(&manifest_path) {
-        Ok(text) => Manifest::parse(&text, |var| std::env::var(var).ok())
-            .map_err(|e| format!("manifest {name}.toml: {e}"))?,
+        Ok(text) => {
+            Manifest::parse(&text, lookup).map_err(|e| format!("manifest {name}.toml: {e}"))?
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Manifest::default(),
         Err(e) => return Err(format!("manifest {name}.toml cannot be read: {e}")),
     };

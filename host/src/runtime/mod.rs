@@ -12,6 +12,7 @@ mod connect;
 mod error;
 mod guests;
 mod http_gate;
+mod http_targets;
 mod load;
 mod manifest;
 mod memory;
@@ -403,6 +404,7 @@ impl Runtime {
         let mut store = sandbox::store(
             code.pre.engine(),
             plugin,
+            &self.targets,
             &self.connector,
             mounts,
             publishing,

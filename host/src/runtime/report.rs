@@ -52,6 +52,12 @@ pub trait Reporter: Send + Sync {
     fn published(&self, receipt: &Receipt) {
         let _ = receipt;
     }
+    /// A sentence of the host's about this call (an outgoing request the
+    /// gate refused), for the call's own log beside the guest's lines: a
+    /// guest often sees only a closed stream, and its author reads the
+    /// deployment's log. The host has written it to the server log
+    /// already, so by default it goes nowhere else.
+    fn host_line(&self, _message: &str) {}
 }
 
 /// What one call (a deployment) writes to the server log in full: this many

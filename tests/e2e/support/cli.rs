@@ -1,7 +1,22 @@
 //! Running the `berth` binary as a command-line tool: what its runs said.
 
 use std::path::Path;
-use std::process::Output;
+use std::process::{Command, Output};
+
+use super::plugins;
+
+/// `berth COMMAND… PLUGIN ARGS…` (a `plugin` subcommand), logging warnings
+/// and sharing the test servers' compiled-code cache.
+pub fn berth_command(command: &[&str], plugin: &Path, args: &[&str]) -> Command {
+    let mut berth = Command::new(env!("CARGO_BIN_EXE_berth"));
+    berth
+        .args(command)
+        .arg(plugin)
+        .args(args)
+        .env("BERTH_LOG", "warn")
+        .env("BERTH_CACHE_DIR", plugins::shared_cache());
+    berth
+}
 
 /// Stdout of a run that exited 0.
 #[track_caller]

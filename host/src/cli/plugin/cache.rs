@@ -68,16 +68,18 @@ impl CacheArgs {
     }
 }
 
-/// Loads the plugin as the server would, and says on stderr whether its
-/// code was compiled or came from the cache, and how long loading took.
+/// Loads the plugin as the server would, its manifest's `${VAR}`s read
+/// from `lookup`, and says on stderr whether its code was compiled or came
+/// from the cache, and how long loading took.
 pub async fn load(
     runtime: &Runtime,
     file: &Path,
     name: &str,
     cache: Option<&Path>,
+    lookup: impl Fn(&str) -> Option<String> + Send + 'static,
 ) -> Result<Plugin, String> {
     let started = Instant::now();
-    let plugin = runtime.load_file(file, name).await?;
+    let plugin = runtime.load_file_with(file, name, lookup).await?;
     let took = crate::human::duration(started.elapsed());
     match (plugin.origin, cache) {
         (Origin::Cached, Some(dir)) => eprintln!(

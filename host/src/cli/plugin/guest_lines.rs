@@ -42,6 +42,11 @@ impl Reporter for GuestLines {
         self.view.lock().expect("progress view lock").say(&line);
     }
 
+    fn host_line(&self, message: &str) {
+        let line = format!("{}: berth: {message}", self.subject);
+        self.view.lock().expect("progress view lock").say(&line);
+    }
+
     fn progress(&self, done: u64, total: u64, note: &str) {
         let progress = Progress {
             deployer: DeployerProgress {

@@ -3,13 +3,16 @@
 //! plugin new` (`scaffold`) starts a deployer project; `berth plugin keygen`
 //! and `sign` (`sign`) make a signing key and a plugin's signature. The
 //! compiled-code cache lives in `cache`, the model handed to the deployer
-//! in `model`, the guest's lines on stderr in `guest_lines`.
+//! in `model`, the guest's lines on stderr in `guest_lines`, what a run
+//! puts in place of a server's configuration (`--env`, `--targets-file`,
+//! the deployment id) in `trial`.
 
 mod cache;
 mod guest_lines;
 mod model;
 mod scaffold;
 mod sign;
+mod trial;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -55,6 +58,7 @@ pub enum PluginCommand {
         cache: CacheArgs,
     },
     /// Runs one deployment of the files in --dir and prints the result.
+    #[command(after_long_help = RUN_EXAMPLES)]
     Run {
         /// The plugin's .wasm file.
         file: PathBuf,
@@ -76,6 +80,29 @@ pub enum PluginCommand {
         /// under the system's temp dir).
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
+        /// The deployment's id, as the plugin is handed it (default: the
+        /// time in milliseconds, printed on stderr: far above a server's
+        /// ids, which count from 1, so a trial run never writes the keys
+        /// a server's deployment will). E.g. --deploy-id 42.
+        #[arg(long, value_name = "N",
+              value_parser = clap::value_parser!(i64).range(1..))]
+        deploy_id: Option<i64>,
+        /// A value for ${NAME} in the plugin's manifest (FILE.toml beside
+        /// FILE.wasm), read before this process's environment; repeatable.
+        /// The plugin sees only what the manifest's env grants, as on a
+        /// server. E.g. --env MIRROR_TOKEN=dev-token for a manifest with
+        /// env = { MIRROR_TOKEN = "${MIRROR_TOKEN}" }.
+        #[arg(long = "env", value_name = "NAME=VALUE", action = clap::ArgAction::Append,
+              value_parser = trial::parse_env)]
+        env: Vec<(String, String)>,
+        /// Publishing targets: a sources file's [[target]] entries, as
+        /// `berth serve --sources-file` reads them (${VAR} from this
+        /// process's environment). The plugin reaches the ones its
+        /// manifest's targets grants; a request under an http(s) target's
+        /// URL gets the target's headers from berth. E.g. --targets-file
+        /// sources.toml.
+        #[arg(long, value_name = "FILE")]
+        targets_file: Option<PathBuf>,
         /// Memory limit in MiB, instead of the manifest's or the default.
         #[arg(long, value_name = "MIB")]
         memory_mib: Option<u64>,
@@ -110,6 +137,9 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             model,
             options,
             out,
+            deploy_id,
+            env,
+            targets_file,
             memory_mib,
             timeout_s,
             verbose,
@@ -122,6 +152,9 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
                 model,
                 options,
                 out,
+                deploy_id,
+                env: trial::EnvValues::new(env),
+                targets_file,
                 overrides: Overrides {
                     memory_mib,
                     timeout: timeout_s.map(Duration::from_secs),
@@ -157,7 +190,8 @@ async fn check(
     let signers = Signers::new(trusted, false).map_err(anyhow::Error::msg)?;
     let runtime = code.runtime(cache.as_deref())?.signers(signers);
     let signed = signature_path(file).exists();
-    match cache::load(&runtime, file, name, cache.as_deref()).await {
+    let lookup = |var: &str| std::env::var(var).ok();
+    match cache::load(&runtime, file, name, cache.as_deref(), lookup).await {
         Ok(plugin) => {
             println!("name:        {}", plugin.name);
             println!("description: {}", plugin.description);
@@ -243,6 +277,9 @@ struct RunArgs {
     model: Option<PathBuf>,
     options: String,
     out: Option<PathBuf>,
+    deploy_id: Option<i64>,
+    env: trial::EnvValues,
+    targets_file: Option<PathBuf>,
     overrides: Overrides,
     verbose: bool,
 }
@@ -268,11 +305,16 @@ async fn run_once(args: RunArgs, code: &CacheArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
 
+    let targets = Arc::new(trial::targets(args.targets_file.as_deref())?);
+
     let cache = code.dir();
-    let runtime = code.runtime(cache.as_deref())?;
-    let mut plugin = cache::load(&runtime, file, name, cache.as_deref())
+    let runtime = code.runtime(cache.as_deref())?.targets(targets.clone());
+    let lookup = args.env.lookup();
+    let mut plugin = cache::load(&runtime, file, name, cache.as_deref(), lookup)
         .await
         .map_err(|reason| anyhow::anyhow!("{}: {reason}", file.display()))?;
+    args.env.warn_unread(name);
+    trial::warn_unreachable_targets(&plugin, &targets, args.targets_file.as_deref());
     plugin.limits.memory_mib = overrides.memory_mib.unwrap_or(plugin.limits.memory_mib);
     plugin.limits.timeout = overrides.timeout.unwrap_or(plugin.limits.timeout);
     if let Err(e) = runtime.check_options(&plugin, options).await {
@@ -298,8 +340,16 @@ async fn run_once(args: RunArgs, code: &CacheArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&out_dir)
         .with_context(|| format!("cannot create the out-dir {}", out_dir.display()))?;
 
+    let deploy_id = match args.deploy_id {
+        Some(id) => id,
+        None => {
+            let id = trial::default_deploy_id();
+            eprintln!("plugin {name}: deployment {id} (from the clock; --deploy-id N to choose)");
+            id
+        }
+    };
     let call = DeployCall {
-        deploy_id: 1,
+        deploy_id,
         model: &model,
         model_dir: dir,
         out_dir: &out_dir,
@@ -338,6 +388,23 @@ async fn run_once(args: RunArgs, code: &CacheArgs) -> anyhow::Result<ExitCode> {
         }
     }
 }
+
+/// `berth plugin run --help`'s last part.
+const RUN_EXAMPLES: &str = r#"Examples:
+  # Pack a folder with the archive deployer:
+  berth plugin run plugins/archive.wasm --dir ./my-model
+
+  # Upload through the target "mirror" of sources.toml, which the manifest
+  # http-publish.toml grants (targets = ["mirror"]); the target's headers
+  # go with every request under its URL:
+  berth plugin run http-publish.wasm --dir ./my-model \
+      --options '{"base_url": "http://127.0.0.1:8080/mirror"}' \
+      --targets-file sources.toml --deploy-id 7
+
+  # A manifest reading ${MIRROR_TOKEN}, given here instead of exported:
+  berth plugin run http-publish.wasm --dir ./my-model \
+      --options '{"base_url": "http://127.0.0.1:8080/mirror"}' \
+      --env MIRROR_TOKEN=dev-token"#;
 
 /// Limits given on the command line win over the manifest's.
 struct Overrides {

@@ -27,6 +27,7 @@ use super::publish::Publishing;
 use super::report::{GuestOutput, Reporter};
 use super::state::State;
 use super::{CallError, Plugin};
+use crate::targets::Targets;
 
 /// Links all of WASI and wasi:http for every plugin: what a call reaches is
 /// decided by its context, because a missing import would refuse the plugin
@@ -37,9 +38,11 @@ pub(crate) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> 
 }
 
 /// A fresh `Store` for one call of `plugin`; `mounts` only for a deployment.
+/// `targets` are the server's; the plugin reaches those its manifest grants.
 pub(crate) fn store(
     engine: &Engine,
     plugin: &Plugin,
+    targets: &Targets,
     connector: &Connector,
     mounts: Option<Mounts<'_>>,
     publishing: Publishing,
@@ -50,7 +53,7 @@ pub(crate) fn store(
     env::grant(&mut wasi, plugin);
     stdio::grant(&mut wasi, reporter.clone(), stderr);
     filesystem::grant(&mut wasi, mounts)?;
-    let (http, gate) = network::grant(&mut wasi, plugin, connector);
+    let (http, gate) = network::grant(&mut wasi, plugin, targets, connector, reporter.clone());
     let memory_bytes =
         usize::try_from(plugin.limits.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     let state = State {

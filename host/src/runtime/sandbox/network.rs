@@ -1,6 +1,9 @@
 //! Outbound network: `wasi:http` through the plugin's `HttpGate`, which
-//! holds the allow-list policy (`http_gate.rs`); raw TCP, UDP and name
-//! lookups are never granted. Never decides by itself which host may pass.
+//! holds the allow-list policy (`http_gate.rs`), with the http(s) targets
+//! the manifest grants (`http_targets.rs`); raw TCP, UDP and name lookups
+//! are never granted. Never decides by itself which host may pass.
+
+use std::sync::Arc;
 
 use wasmtime::component::Linker;
 use wasmtime_wasi::WasiCtxBuilder;
@@ -9,7 +12,10 @@ use wasmtime_wasi_http::WasiHttpCtx;
 use crate::runtime::Plugin;
 use crate::runtime::connect::Connector;
 use crate::runtime::http_gate::HttpGate;
+use crate::runtime::http_targets::HttpTargets;
+use crate::runtime::report::Reporter;
 use crate::runtime::state::State;
+use crate::targets::Targets;
 
 /// wasi:http is linked for every plugin because componentize-js imports it
 /// always; the gate in each `Store` decides what may pass.
@@ -20,7 +26,9 @@ pub(super) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> 
 pub(super) fn grant(
     wasi: &mut WasiCtxBuilder,
     plugin: &Plugin,
+    targets: &Targets,
     connector: &Connector,
+    reporter: Arc<dyn Reporter>,
 ) -> (WasiHttpCtx, HttpGate) {
     wasi.allow_tcp(false)
         .allow_udp(false)
@@ -28,7 +36,9 @@ pub(super) fn grant(
     let gate = HttpGate::new(
         &plugin.name,
         plugin.manifest.allowed_hosts.clone(),
+        HttpTargets::granted(targets, &plugin.name, &plugin.manifest.targets),
         connector.clone(),
+        reporter,
     );
     (WasiHttpCtx::new(), gate)
 }
