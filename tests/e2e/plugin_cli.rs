@@ -132,11 +132,11 @@ fn check_explains_why_a_file_is_not_a_deployer() {
     let cases = [
         (
             plugins::test_plugin("other-world"),
-            "exports no berth:deployer/plugin@0.1.0 interface",
+            "exports no berth:deployer/plugin interface (this server speaks berth:deployer@0.1.0 and 0.2.0",
         ),
         (
             plugins::test_plugin("future-version"),
-            "built for berth:deployer@0.2.0 but this server speaks 0.1.0",
+            "built for berth:deployer@0.3.0 but this server speaks 0.1.0 and 0.2.0",
         ),
         (corrupt, "is not a WebAssembly file"),
         (truncated, "is not a valid component"),

@@ -310,7 +310,7 @@ pub(crate) fn check_world(engine: &Engine, component: &Component) -> Result<Stri
             .map(|(name, _)| name.to_string())
             .collect();
         return Err(format!(
-            "exports no {PLUGIN_INTERFACE} interface of version {spoken} (exports: {}); is it built for another world? Generate its bindings from berth's wit/ with world \"deployer\"",
+            "exports no {PLUGIN_INTERFACE} interface (this server speaks berth:deployer@{spoken}; it exports: {}); is it built for another world? Generate its bindings from berth's wit/ with world \"deployer\"",
             if exports.is_empty() {
                 "nothing".to_string()
             } else {

@@ -480,7 +480,7 @@ async fn a_plugins_folder_loads_the_good_file_and_says_why_not_for_each_other() 
         ("corrupt.wasm", "is not a WebAssembly file"),
         (
             "future.wasm",
-            "built for berth:deployer@0.2.0 but this server speaks 0.1.0",
+            "built for berth:deployer@0.3.0 but this server speaks 0.1.0 and 0.2.0",
         ),
         (
             "orphan.toml",
@@ -488,7 +488,7 @@ async fn a_plugins_folder_loads_the_good_file_and_says_why_not_for_each_other() 
         ),
         (
             "other.wasm",
-            "exports no berth:deployer/plugin@0.1.0 interface",
+            "exports no berth:deployer/plugin interface (this server speaks berth:deployer@0.1.0 and 0.2.0",
         ),
         ("truncated.wasm", "is not a valid component"),
         (

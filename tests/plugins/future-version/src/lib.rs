@@ -1,4 +1,4 @@
-//! `future-version`: a trivial deployer built against `berth:deployer@0.2.0`,
+//! `future-version`: a trivial deployer built against `berth:deployer@0.3.0`,
 //! so berth's version check can be tested on a plugin from the future.
 
 use berth::deployer::host::{self, Level};
@@ -16,7 +16,7 @@ struct FutureVersion;
 impl Guest for FutureVersion {
     fn describe() -> DeployerInfo {
         DeployerInfo {
-            description: "Speaks berth:deployer@0.2.0 (berth's version tests)".to_string(),
+            description: "Speaks berth:deployer@0.3.0 (berth's version tests)".to_string(),
             options_schema: None,
         }
     }
@@ -26,7 +26,7 @@ impl Guest for FutureVersion {
     }
 
     fn deploy(request: DeployRequest) -> Result<DeployResult, String> {
-        // Uses the host import so the component really depends on host@0.2.0.
+        // Uses the host import so the component really depends on host@0.3.0.
         host::log(Level::Info, "deploying from the future");
         Ok(DeployResult {
             ref_: format!("future-{}", request.deploy_id),
