@@ -77,6 +77,13 @@ impl Guest for HttpPublish {
             .collect::<Vec<_>>()
             .join("/");
         let target = Target::open(&options.target)?;
+        // Where `notify` will POST, known before anything is put: a target
+        // that is no mirror fails now, not after the upload.
+        let done_url = if options.notify {
+            Some(Endpoint::parse(target.url(&format!("{folder}/done"))?)?)
+        } else {
+            None
+        };
 
         let mut files = Vec::with_capacity(model.files.len());
         let mut bytes = 0;
@@ -94,16 +101,16 @@ impl Guest for HttpPublish {
             }));
         }
 
-        let notified = if options.notify {
-            let url = target.url(&format!("{folder}/done"))?;
-            let body = json!({
-                "model": model.name, "job_id": model.job_id, "deploy_id": request.deploy_id, "files": files,
-            });
-            let status = post_json(&url, &body.to_string())?;
-            host::log(Level::Info, &format!("POST {url} → {status}"));
-            Some(json!({ "url": url, "status": status }))
-        } else {
-            None
+        let notified = match done_url {
+            Some(endpoint) => {
+                let body = json!({
+                    "model": model.name, "job_id": model.job_id, "deploy_id": request.deploy_id, "files": files,
+                });
+                let status = post_json(&endpoint, &body.to_string())?;
+                host::log(Level::Info, &format!("POST {} → {status}", endpoint.url));
+                Some(json!({ "url": endpoint.url, "status": status }))
+            }
+            None => None,
         };
 
         Ok(DeployResult {
@@ -181,20 +188,41 @@ impl Options {
     }
 }
 
-/// POSTs `body` as JSON to `url` (a target's URL, so the host adds the
+/// A URL under an http(s) target, split the way `wasi:http` wants it.
+struct Endpoint {
+    url: String,
+    scheme: Scheme,
+    /// `host[:port]`.
+    authority: String,
+    path: String,
+}
+
+impl Endpoint {
+    fn parse(url: String) -> Result<Self, String> {
+        let (scheme, rest) = match url.split_once("://") {
+            Some(("https", rest)) => (Scheme::Https, rest),
+            Some(("http", rest)) => (Scheme::Http, rest),
+            _ => {
+                return Err(format!(
+                    "option \"notify\" needs an http:// or https:// target; this one puts to {url}"
+                ));
+            }
+        };
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        Ok(Self {
+            scheme,
+            authority: authority.to_string(),
+            path: path.to_string(),
+            url,
+        })
+    }
+}
+
+/// POSTs `body` as JSON to `endpoint` (under a target, so the host adds the
 /// target's headers); returns the mirror's 2xx status. Redirects are not
 /// followed: the host would not send the credentials on anyway.
-fn post_json(url: &str, body: &str) -> Result<u16, String> {
-    let (scheme, rest) = match url.split_once("://") {
-        Some(("https", rest)) => (Scheme::Https, rest),
-        Some(("http", rest)) => (Scheme::Http, rest),
-        _ => {
-            return Err(format!(
-                "option \"notify\" needs an http:// or https:// target; this one is at {url}"
-            ));
-        }
-    };
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+fn post_json(endpoint: &Endpoint, body: &str) -> Result<u16, String> {
+    let url = &endpoint.url;
     let headers = [
         ("content-type".to_string(), b"application/json".to_vec()),
         (
@@ -210,13 +238,13 @@ fn post_json(url: &str, body: &str) -> Result<u16, String> {
         .set_method(&Method::Post)
         .map_err(|()| refused("method"))?;
     request
-        .set_scheme(Some(&scheme))
+        .set_scheme(Some(&endpoint.scheme))
         .map_err(|()| refused("scheme"))?;
     request
-        .set_authority(Some(authority))
+        .set_authority(Some(&endpoint.authority))
         .map_err(|()| refused("host"))?;
     request
-        .set_path_with_query(Some(path))
+        .set_path_with_query(Some(&endpoint.path))
         .map_err(|()| refused("path"))?;
 
     let outgoing = request.body().map_err(|()| refused("body"))?;
