@@ -27,6 +27,7 @@ mod page;
 mod plugin_cli;
 mod plugins;
 mod proxies;
+mod publish_examples;
 mod queue;
 mod ready;
 mod register;

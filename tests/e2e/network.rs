@@ -5,20 +5,14 @@
 //! with their reason while the other plugins load.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, Method, StatusCode as MirrorStatus, Uri, header};
-use axum::response::{IntoResponse, Response};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::support::files::FileServer;
+use crate::support::mirror::{Answer, Mirror};
 use crate::support::server::{Backend, Berth, Options};
-use crate::support::tls::{self, TestCa};
+use crate::support::tls::TestCa;
 use crate::support::{adapter_files, assert_error, bytes, model, on_both_backends, plugins};
 
 on_both_backends!(
@@ -412,135 +406,6 @@ fn berth_options_with_publisher(backend: Backend) -> Options {
             "allowed_hosts = [\"127.0.0.1:9\"]\nenv = { MIRROR_TOKEN = \"${TEST_MIRROR_TOKEN}\" }\n",
         )
         .env("TEST_MIRROR_TOKEN", TOKEN)
-}
-
-/// How the mirror answers a request.
-#[derive(Debug, Clone)]
-enum Answer {
-    /// Keep it: 201.
-    Store,
-    /// 307 to the same path on this `http://host:port`.
-    Redirect(String),
-    /// This status, with this text as the body.
-    Status(u16, &'static str),
-}
-
-/// One request as the mirror saw it.
-#[derive(Debug, Clone)]
-struct Received {
-    method: String,
-    /// As sent: percent-escapes kept.
-    path: String,
-    authorization: Option<String>,
-    content_type: Option<String>,
-    content_length: Option<u64>,
-    body: Vec<u8>,
-}
-
-struct MirrorState {
-    default: Answer,
-    /// Answers for requests whose path ends with the key.
-    by_suffix: Vec<(String, Answer)>,
-    received: Vec<Received>,
-}
-
-/// A loopback HTTP server standing in for a model mirror: takes any request,
-/// records it, answers as told.
-struct Mirror {
-    addr: SocketAddr,
-    state: Arc<Mutex<MirrorState>>,
-}
-
-impl Mirror {
-    async fn start(default: Answer) -> Self {
-        let state = Self::state(default);
-        let app = Self::app(&state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { addr, state }
-    }
-
-    /// A mirror over HTTPS on 127.0.0.1, its certificate for that address
-    /// signed by `ca`.
-    async fn start_tls(default: Answer, ca: &TestCa) -> Self {
-        let state = Self::state(default);
-        let addr = tls::serve(Self::app(&state), ca.server(&["127.0.0.1"])).await;
-        Self { addr, state }
-    }
-
-    fn state(default: Answer) -> Arc<Mutex<MirrorState>> {
-        Arc::new(Mutex::new(MirrorState {
-            default,
-            by_suffix: Vec::new(),
-            received: Vec::new(),
-        }))
-    }
-
-    fn app(state: &Arc<Mutex<MirrorState>>) -> Router {
-        Router::new()
-            .fallback(receive)
-            .layer(DefaultBodyLimit::disable())
-            .with_state(state.clone())
-    }
-
-    /// `127.0.0.1:PORT`, as a manifest and a base_url name it.
-    fn host(&self) -> String {
-        self.addr.to_string()
-    }
-
-    fn answer(&self, path_suffix: &str, answer: Answer) {
-        self.state
-            .lock()
-            .unwrap()
-            .by_suffix
-            .push((path_suffix.to_string(), answer));
-    }
-
-    fn received(&self) -> Vec<Received> {
-        self.state.lock().unwrap().received.clone()
-    }
-}
-
-async fn receive(
-    State(state): State<Arc<Mutex<MirrorState>>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let text = |name: header::HeaderName| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
-    let path = uri.path().to_string();
-    let mut state = state.lock().unwrap();
-    state.received.push(Received {
-        method: method.to_string(),
-        path: path.clone(),
-        authorization: text(header::AUTHORIZATION),
-        content_type: text(header::CONTENT_TYPE),
-        content_length: text(header::CONTENT_LENGTH).and_then(|v| v.parse().ok()),
-        body: body.to_vec(),
-    });
-    let answer = state
-        .by_suffix
-        .iter()
-        .find(|(suffix, _)| path.ends_with(suffix.as_str()))
-        .map_or(&state.default, |(_, answer)| answer);
-    match answer {
-        Answer::Store => MirrorStatus::CREATED.into_response(),
-        Answer::Redirect(to) => (
-            MirrorStatus::TEMPORARY_REDIRECT,
-            [(header::LOCATION, format!("{to}{path}"))],
-        )
-            .into_response(),
-        Answer::Status(code, text) => {
-            (MirrorStatus::from_u16(*code).unwrap(), *text).into_response()
-        }
-    }
 }
 
 /// A granted host *name* that resolves to this machine: the name is in the

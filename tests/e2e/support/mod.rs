@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod cli;
 pub mod events;
 pub mod files;
+pub mod mirror;
 pub mod plugins;
 pub mod prometheus;
 pub mod router;
