@@ -5,7 +5,8 @@ manifest of what it put, into a publishing target (a bucket) under
 It holds no credential and moves no byte itself: the host streams each file
 from disk to the target the operator configured, checks its sha256 at the
 destination and hands back a receipt. A file that `stat` finds already there
-with the same size (a deployment run again) is not put twice.
+with the same size (put by an earlier run with the same deployment id, as
+repeated trial runs with `berth plugin run` have) is not put twice.
 """
 
 import json

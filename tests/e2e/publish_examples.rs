@@ -18,18 +18,17 @@ use sha2::{Digest, Sha256};
 
 use crate::support::files::FileServer;
 use crate::support::mirror::{Answer, Mirror};
+use crate::support::moto;
 use crate::support::server::{Backend, Berth};
 use crate::support::{adapter_files, assert_error, bytes, model, plugins, sha256_hex};
 
-#[path = "../moto/moto.rs"]
-mod moto;
-
 const MIRROR_TOKEN: &str = "mirror-token-0b7e";
 
-/// What the deployment's record says was put, one entry per put (target,
+/// What deployment `id`'s record says was put, one entry per put (target,
 /// key, url, bytes, sha256, etag), as `GET /v1/deployments/{id}` shows it.
-#[track_caller]
-fn recorded_puts(deployment: &Value) -> Vec<Value> {
+async fn recorded_puts(berth: &Berth, id: &Value) -> Vec<Value> {
+    let (status, deployment) = berth.get(&format!("/v1/deployments/{id}")).await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
     deployment["published"]
         .as_array()
         .unwrap_or_else(|| panic!("no \"published\" list in the deployment: {deployment}"))
@@ -138,7 +137,7 @@ async fn s3_publish_puts_a_model_and_its_manifest_into_a_bucket() {
     assert_eq!(manifest["deploy_id"], deploy_id);
     let listed = manifest["files"].as_array().unwrap();
     assert_eq!(listed.len(), contents.len(), "{manifest}");
-    let puts = recorded_puts(&first);
+    let puts = recorded_puts(&berth, &first["id"]).await;
     assert_eq!(puts.len(), contents.len() + 1, "{first}");
     for ((entry, (path, bytes)), put) in listed.iter().zip(&contents).zip(&puts) {
         let key = format!("{folder}/{path}");
@@ -207,7 +206,10 @@ async fn s3_publish_puts_a_model_and_its_manifest_into_a_bucket() {
         assert!(object(&store, &key).await == *bytes, "{key}: other bytes");
     }
     // The skipped file was not put, so it is not recorded as a put.
-    assert_eq!(recorded_puts(&second).len(), contents.len(), "{second}");
+    assert_eq!(
+        recorded_puts(&berth, &second["id"]).await.len(),
+        contents.len()
+    );
     assert_eq!(
         objects(&store, "models").await.len(),
         2 * (contents.len() + 1)
@@ -362,7 +364,7 @@ async fn http_publish_puts_a_model_on_a_mirror_target_and_tells_it_when_done() {
         assert_eq!(file["sha256"], sha256_hex(bytes), "{path}");
         assert_eq!(file["bytes"], bytes.len(), "{path}");
     }
-    let puts = recorded_puts(&deployment);
+    let puts = recorded_puts(&berth, &deployment["id"]).await;
     assert_eq!(
         puts.len(),
         contents.len(),
@@ -407,8 +409,11 @@ async fn http_publish_names_a_refused_notice_and_refuses_bad_options() {
         ),
     );
     assert_eq!(mirror.received().len(), contents.len() + 1);
-    let (_, failed) = berth.get(&format!("/v1/deployments/{deploy_id}")).await;
-    assert_eq!(recorded_puts(&failed).len(), contents.len(), "{failed}");
+    assert_eq!(
+        recorded_puts(&berth, deploy_id).await.len(),
+        contents.len(),
+        "a failed deployment lists what it did put"
+    );
 
     let hits = files.total_hits();
     for (options, expected) in [
