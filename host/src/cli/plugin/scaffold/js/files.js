@@ -6,7 +6,7 @@
 
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 
-/// What one read asks for: wasmtime hands back at most this much at once.
+/// What one read asks for by default: few reads, and little memory.
 const CHUNK_BYTES = 1 << 20;
 
 /// Yields the file `path` under the mounted directory `guestDir` (`/model`)
