@@ -29,6 +29,7 @@ mod plugin_cli;
 mod plugins;
 mod proxies;
 mod publish;
+mod publish_examples;
 mod queue;
 mod ready;
 mod register;

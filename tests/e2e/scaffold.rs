@@ -1,6 +1,8 @@
 //! `berth plugin new`: a project scaffolded in each language into a temp
 //! dir outside the repository, built with its own Makefile and the
-//! project's toolchains, then checked and run by the real binary.
+//! project's toolchains, then checked and run by the real binary, and
+//! deployed by a server with a `file://` publishing target, into which it
+//! puts the model and its summary.
 //!
 //! The toolchains are the ones `scripts/setup` installs, passed to each
 //! project's Makefile instead of its own first-use install: the Rust target
@@ -12,25 +14,31 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::support::cli::{expect_success, lossy, path};
-use crate::support::tree;
+use crate::support::files::FileServer;
+use crate::support::server::{Backend, Berth};
+use crate::support::{adapter_files, assert_error, model, tree};
 
-#[test]
-fn a_rust_project_builds_checks_and_runs() {
-    scaffold_build_check_and_run("rust", "size-report");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_project_builds_checks_runs_and_publishes() {
+    let wasm = scaffold_build_check_and_run("rust", "size-report");
+    publishes_into_a_file_target("rust", "size-report", &wasm).await;
 }
 
-#[test]
-fn a_python_project_builds_checks_and_runs() {
-    scaffold_build_check_and_run("python", "card.v2");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_project_builds_checks_runs_and_publishes() {
+    let wasm = scaffold_build_check_and_run("python", "card.v2");
+    publishes_into_a_file_target("python", "card.v2", &wasm).await;
 }
 
-#[test]
-fn a_js_project_builds_checks_and_runs() {
-    scaffold_build_check_and_run("js", "Check_JS");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_js_project_builds_checks_runs_and_publishes() {
+    let wasm = scaffold_build_check_and_run("js", "Check_JS");
+    publishes_into_a_file_target("js", "Check_JS", &wasm).await;
 }
 
 #[test]
@@ -91,7 +99,9 @@ fn new_refuses_a_used_dir_a_bad_name_and_an_unknown_language() {
     assert_eq!(made.len(), 2, "a refused scaffold made a dir: {made:?}");
 }
 
-fn scaffold_build_check_and_run(lang: &str, name: &str) {
+/// Scaffolds, builds, checks and runs the project without a server or a
+/// target; returns its `.wasm`, copied out of the project's temp dir.
+fn scaffold_build_check_and_run(lang: &str, name: &str) -> tempfile::TempPath {
     let scratch = TempDir::new().unwrap();
     let project = scratch.path().join("project");
     let output = berth_in(
@@ -185,7 +195,7 @@ fn scaffold_build_check_and_run(lang: &str, name: &str) {
             r#"{"nte": "x"}"#,
             format!(
                 "deployer {name} refused the options: unknown option \"nte\": \
-                 the {name} deployer accepts only \"note\", \"max_files\", \"dry_run\""
+                 the {name} deployer accepts only \"note\", \"max_files\", \"dry_run\", \"target\""
             ),
         ),
         (
@@ -210,6 +220,94 @@ fn scaffold_build_check_and_run(lang: &str, name: &str) {
         assert_eq!(output.status.code(), Some(1), "{lang} {options}: {stdout}");
         assert_eq!(stdout.trim(), says, "{lang} {options}");
     }
+
+    let kept = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    std::fs::copy(&wasm, &kept).unwrap();
+    kept
+}
+
+/// The project on a server whose sources file has a `file://` target that
+/// the project's manifest grants: with the option `target` it puts the
+/// model's files and its summary there, under `{job_id}/deploy-{id}/`; a
+/// target it is not granted fails the deployment with the host's sentence,
+/// passed on the way the language returns errors.
+async fn publishes_into_a_file_target(lang: &str, name: &str, wasm: &Path) {
+    let temp = TempDir::new().unwrap();
+    let published = temp.path().join("published");
+    std::fs::create_dir(&published).unwrap();
+    let sources = temp.path().join("sources.toml");
+    std::fs::write(
+        &sources,
+        format!(
+            "[[target]]\nname = \"scratch\"\nurl = \"file://{}/\"\n",
+            published.display()
+        ),
+    )
+    .unwrap();
+    let files = FileServer::start().await;
+    let berth = Berth::bare(Backend::Sqlite)
+        .plugin(name, wasm.to_path_buf())
+        .plugins_file(&format!("{name}.toml"), "targets = [\"scratch\"]\n")
+        .arg("--sources-file")
+        .arg(path(&sources))
+        .start()
+        .await;
+    let contents = adapter_files();
+    let id = berth
+        .register(&model(&files, "job-scaffold", &contents))
+        .await;
+
+    let (status, deployment) = berth
+        .deploy(
+            id,
+            name,
+            json!({ "note": "published", "target": "scratch" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{lang}: {deployment}");
+    let folder = format!("job-scaffold/deploy-{}", deployment["id"]);
+    let landed = tree(&published);
+    let mut expected: Vec<String> = contents
+        .iter()
+        .map(|(file, _)| format!("{folder}/{file}"))
+        .collect();
+    expected.push(format!("{folder}/summary.json"));
+    expected.sort();
+    assert_eq!(
+        landed.keys().cloned().collect::<Vec<_>>(),
+        expected,
+        "{lang}"
+    );
+    for (file, bytes) in &contents {
+        assert!(
+            landed[&format!("{folder}/{file}")] == *bytes,
+            "{lang}: {file} landed with other bytes"
+        );
+    }
+    let summary: Value =
+        serde_json::from_slice(&landed[&format!("{folder}/summary.json")]).unwrap();
+    assert_eq!(summary["note"], "published", "{lang}: {summary}");
+    let urls = deployment["details"]["published"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{lang}: no published URLs in {deployment}"));
+    assert_eq!(urls.len(), contents.len() + 1, "{lang}: {deployment}");
+    assert_eq!(Some(&deployment["ref"]), urls.last(), "{lang}");
+    assert!(
+        deployment["ref"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("{folder}/summary.json")),
+        "{lang}: {deployment}"
+    );
+
+    let refused = berth
+        .deploy(id, name, json!({ "target": "elsewhere" }))
+        .await;
+    assert_error(
+        &refused,
+        StatusCode::BAD_GATEWAY,
+        &format!("deployer {name} failed: plugin {name}: target \"elsewhere\" is not granted"),
+    );
 }
 
 /// Runs the project's own `make`, with the toolchains this repository
@@ -242,6 +340,7 @@ fn expected_schema() -> Value {
             "note": {"type": "string", "description": "a line of text written into the summary"},
             "max_files": {"type": "integer", "minimum": 1, "description": "fail when the model has more files than this"},
             "dry_run": {"type": "boolean", "description": "check and report, but write nothing"},
+            "target": {"type": "string", "description": "a publishing target to put the model's files and the summary into"},
         },
         "additionalProperties": false,
     })

@@ -10,11 +10,9 @@ use object_store::path::Path as Key;
 use reqwest::StatusCode;
 use serde_json::json;
 
+use crate::support::moto;
 use crate::support::server::{Backend, Berth};
 use crate::support::{bytes, sha256_hex};
-
-#[path = "../moto/moto.rs"]
-mod moto;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_in_an_object_store_is_deployed_with_the_servers_credentials() {

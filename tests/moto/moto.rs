@@ -1,6 +1,7 @@
 //! Starts `tests/moto/serve.py`, moto's S3-compatible server on a free
 //! loopback port, and reads what it printed. Included with `#[path]` by the
-//! object-store tests (`host/src/fetch/store_tests.rs`) and the benchmark
+//! object-store tests (`host/src/fetch/store_tests.rs`), the end-to-end
+//! tests (`tests/e2e/support`) and the benchmark
 //! (`benches/perf/store.rs`).
 
 use std::io::BufRead;

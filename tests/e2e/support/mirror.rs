@@ -1,6 +1,6 @@
 //! A loopback HTTP server standing in for a model mirror: takes any
-//! request, records what it saw (method, path, the headers that carry
-//! credentials, the body) and answers as told.
+//! request, records it (method, path as sent, headers, body), answers as
+//! told. Over HTTP, or HTTPS with a test CA's certificate.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, Method, StatusCode as MirrorStatus, Uri, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 
 use super::tls::{self, TestCa};
@@ -33,6 +33,8 @@ pub struct Received {
     pub authorization: Option<String>,
     pub content_type: Option<String>,
     pub content_length: Option<u64>,
+    /// Every header, for what the fields above leave out.
+    pub headers: HeaderMap,
     pub body: Vec<u8>,
 }
 
@@ -43,8 +45,7 @@ struct MirrorState {
     received: Vec<Received>,
 }
 
-/// A loopback HTTP server standing in for a model mirror: takes any request,
-/// records it, answers as told.
+/// The running mirror.
 pub struct Mirror {
     pub addr: SocketAddr,
     state: Arc<Mutex<MirrorState>>,
@@ -122,6 +123,7 @@ async fn receive(
         authorization: text(header::AUTHORIZATION),
         content_type: text(header::CONTENT_TYPE),
         content_length: text(header::CONTENT_LENGTH).and_then(|v| v.parse().ok()),
+        headers: headers.clone(),
         body: body.to_vec(),
     });
     let answer = state
@@ -130,14 +132,12 @@ async fn receive(
         .find(|(suffix, _)| path.ends_with(suffix.as_str()))
         .map_or(&state.default, |(_, answer)| answer);
     match answer {
-        Answer::Store => MirrorStatus::CREATED.into_response(),
+        Answer::Store => StatusCode::CREATED.into_response(),
         Answer::Redirect(to) => (
-            MirrorStatus::TEMPORARY_REDIRECT,
+            StatusCode::TEMPORARY_REDIRECT,
             [(header::LOCATION, format!("{to}{path}"))],
         )
             .into_response(),
-        Answer::Status(code, text) => {
-            (MirrorStatus::from_u16(*code).unwrap(), *text).into_response()
-        }
+        Answer::Status(code, text) => (StatusCode::from_u16(*code).unwrap(), *text).into_response(),
     }
 }

@@ -6,6 +6,8 @@ pub mod cli;
 pub mod events;
 pub mod files;
 pub mod mirror;
+#[path = "../../moto/moto.rs"]
+pub mod moto;
 pub mod plugins;
 pub mod prometheus;
 pub mod router;

@@ -1,8 +1,9 @@
 //! `berth plugin new`: writes a deployer project that builds on its own,
 //! outside this repository: its manifest with pinned tools, a copy of the
 //! WIT, a Makefile that produces `NAME.wasm`, and a deployer that already
-//! checks its options, publishes their schema, reports progress and returns
-//! a result. The templates are the files under `scaffold/`, compiled in, so
+//! checks its options, publishes their schema, reports progress, puts the
+//! model and a file of its own into a publishing target when its options
+//! name one, and returns a result. The templates are the files under `scaffold/`, compiled in, so
 //! the command needs no checkout. Never overwrites a file.
 
 use std::io::Write;
@@ -83,6 +84,7 @@ const PYTHON: &[Template] = templates![
 
 const JS: &[Template] = templates![
     "app.js" => "scaffold/js/app.js",
+    "files.js" => "scaffold/js/files.js",
     "options.js" => "scaffold/js/options.js",
     "package.json" => "scaffold/js/package.json",
     // The example's lock, so a scaffold installs exactly the componentize-js

@@ -1,20 +1,23 @@
 // The `{{name}}` deployer: writes a summary of the model's files to
-// `summary.json` in the deployment's output directory.
+// `summary.json` in the deployment's output directory and, when the option
+// `target` names a publishing target, puts the model's files and the
+// summary there.
 //
 // Replace `deploy` with what your deployer does; keep the rest.
 //
 // componentize-js binds the imports by their WIT names, with the version
-// ('berth:deployer/host@0.1.0'), and expects the exported interface as an
+// ('berth:deployer/host@0.2.0'), and expects the exported interface as an
 // object named after it (`plugin`). WIT names become camelCase
 // (`check-options` is `checkOptions`, `options-json` is `optionsJson`; `ref`
-// stays `ref`), and u64 values are BigInts.
+// stays `ref`), and u64 and s64 values are BigInts.
 //
 // Errors are returned by throwing a string: an Error object would abort the
 // deployer instead of failing the deployment with a sentence.
 
-import { log, progress } from 'berth:deployer/host@0.1.0';
-import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
+import { log, progress } from 'berth:deployer/host@0.2.0';
+import { Target } from 'berth:deployer/publish@0.2.0';
 
+import { readText, writeFile } from './files.js';
 import { Option, parseOptions, schema } from './options.js';
 
 const NAME = '{{name}}';
@@ -25,14 +28,16 @@ const OPTIONS = [
   new Option('note', 'string', 'a line of text written into the summary'),
   new Option('max_files', 'integer', 'fail when the model has more files than this', { minimum: 1 }),
   new Option('dry_run', 'boolean', 'check and report, but write nothing'),
+  new Option('target', 'string', "a publishing target to put the model's files and the summary into"),
 ];
 
 const SUMMARY = 'summary.json';
+const CONFIG = 'config.json';
 
 export const plugin = {
   describe() {
     return {
-      description: "Writes a summary of the model's files to summary.json in the deployment's output directory",
+      description: "Writes a summary of the model's files to summary.json, and puts both into a publishing target when given one",
       optionsSchema: schema(OPTIONS),
     };
   },
@@ -54,42 +59,57 @@ export const plugin = {
     const listed = [];
     let total = 0n;
     for (const [index, file] of files.entries()) {
-      // The model's files are under request.dir (/model), read-only: JavaScript
-      // has no file API here, so read them like writeFile below writes.
       listed.push({ path: file.path, size_bytes: Number(file.sizeBytes), sha256: file.sha256 ?? null });
       total += file.sizeBytes;
       progress(BigInt(index + 1), BigInt(files.length), file.path);
     }
+    // The model's files are under request.dir (/model), read-only; files.js
+    // reads them (readChunks for a large one, a piece at a time).
+    const config = files.some((f) => f.path === CONFIG) ? parseJson(readText(request.dir, CONFIG), CONFIG) : null;
 
-    const path = `${request.outDir}/${SUMMARY}`;
+    let ref = `${request.outDir}/${SUMMARY}`;
+    const summary = JSON.stringify({ model: request.model.name, job_id: request.model.jobId, note, config, files: listed });
+    const published = [];
     if (!dryRun) {
-      const summary = { model: request.model.name, job_id: request.model.jobId, note, files: listed };
-      writeFile(request.outDir, SUMMARY, JSON.stringify(summary));
+      writeFile(request.outDir, SUMMARY, summary);
+      if (given.target !== undefined) {
+        // The host streams each file, checks its sha256 at the destination
+        // and records the put; this code never sees the target's credentials.
+        const target = publishing(() => Target.open(given.target));
+        const folder = `${request.model.jobId}/deploy-${request.deployId}`;
+        for (const file of files) {
+          published.push(publishing(() => target.putModelFile(file.path, `${folder}/${file.path}`)).url);
+        }
+        // Bytes made here; target.putOutFile(SUMMARY, key) would put the
+        // file written to /out instead.
+        const bytes = new TextEncoder().encode(summary);
+        ref = publishing(() => target.putBytes(`${folder}/${SUMMARY}`, bytes, 'application/json')).url;
+        published.push(ref);
+      }
     }
-    log('info', `${path}: ${files.length} files, ${total} bytes`);
-    return {
-      ref: path,
-      detailsJson: JSON.stringify({ files: files.length, bytes: Number(total), written: !dryRun }),
-    };
+    log('info', `${ref}: ${files.length} files, ${total} bytes`);
+    const details = { files: files.length, bytes: Number(total), written: !dryRun };
+    if (published.length > 0) {
+      details.published = published;
+    }
+    return { ref, detailsJson: JSON.stringify(details) };
   },
 };
 
-/// Writes `text` to `name` in the preopened directory `guestDir` (`/out`),
-/// through the world's wasi:filesystem imports.
-function writeFile(guestDir, name, text) {
-  const found = getDirectories().find(([, path]) => path === guestDir);
-  if (!found) {
-    throw `${guestDir} is not mounted in this sandbox`;
-  }
-  const bytes = new TextEncoder().encode(text);
+/// Runs a publishing call, turning its error into the sentence the host
+/// gave (a refused call throws an object carrying it as `payload`).
+function publishing(call) {
   try {
-    const file = found[0].openAt({}, name, { create: true, truncate: true }, { write: true });
-    let written = 0;
-    while (written < bytes.length) {
-      written += Number(file.write(bytes.subarray(written), BigInt(written)));
-    }
+    return call();
   } catch (e) {
-    // WASI errors are thrown as objects carrying an error code.
-    throw `${guestDir}/${name}: cannot write the summary: ${typeof e === 'string' ? e : e?.payload ?? e}`;
+    throw typeof e === 'string' ? e : String(e?.payload ?? e?.message ?? e);
+  }
+}
+
+function parseJson(text, path) {
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw `${path}: not valid JSON: ${e.message}`;
   }
 }

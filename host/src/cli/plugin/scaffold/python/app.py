@@ -1,5 +1,7 @@
 """The `{{name}}` deployer: writes a summary of the model's files to
-`summary.json` in the deployment's output directory.
+`summary.json` in the deployment's output directory and, when the option
+`target` names a publishing target, puts the model's files and the summary
+there.
 
 Replace `deploy` with what your deployer does; keep the rest.
 """
@@ -10,10 +12,11 @@ import os
 # componentize-py generates these modules from wit/ when it builds the
 # component (`componentize-py -d wit -w deployer bindings bindings/` writes
 # them out to read). WIT names become Python names: `check-options` is
-# `check_options`, `options-json` is `options_json`.
+# `check_options`, `options-json` is `options_json`. `host` is what berth
+# offers, `publish` its publishing targets.
 from componentize_py_types import Err
 from wit_world import exports
-from wit_world.imports import host
+from wit_world.imports import host, publish
 from wit_world.imports.berth_deployer_types import (
     DeployerInfo,
     DeployRequest,
@@ -30,6 +33,7 @@ OPTIONS = [
     options.Option("note", "string", "a line of text written into the summary"),
     options.Option("max_files", "integer", "fail when the model has more files than this", minimum=1),
     options.Option("dry_run", "boolean", "check and report, but write nothing"),
+    options.Option("target", "string", "a publishing target to put the model's files and the summary into"),
 ]
 
 SUMMARY = "summary.json"
@@ -40,7 +44,7 @@ SUMMARY = "summary.json"
 class Plugin(exports.Plugin):
     def describe(self) -> DeployerInfo:
         return DeployerInfo(
-            description="Writes a summary of the model's files to summary.json in the deployment's output directory",
+            description="Writes a summary of the model's files to summary.json, and puts both into a publishing target when given one",
             options_schema=options.schema(OPTIONS),
         )
 
@@ -68,7 +72,8 @@ class Plugin(exports.Plugin):
             total += file.size_bytes
             host.progress(done, len(files), file.path)
 
-        path = os.path.join(request.out_dir, SUMMARY)
+        ref = path = os.path.join(request.out_dir, SUMMARY)
+        published = []
         if not dry_run:
             summary = {"model": request.model.name, "job_id": request.model.job_id, "note": note, "files": listed}
             try:
@@ -76,9 +81,22 @@ class Plugin(exports.Plugin):
                     json.dump(summary, out)
             except OSError as e:
                 raise Err(f"{path}: cannot write the summary: {e.strerror or e}")
-        host.log(host.Level.INFO, f"{path}: {len(files)} files, {total} bytes")
+            if "target" in given:
+                # The host streams each file, checks its sha256 at the
+                # destination and records the put; this code never sees the
+                # target's credentials. A refusal raises Err(sentence), which
+                # fails the deployment with that sentence.
+                with publish.Target.open(given["target"]) as target:
+                    folder = f"{request.model.job_id}/deploy-{request.deploy_id}"
+                    for file in files:
+                        published.append(target.put_model_file(file.path, f"{folder}/{file.path}").url)
+                    # A file this deployment wrote under /out; put_bytes puts
+                    # bytes made in memory instead.
+                    ref = target.put_out_file(SUMMARY, f"{folder}/{SUMMARY}").url
+                    published.append(ref)
+        host.log(host.Level.INFO, f"{ref}: {len(files)} files, {total} bytes")
+        details = {"files": len(files), "bytes": total, "written": not dry_run}
+        if published:
+            details["published"] = published
         # The WIT field `ref` keeps its name in Python.
-        return DeployResult(
-            ref=path,
-            details_json=json.dumps({"files": len(files), "bytes": total, "written": not dry_run}),
-        )
+        return DeployResult(ref=ref, details_json=json.dumps(details))

@@ -1,5 +1,7 @@
 //! The `{{name}}` deployer: writes a summary of the model's files to
-//! `summary.json` in the deployment's output directory.
+//! `summary.json` in the deployment's output directory and, when the option
+//! `target` names a publishing target, puts the model's files and the
+//! summary there.
 //!
 //! Replace `deploy` with what your deployer does; keep the rest.
 
@@ -10,9 +12,11 @@ use std::path::Path;
 use serde_json::json;
 
 // The bindings are generated from wit/ at compile time: `Guest` is the trait
-// to implement, `host` the functions berth offers. WIT names become Rust
-// names: `check-options` is `check_options`, the field `ref` is `ref_`.
+// to implement, `host` the functions berth offers, `publish` its publishing
+// targets. WIT names become Rust names: `check-options` is `check_options`,
+// the field `ref` is `ref_`.
 use berth::deployer::host::{self, Level};
+use berth::deployer::publish::Target;
 use exports::berth::deployer::plugin::{DeployRequest, DeployResult, DeployerInfo, Guest};
 use options::{Kind, Spec};
 
@@ -47,6 +51,11 @@ const OPTIONS: &[Spec] = &[
         kind: Kind::Boolean,
         description: "check and report, but write nothing",
     },
+    Spec {
+        name: "target",
+        kind: Kind::String,
+        description: "a publishing target to put the model's files and the summary into",
+    },
 ];
 
 const SUMMARY: &str = "summary.json";
@@ -56,7 +65,7 @@ struct Deployer;
 impl Guest for Deployer {
     fn describe() -> DeployerInfo {
         DeployerInfo {
-            description: "Writes a summary of the model's files to summary.json in the deployment's output directory".to_string(),
+            description: "Writes a summary of the model's files to summary.json, and puts both into a publishing target when given one".to_string(),
             options_schema: Some(options::schema(OPTIONS)),
         }
     }
@@ -90,19 +99,33 @@ impl Guest for Deployer {
         }
 
         let path = Path::new(&request.out_dir).join(SUMMARY);
+        let mut ref_ = path.display().to_string();
+        let mut published = Vec::new();
         if !dry_run {
             let summary = json!({ "model": request.model.name, "job_id": request.model.job_id, "note": note, "files": listed });
             std::fs::write(&path, summary.to_string())
                 .map_err(|e| format!("{}: cannot write the summary: {e}", path.display()))?;
+            if let Some(name) = options.get("target").and_then(|v| v.as_str()) {
+                // The host streams each file, checks its sha256 at the
+                // destination and records the put; this code never sees the
+                // target's credentials. Its errors are sentences: pass them on.
+                let target = Target::open(name)?;
+                let folder = format!("{}/deploy-{}", request.model.job_id, request.deploy_id);
+                for file in files {
+                    published.push(target.put_model_file(&file.path, &format!("{folder}/{}", file.path))?.url);
+                }
+                // A file this deployment wrote under /out; `put_bytes` puts
+                // bytes made in memory instead.
+                ref_ = target.put_out_file(SUMMARY, &format!("{folder}/{SUMMARY}"))?.url;
+                published.push(ref_.clone());
+            }
         }
-        host::log(
-            Level::Info,
-            &format!("{}: {} files, {bytes} bytes", path.display(), files.len()),
-        );
-        Ok(DeployResult {
-            ref_: path.display().to_string(),
-            details_json: json!({ "files": files.len(), "bytes": bytes, "written": !dry_run }).to_string(),
-        })
+        host::log(Level::Info, &format!("{ref_}: {} files, {bytes} bytes", files.len()));
+        let mut details = json!({ "files": files.len(), "bytes": bytes, "written": !dry_run });
+        if !published.is_empty() {
+            details["published"] = published.into();
+        }
+        Ok(DeployResult { ref_, details_json: details.to_string() })
     }
 }
 
