@@ -23,6 +23,7 @@ pub mod live;
 pub mod metrics;
 pub mod model;
 pub mod pipeline;
+pub mod publish;
 pub mod runtime;
 pub mod space;
 pub mod targets;
