@@ -383,3 +383,52 @@ fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(text: &str) -> Key {
+        Key::parse(text).unwrap()
+    }
+
+    #[test]
+    fn a_key_lands_under_each_kind_of_target_url_and_nowhere_else() {
+        let text = "[[target]]\nname = \"s3\"\nurl = \"s3://bucket/pre fix/\"\n\
+                    [[target]]\nname = \"mirror\"\nurl = \"https://mirror.example/base/\"\n\
+                    [[target]]\nname = \"root\"\nurl = \"https://mirror.example/\"\n\
+                    [[target]]\nname = \"local\"\nurl = \"file:///srv/out/\"\n";
+        let targets = Targets::parse(text, "sources.toml", |_| None).unwrap();
+        let publishers = Publishers::new(Arc::new(targets), &Trust::default());
+        let cases = [
+            ("s3", "a:b/c d.bin", "s3://bucket/pre%20fix/a:b/c%20d.bin"),
+            ("s3", "x", "s3://bucket/pre%20fix/x"),
+            ("mirror", "a:b", "https://mirror.example/base/a:b"),
+            (
+                "mirror",
+                "http:/x/ü",
+                "https://mirror.example/base/http:/x/%C3%BC",
+            ),
+            ("mirror", "...", "https://mirror.example/base/..."),
+            ("root", "job/m.bin", "https://mirror.example/job/m.bin"),
+            ("local", "a:b/m.bin", "file:///srv/out/a:b/m.bin"),
+        ];
+        for (target, text, expected) in cases {
+            let publisher = publishers.get(target).unwrap();
+            assert_eq!(publisher.url(&key(text)), expected, "{target} {text}");
+        }
+        assert_eq!(
+            publishers.get("absent").err().unwrap().to_string(),
+            "target \"absent\" is not configured on this server"
+        );
+    }
+
+    #[test]
+    fn parts_grow_so_that_a_huge_file_fits_in_s3s_part_count() {
+        let tuning = Tuning::default();
+        assert_eq!(tuning.part_bytes_for(1 << 30), 8 << 20);
+        assert_eq!(tuning.part_bytes_for(78 << 30), 8 << 20);
+        assert_eq!(tuning.part_bytes_for(100 << 30), 11 << 20);
+        assert!(tuning.part_bytes_for(5 << 40) * 10_000 >= 5 << 40);
+    }
+}

@@ -127,13 +127,16 @@ pub(super) async fn digest_of(
     bytes: u64,
     cancel: CancellationToken,
 ) -> Result<Option<String>, ReadError> {
+    // Stopped also when this future is dropped.
+    let stop = cancel.child_token();
+    let _stop_on_drop = stop.clone().drop_guard();
     tokio::task::spawn_blocking(move || {
         let mut file = open(&path, bytes)?;
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
         let mut read = 0u64;
         while read < bytes {
-            if cancel.is_cancelled() {
+            if stop.is_cancelled() {
                 return Ok(None);
             }
             let n = (bytes - read).min(buf.len() as u64) as usize;

@@ -266,3 +266,24 @@ async fn a_key_never_goes_through_a_link_out_of_the_folder() {
     );
     assert_eq!(entries(outside.path()), Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn an_empty_file_is_an_empty_object() {
+    let (source, target) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let publisher = local(target.path());
+    let (path, contents, sha256) = file(source.path(), 0);
+    let body = Body::File {
+        path,
+        bytes: 0,
+        sha256: Some(sha256.clone()),
+    };
+    let receipt = publisher
+        .put(&key("empty"), body, &|_| {}, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!((receipt.bytes, receipt.sha256), (0, sha256));
+    assert_eq!(
+        std::fs::read(target.path().join("empty")).unwrap(),
+        contents
+    );
+}

@@ -128,8 +128,15 @@ fn file(dir: &Path, len: usize) -> (PathBuf, Vec<u8>, String) {
 }
 
 #[tokio::test]
-async fn a_small_file_and_bytes_go_up_in_one_put() {
-    let publisher = good("small");
+async fn a_small_file_and_bytes_go_up_in_one_put_with_their_checksum() {
+    let moto = moto();
+    let proxy = Proxy::start(None).await;
+    let publisher = releases(
+        "small",
+        &proxy.url,
+        &moto.access_key_id,
+        &moto.secret_access_key,
+    );
     let dir = tempfile::tempdir().unwrap();
     let (path, contents, sha256) = file(dir.path(), (1 << 20) + 1);
     let never = CancellationToken::new();
@@ -343,57 +350,85 @@ async fn wrong_credentials_name_the_target_and_never_the_secret() {
     assert!(!error.contains(secret), "{error}");
 }
 
-/// A loopback TCP proxy to `upstream` that cuts the first connection to
-/// carry more than `cut_after` bytes upstream, once; says whether it did.
-async fn flaky_proxy(upstream: String, cut_after: u64) -> (String, Arc<AtomicBool>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    let cut = Arc::new(AtomicBool::new(false));
-    let cut_flag = cut.clone();
-    tokio::spawn(async move {
-        loop {
-            let (client, _) = listener.accept().await.unwrap();
-            let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
-            let cut = cut_flag.clone();
-            tokio::spawn(async move {
-                let (mut client_read, mut client_write) = client.into_split();
-                let (mut server_read, mut server_write) = server.into_split();
-                let down = tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+/// A loopback TCP proxy in front of moto that keeps every byte sent
+/// upstream (the requests, to look for headers) and can cut a connection.
+struct Proxy {
+    url: String,
+    /// Whether it cut a connection.
+    cut: Arc<AtomicBool>,
+    sent: Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl Proxy {
+    /// Cuts the first connection to carry more than `cut_after` bytes
+    /// upstream, once, if given.
+    async fn start(cut_after: Option<u64>) -> Self {
+        let upstream = moto().endpoint.trim_start_matches("http://").to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let cut = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (cut_flag, record) = (cut.clone(), sent.clone());
+        tokio::spawn(async move {
+            loop {
+                let (client, _) = listener.accept().await.unwrap();
+                let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                let (cut, record) = (cut_flag.clone(), record.clone());
+                tokio::spawn(async move {
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let down = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                    });
+                    let mut carried = 0u64;
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        let n = match client_read.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        carried += n as u64;
+                        if cut_after.is_some_and(|after| carried > after)
+                            && !cut.swap(true, Ordering::SeqCst)
+                        {
+                            // Both halves dropped: the client's request
+                            // breaks off in the middle of its body.
+                            down.abort();
+                            return;
+                        }
+                        record.lock().unwrap().extend_from_slice(&buf[..n]);
+                        if server_write.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = down.await;
                 });
-                let mut carried = 0u64;
-                let mut buf = vec![0u8; 64 << 10];
-                loop {
-                    let n = match client_read.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    carried += n as u64;
-                    if carried > cut_after && !cut.swap(true, Ordering::SeqCst) {
-                        // Both halves dropped: the client's request breaks
-                        // off in the middle of its body.
-                        down.abort();
-                        return;
-                    }
-                    if server_write.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-                let _ = down.await;
-            });
-        }
-    });
-    (format!("http://{address}"), cut)
+            }
+        });
+        Self { url, cut, sent }
+    }
+
+    /// Whether a request went upstream with header `name: value`.
+    fn saw_header(&self, name: &str, value: &str) -> bool {
+        let line = format!("\r\n{name}: {value}\r\n");
+        let sent = self.sent.lock().unwrap();
+        sent.windows(line.len()).any(|w| w == line.as_bytes())
+    }
+}
+
+/// The value of `x-amz-checksum-sha256` for `bytes`.
+fn checksum(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(Sha256::digest(bytes))
 }
 
 #[tokio::test]
-async fn a_part_whose_connection_breaks_is_sent_again() {
+async fn a_part_whose_connection_breaks_is_sent_again_with_its_checksum() {
     let moto = moto();
-    let upstream = moto.endpoint.trim_start_matches("http://").to_string();
-    let (proxy, cut) = flaky_proxy(upstream, 2 << 20).await;
+    let proxy = Proxy::start(Some(2 << 20)).await;
     let publisher = releases(
         "flaky",
-        &proxy,
+        &proxy.url,
         &moto.access_key_id,
         &moto.secret_access_key,
     );
@@ -417,9 +452,19 @@ async fn a_part_whose_connection_breaks_is_sent_again() {
         )
         .await
         .unwrap();
-    assert!(cut.load(Ordering::SeqCst), "the proxy cut a connection");
+    assert!(
+        proxy.cut.load(Ordering::SeqCst),
+        "the proxy cut a connection"
+    );
     let stored = object("flaky/model.bin").await.unwrap();
     assert!(stored == contents, "the object is whole");
     assert_eq!(sent.load(Ordering::Relaxed), contents.len() as u64);
     assert_eq!(unfinished("flaky/").await, Vec::<String>::new());
+    // Every part went with its own checksum for the store to check.
+    for part in contents.chunks(PART as usize) {
+        assert!(proxy.saw_header("x-amz-checksum-sha256", &checksum(part)));
+    }
+    assert!(proxy.saw_header("x-amz-checksum-algorithm", "SHA256"));
+    // (moto neither checks these values nor answers a part with its
+    // checksum, so the completion lists none here; S3 does both.)
 }
