@@ -99,12 +99,16 @@ async fn mirror(
     }
 }
 
-/// Serves a mirror on a free loopback port; its base URL.
-async fn serve(state: Arc<Mirror>) -> String {
-    let app = axum::Router::new()
+fn app(state: Arc<Mirror>) -> axum::Router {
+    axum::Router::new()
         .fallback(mirror)
         .layer(DefaultBodyLimit::disable())
-        .with_state(state);
+        .with_state(state)
+}
+
+/// Serves a mirror on a free loopback port; its base URL.
+async fn serve(state: Arc<Mirror>) -> String {
+    let app = app(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -114,6 +118,10 @@ async fn serve(state: Arc<Mirror>) -> String {
 /// Publishers for targets "mirror" (`url`, the right token) and "stranger"
 /// (`url`, a wrong one).
 fn publishers(url: &str) -> Publishers {
+    publishers_trusting(url, &Trust::default())
+}
+
+fn publishers_trusting(url: &str, trust: &Trust) -> Publishers {
     let text = format!(
         "[[target]]\nname = \"mirror\"\nurl = \"{url}\"\nheaders = {{ Authorization = \"${{MIRROR_TOKEN}}\" }}\n\
          [[target]]\nname = \"stranger\"\nurl = \"{url}\"\nheaders = {{ Authorization = \"Bearer wrong-token\" }}\n"
@@ -122,7 +130,7 @@ fn publishers(url: &str) -> Publishers {
         (var == "MIRROR_TOKEN").then(|| TOKEN.to_string())
     })
     .unwrap();
-    Publishers::new(Arc::new(targets), &Trust::default())
+    Publishers::new(Arc::new(targets), trust)
 }
 
 fn key(text: &str) -> Key {
@@ -401,5 +409,50 @@ async fn a_put_to_a_closed_port_is_reported_unreachable_and_cancel_stops_the_tri
             "cannot reach target \"mirror\" ({base}/) for the look-up of x: "
         )),
         "{error}"
+    );
+}
+
+#[tokio::test]
+async fn an_https_mirror_is_trusted_through_the_ca_file_as_sources_are() {
+    let state = Arc::new(Mirror::default());
+    let ca = crate::test_tls::TestCa::new("mirror-ca");
+    let address = crate::test_tls::serve(app(state.clone()), ca.server(&["127.0.0.1"])).await;
+    let url = format!("https://{address}/");
+    let body = || Body::Bytes {
+        bytes: bytes::Bytes::from_static(b"{}"),
+        content_type: "application/json".into(),
+    };
+
+    let untrusting = publishers(&url).get("mirror").unwrap();
+    let error = untrusting
+        .put(&key("x.json"), body(), &|_| {}, &CancellationToken::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with(&format!(
+            "cannot reach target \"mirror\" ({url}) for the upload of x.json: "
+        )) && error.ends_with(
+            " (the certificate is signed by a CA berth does not trust: give the server that CA \
+             with --ca-file)"
+        ),
+        "{error}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let trust = Trust::load(&ca.write(dir.path(), "ca.pem")).unwrap();
+    let trusting = publishers_trusting(&url, &trust).get("mirror").unwrap();
+    trusting
+        .put(&key("x.json"), body(), &|_| {}, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        state
+            .objects
+            .lock()
+            .unwrap()
+            .get("/x.json")
+            .map(Vec::as_slice),
+        Some(&b"{}"[..])
     );
 }
