@@ -234,7 +234,9 @@ impl Mirror {
             let why = match attempt().await? {
                 Ok(response) if last || !worth_retrying(response.status()) => return Ok(response),
                 Ok(response) => format!("it answered {}", response.status()),
-                Err(e) if last || !crate::trust::hint(&e).is_empty() => {
+                // A request that cannot be made, or a server whose
+                // certificate is not trusted, will be the same next time.
+                Err(e) if last || e.is_builder() || !crate::trust::hint(&e).is_empty() => {
                     return Err(subject.unreachable(
                         what,
                         format!("{}{}", innermost(&e), crate::trust::hint(&e)),

@@ -256,6 +256,14 @@ impl Publisher {
             return Err(Error::Cancelled);
         }
         let subject = &self.inner.subject;
+        if let Body::Bytes { content_type, .. } = &body
+            && ::http::HeaderValue::from_str(content_type).is_err()
+        {
+            return Err(subject.source(
+                key,
+                format!("the content type {content_type:?} is not a valid header value"),
+            ));
+        }
         let url = subject.join(key);
         let tally = Tally::new(progress);
         let put = match &self.inner.backend {
@@ -430,5 +438,25 @@ mod tests {
         assert_eq!(tuning.part_bytes_for(78 << 30), 8 << 20);
         assert_eq!(tuning.part_bytes_for(100 << 30), 11 << 20);
         assert!(tuning.part_bytes_for(5 << 40) * 10_000 >= 5 << 40);
+    }
+
+    #[test]
+    fn publishers_are_shared_across_threads_and_a_put_is_a_send_future() {
+        fn shared<T: Send + Sync>(_: &T) {}
+        fn send<T: Send>(_: T) {}
+        let text = "[[target]]\nname = \"local\"\nurl = \"file:///srv/out/\"\n";
+        let targets = Targets::parse(text, "sources.toml", |_| None).unwrap();
+        let publishers = Publishers::new(Arc::new(targets), &Trust::default());
+        shared(&publishers);
+        let publisher = publishers.get("local").unwrap();
+        shared(&publisher);
+        let (k, never) = (key("x"), CancellationToken::new());
+        let body = Body::Bytes {
+            bytes: bytes::Bytes::from_static(b"x"),
+            content_type: "text/plain".into(),
+        };
+        // Built, never polled: whether it may cross threads is the point.
+        send(publisher.put(&k, body, &|_| {}, &never));
+        send(publisher.stat(&k));
     }
 }

@@ -175,6 +175,21 @@ async fn a_cancelled_put_leaves_no_file() {
     assert!(matches!(error, Error::Cancelled), "{error}");
     assert_eq!(entries(target.path()), ["a"], "no partial, no object");
 
+    let body = Body::Bytes {
+        bytes: bytes::Bytes::from_static(b"x"),
+        content_type: "text/plain\r\nX-Injected: 1".into(),
+    };
+    let error = publisher
+        .put(&key("c"), body, &|_| {}, &CancellationToken::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        error,
+        "target \"local\": c was not published: the content type \"text/plain\\r\\nX-Injected: 1\" \
+         is not a valid header value"
+    );
+
     let cancelled = CancellationToken::new();
     cancelled.cancel();
     let body = Body::Bytes {
