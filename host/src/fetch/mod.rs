@@ -25,7 +25,7 @@ mod partial;
 mod pieces;
 mod ranges;
 mod sha;
-mod source;
+pub(crate) mod source;
 mod stamp;
 mod tally;
 #[cfg(test)]

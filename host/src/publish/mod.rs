@@ -1,36 +1,66 @@
-//! STUB for the lead's compile only; replaced by h-publish's module on merge.
+//! Publishing: puts bytes at a key under one of the operator's targets
+//! (`crate::targets`) — an S3 bucket (`s3`), an HTTP mirror that takes
+//! `PUT` (`http`), a folder (`file`) — and says what landed where (a
+//! `Receipt`). The bytes are streamed from disk a few chunks at a time
+//! (`read`), checked against the digest they were verified with, and the
+//! destination is given that digest to check in turn; a put that fails or
+//! is cancelled leaves nothing behind (no partial file, no unfinished
+//! multipart upload). Credentials stay here: no error, `Debug` or receipt
+//! carries one.
+//!
+//! Knows targets and uploads only: nothing of plugins and their grants
+//! (`Targets::open` is the caller's), the database, or berth's API.
 
+mod file;
+mod http;
+mod key;
+mod read;
+mod s3;
+
+#[cfg(test)]
+mod tests_file;
+#[cfg(test)]
+mod tests_http;
+#[cfg(test)]
+mod tests_s3;
+
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::targets::Targets;
+pub use key::{Key, MAX_KEY_BYTES};
+
+use crate::targets::{Kind, Targets};
 use crate::trust::Trust;
 
-pub struct Key(String);
-impl Key {
-    pub fn parse(text: &str) -> Result<Key, String> {
-        Ok(Key(text.to_string()))
-    }
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
+/// What landed where, as the put's caller records it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Receipt {
     pub target: String,
     pub key: String,
+    /// Where it is, for people: the target's url joined with the key.
     pub url: String,
     pub bytes: u64,
+    /// Lowercase hex, of the bytes read and sent (verified against the
+    /// expected one when one was given).
     pub sha256: String,
+    /// As the destination said it, quotes and all; a folder has none.
     pub etag: Option<String>,
 }
+
+/// An object at a key, as the target describes it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ObjectInfo {
     pub bytes: u64,
     pub etag: Option<String>,
 }
+
+/// What to put. A file is streamed from disk (never whole in memory);
+/// `sha256` is its verified digest when known (a model file's recorded
+/// one), else the host computes it while reading.
 pub enum Body {
     File {
         path: PathBuf,
@@ -42,46 +72,391 @@ pub enum Body {
         content_type: String,
     },
 }
-pub struct Publishers {
-    targets: Arc<Targets>,
-}
-impl Publishers {
-    pub fn new(targets: Arc<Targets>, _trust: &Trust) -> Self {
-        Self { targets }
-    }
-    pub fn get(&self, name: &str) -> Result<Publisher, Error> {
-        let _ = &self.targets;
-        Ok(Publisher {
-            name: name.to_string(),
-        })
-    }
-}
-#[derive(Clone)]
-pub struct Publisher {
-    name: String,
-}
-impl Publisher {
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-    pub fn url(&self, key: &Key) -> String {
-        key.0.clone()
-    }
-    pub async fn put(
-        &self,
-        _key: &Key,
-        _body: Body,
-        _progress: &(dyn Fn(u64) + Send + Sync),
-        _cancel: &CancellationToken,
-    ) -> Result<Receipt, Error> {
-        Err(Error::Cancelled)
-    }
-    pub async fn stat(&self, _key: &Key) -> Result<Option<ObjectInfo>, Error> {
-        Ok(None)
-    }
-}
+
+/// Why a put or stat did not happen; each sentence names the target (and
+/// the key), never a credential.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cancelled")]
+    #[error("target {name:?} is not configured on this server")]
+    NotConfigured { name: String },
+    /// Its client could not be built from its settings.
+    #[error("target {target:?} ({url}) cannot be set up: {reason}")]
+    Setup {
+        target: String,
+        url: String,
+        reason: String,
+    },
+    /// The bytes to put are not what they should be (a file changed, is
+    /// missing, or does not hash to its expected digest): nothing was put.
+    #[error("target {target:?}: {key} was not published: {reason}")]
+    Source {
+        target: String,
+        key: String,
+        reason: String,
+    },
+    /// The destination answered, and not with a yes.
+    #[error("target {target:?} ({url}) refused {what}: {reason}")]
+    Refused {
+        target: String,
+        url: String,
+        what: String,
+        reason: String,
+    },
+    /// No answer, after the retries.
+    #[error("cannot reach target {target:?} ({url}) for {what}: {reason}")]
+    Unreachable {
+        target: String,
+        url: String,
+        what: String,
+        reason: String,
+    },
+    #[error("the put was cancelled")]
     Cancelled,
+}
+
+/// Settings of S3 multipart uploads, chosen by the host.
+#[derive(Debug, Clone, Copy)]
+struct Tuning {
+    /// Bytes per part, and the size up to which a file goes in one PUT.
+    part_bytes: u64,
+    /// Parts sent at once; with the reader's few, what a put holds in
+    /// memory.
+    parts_in_flight: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            part_bytes: 8 << 20,
+            parts_in_flight: 4,
+        }
+    }
+}
+
+/// S3 refuses parts smaller than this, but for the last.
+const MIN_PART_BYTES: u64 = 5 << 20;
+/// And more parts than this in one upload.
+const MAX_PARTS: u64 = 10_000;
+
+impl Tuning {
+    /// The part size for a file of `bytes`: the configured one, grown so
+    /// that the file fits in S3's part count, in whole MiB.
+    fn part_bytes_for(&self, bytes: u64) -> u64 {
+        let fits = bytes.div_ceil(MAX_PARTS).div_ceil(1 << 20) << 20;
+        self.part_bytes.max(fits)
+    }
+}
+
+/// Opens publishers for the configured targets; one client per target,
+/// built on first use and shared.
+pub struct Publishers {
+    targets: Arc<Targets>,
+    trust: Trust,
+    tuning: Tuning,
+    built: Mutex<HashMap<String, Publisher>>,
+}
+
+impl Publishers {
+    pub fn new(targets: Arc<Targets>, trust: &Trust) -> Self {
+        Self {
+            targets,
+            trust: trust.clone(),
+            tuning: Tuning::default(),
+            built: Mutex::default(),
+        }
+    }
+
+    /// Parts of `bytes` (at least S3's 5 MiB) instead of the host's
+    /// choice, so tests and benchmarks reach multipart with small files.
+    pub fn with_part_bytes(mut self, bytes: u64) -> Self {
+        self.tuning.part_bytes = bytes.max(MIN_PART_BYTES);
+        self
+    }
+
+    /// The publisher of target `name`. The caller has checked the grant
+    /// (`Targets::open`); this only builds the client, once.
+    pub fn get(&self, name: &str) -> Result<Publisher, Error> {
+        let mut built = self.built.lock().expect("never poisoned");
+        if let Some(publisher) = built.get(name) {
+            return Ok(publisher.clone());
+        }
+        let target = self.targets.get(name).ok_or_else(|| Error::NotConfigured {
+            name: name.to_string(),
+        })?;
+        let setup = |reason: String| Error::Setup {
+            target: name.to_string(),
+            url: target.url().to_string(),
+            reason,
+        };
+        let backend = match target.kind() {
+            Kind::S3 { options } => Backend::S3(
+                s3::Bucket::build(target.url(), options, &self.trust, self.tuning)
+                    .map_err(setup)?,
+            ),
+            Kind::Http { headers } => {
+                Backend::Http(http::Mirror::build(headers.clone(), &self.trust).map_err(setup)?)
+            }
+            Kind::File => Backend::File(file::Folder::new(target.url()).map_err(setup)?),
+        };
+        let publisher = Publisher {
+            inner: Arc::new(Inner {
+                subject: Subject {
+                    target: name.to_string(),
+                    url: target.url().clone(),
+                },
+                backend,
+            }),
+        };
+        built.insert(name.to_string(), publisher.clone());
+        Ok(publisher)
+    }
+}
+
+/// One target.
+#[derive(Clone)]
+pub struct Publisher {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    subject: Subject,
+    backend: Backend,
+}
+
+enum Backend {
+    S3(s3::Bucket),
+    Http(http::Mirror),
+    File(file::Folder),
+}
+
+impl Publisher {
+    pub fn name(&self) -> &str {
+        &self.inner.subject.target
+    }
+
+    /// The target's url joined with the key, for people (never
+    /// credentials: a target's url has none). Each segment is appended to
+    /// the url's path, so the key stays under it whatever it holds (`a:b`
+    /// is no scheme, a space is escaped).
+    pub fn url(&self, key: &Key) -> String {
+        self.inner.subject.join(key).to_string()
+    }
+
+    /// Puts `body` at `key`; `progress(n)` is told of each `n` more bytes
+    /// sent (bytes sent again by a retry are not told twice). Stops within
+    /// a second of `cancel`, leaving nothing behind, as does a failure.
+    pub async fn put(
+        &self,
+        key: &Key,
+        body: Body,
+        progress: &(dyn Fn(u64) + Send + Sync),
+        cancel: &CancellationToken,
+    ) -> Result<Receipt, Error> {
+        if cancel.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
+        let subject = &self.inner.subject;
+        if let Body::Bytes { content_type, .. } = &body
+            && ::http::HeaderValue::from_str(content_type).is_err()
+        {
+            return Err(subject.source(
+                key,
+                format!("the content type {content_type:?} is not a valid header value"),
+            ));
+        }
+        let url = subject.join(key);
+        let tally = Tally::new(progress);
+        let put = match &self.inner.backend {
+            Backend::S3(bucket) => bucket.put(subject, key, &url, body, &tally, cancel).await,
+            Backend::Http(mirror) => mirror.put(subject, key, &url, body, &tally, cancel).await,
+            Backend::File(folder) => folder.put(subject, key, &url, body, &tally, cancel).await,
+        }?;
+        tally.reached(put.bytes);
+        Ok(Receipt {
+            target: subject.target.clone(),
+            key: key.as_str().to_string(),
+            url: url.to_string(),
+            bytes: put.bytes,
+            sha256: put.sha256,
+            etag: put.etag,
+        })
+    }
+
+    /// The object at `key`, if there is one.
+    pub async fn stat(&self, key: &Key) -> Result<Option<ObjectInfo>, Error> {
+        let subject = &self.inner.subject;
+        let url = subject.join(key);
+        match &self.inner.backend {
+            Backend::S3(bucket) => bucket.stat(subject, key, &url).await,
+            Backend::Http(mirror) => mirror.stat(subject, key, &url).await,
+            Backend::File(folder) => folder.stat(subject, key, &url).await,
+        }
+    }
+}
+
+/// What a backend's put did.
+struct Put {
+    bytes: u64,
+    sha256: String,
+    etag: Option<String>,
+}
+
+/// A target as error sentences name it.
+struct Subject {
+    target: String,
+    /// Ends with `/`.
+    url: url::Url,
+}
+
+impl Subject {
+    /// The url of `key`: the target's with each of the key's segments
+    /// appended to its path.
+    fn join(&self, key: &Key) -> url::Url {
+        let mut url = self.url.clone();
+        url.path_segments_mut()
+            .expect("a target's url has a path (targets.rs checks it ends with /)")
+            .pop_if_empty()
+            .extend(key.segments());
+        url
+    }
+
+    fn source(&self, key: &Key, reason: impl ToString) -> Error {
+        Error::Source {
+            target: self.target.clone(),
+            key: key.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    fn refused(&self, what: &str, reason: impl ToString) -> Error {
+        Error::Refused {
+            target: self.target.clone(),
+            url: self.url.to_string(),
+            what: what.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    fn unreachable(&self, what: &str, reason: impl ToString) -> Error {
+        Error::Unreachable {
+            target: self.target.clone(),
+            url: self.url.to_string(),
+            what: what.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// What a request is, in error sentences.
+fn upload_of(key: &Key) -> String {
+    format!("the upload of {key}")
+}
+
+fn look_up_of(key: &Key) -> String {
+    format!("the look-up of {key}")
+}
+
+/// Bytes sent, told to the caller's `progress` only beyond the most told
+/// so far: a retried request sends bytes again that were already told.
+struct Tally<'a> {
+    progress: &'a (dyn Fn(u64) + Send + Sync),
+    told: AtomicU64,
+}
+
+impl<'a> Tally<'a> {
+    fn new(progress: &'a (dyn Fn(u64) + Send + Sync)) -> Self {
+        Self {
+            progress,
+            told: AtomicU64::new(0),
+        }
+    }
+
+    /// `sent` bytes of the body have gone, in all.
+    fn reached(&self, sent: u64) {
+        let told = self.told.fetch_max(sent, Ordering::Relaxed);
+        if sent > told {
+            (self.progress)(sent - told);
+        }
+    }
+
+    /// `more` bytes went, beyond those told.
+    fn add(&self, more: u64) {
+        self.told.fetch_add(more, Ordering::Relaxed);
+        (self.progress)(more);
+    }
+}
+
+/// The lowercase hex sha256 of `bytes`.
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(text: &str) -> Key {
+        Key::parse(text).unwrap()
+    }
+
+    #[test]
+    fn a_key_lands_under_each_kind_of_target_url_and_nowhere_else() {
+        let text = "[[target]]\nname = \"s3\"\nurl = \"s3://bucket/pre fix/\"\n\
+                    [[target]]\nname = \"mirror\"\nurl = \"https://mirror.example/base/\"\n\
+                    [[target]]\nname = \"root\"\nurl = \"https://mirror.example/\"\n\
+                    [[target]]\nname = \"local\"\nurl = \"file:///srv/out/\"\n";
+        let targets = Targets::parse(text, "sources.toml", |_| None).unwrap();
+        let publishers = Publishers::new(Arc::new(targets), &Trust::default());
+        let cases = [
+            ("s3", "a:b/c d.bin", "s3://bucket/pre%20fix/a:b/c%20d.bin"),
+            ("s3", "x", "s3://bucket/pre%20fix/x"),
+            ("mirror", "a:b", "https://mirror.example/base/a:b"),
+            (
+                "mirror",
+                "http:/x/ü",
+                "https://mirror.example/base/http:/x/%C3%BC",
+            ),
+            ("mirror", "...", "https://mirror.example/base/..."),
+            ("root", "job/m.bin", "https://mirror.example/job/m.bin"),
+            ("local", "a:b/m.bin", "file:///srv/out/a:b/m.bin"),
+        ];
+        for (target, text, expected) in cases {
+            let publisher = publishers.get(target).unwrap();
+            assert_eq!(publisher.url(&key(text)), expected, "{target} {text}");
+        }
+        assert_eq!(
+            publishers.get("absent").err().unwrap().to_string(),
+            "target \"absent\" is not configured on this server"
+        );
+    }
+
+    #[test]
+    fn parts_grow_so_that_a_huge_file_fits_in_s3s_part_count() {
+        let tuning = Tuning::default();
+        assert_eq!(tuning.part_bytes_for(1 << 30), 8 << 20);
+        assert_eq!(tuning.part_bytes_for(78 << 30), 8 << 20);
+        assert_eq!(tuning.part_bytes_for(100 << 30), 11 << 20);
+        assert!(tuning.part_bytes_for(5 << 40) * 10_000 >= 5 << 40);
+    }
+
+    #[test]
+    fn publishers_are_shared_across_threads_and_a_put_is_a_send_future() {
+        fn shared<T: Send + Sync>(_: &T) {}
+        fn send<T: Send>(_: T) {}
+        let text = "[[target]]\nname = \"local\"\nurl = \"file:///srv/out/\"\n";
+        let targets = Targets::parse(text, "sources.toml", |_| None).unwrap();
+        let publishers = Publishers::new(Arc::new(targets), &Trust::default());
+        shared(&publishers);
+        let publisher = publishers.get("local").unwrap();
+        shared(&publisher);
+        let (k, never) = (key("x"), CancellationToken::new());
+        let body = Body::Bytes {
+            bytes: bytes::Bytes::from_static(b"x"),
+            content_type: "text/plain".into(),
+        };
+        // Built, never polled: whether it may cross threads is the point.
+        send(publisher.put(&k, body, &|_| {}, &never));
+        send(publisher.stat(&k));
+    }
 }

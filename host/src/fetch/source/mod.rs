@@ -7,7 +7,7 @@
 
 mod file;
 mod http;
-mod s3;
+pub(crate) mod s3;
 #[cfg(test)]
 mod s3_tests;
 
@@ -212,7 +212,7 @@ impl Sources {
 
 /// Clients' own words ("error sending request for url …") hide the
 /// reason; the innermost cause ("Connection refused") is what people need.
-fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
     crate::causes::causes(e).last().unwrap_or(e).to_string()
 }
 

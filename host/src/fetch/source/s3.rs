@@ -136,37 +136,14 @@ impl Store {
         credentials: Option<&Credentials>,
         trust: &Trust,
     ) -> Result<Self, String> {
-        let mut builder = from_env(trust).map_err(|e| {
+        let options = credentials.map_or(&[][..], |c| c.options());
+        let builder = configured(trust, options).map_err(|e| {
             format!(
                 "the store for s3://{bucket}/ cannot be set up: {}",
                 innermost(&e)
             )
         })?;
-        for (key, value) in credentials.map_or(&[][..], |c| c.options()) {
-            builder = builder.with_config(*key, value);
-        }
         let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
-        // An endpoint written with http:// is the operator's choice of a
-        // plain-HTTP store (MinIO, Ceph on a private network); object_store
-        // would otherwise refuse it.
-        if endpoint
-            .as_deref()
-            .is_some_and(|e| e.starts_with("http://"))
-        {
-            builder = builder.with_config(
-                AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp),
-                "true",
-            );
-        }
-        // object_store's default ends a request after 30 s, body included,
-        // which would cut every object that takes longer to download; the
-        // fetch has its own limit (--fetch-timeout-s). Kept if set.
-        let timeout = AmazonS3ConfigKey::Client(ClientConfigKey::Timeout);
-        if builder.get_config_value(&timeout)
-            == ClientOptions::new().get_config_value(&ClientConfigKey::Timeout)
-        {
-            builder = builder.with_config(timeout, "24h");
-        }
         let credentials = match (
             builder.get_config_value(&AmazonS3ConfigKey::AccessKeyId),
             credentials.filter(|c| {
@@ -237,6 +214,44 @@ impl Store {
     }
 }
 
+/// A store's settings: the environment's (`from_env`) with `options` (a
+/// sources-file entry's or a target's) on top, and berth's rules for every
+/// store it builds. Shared with `crate::publish`, whose targets are
+/// configured as sources are.
+pub(crate) fn configured(
+    trust: &Trust,
+    options: &[(AmazonS3ConfigKey, String)],
+) -> object_store::Result<AmazonS3Builder> {
+    let mut builder = from_env(trust)?;
+    for (key, value) in options {
+        builder = builder.with_config(*key, value);
+    }
+    let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
+    // An endpoint written with http:// is the operator's choice of a
+    // plain-HTTP store (MinIO, Ceph on a private network); object_store
+    // would otherwise refuse it.
+    if endpoint
+        .as_deref()
+        .is_some_and(|e| e.starts_with("http://"))
+    {
+        builder = builder.with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp),
+            "true",
+        );
+    }
+    // object_store's default ends a request after 30 s, body included,
+    // which would cut every object that takes longer to download (or
+    // upload); a fetch has its own limit (--fetch-timeout-s), a publish
+    // its deployment's. Kept if set.
+    let timeout = AmazonS3ConfigKey::Client(ClientConfigKey::Timeout);
+    if builder.get_config_value(&timeout)
+        == ClientOptions::new().get_config_value(&ClientConfigKey::Timeout)
+    {
+        builder = builder.with_config(timeout, "24h");
+    }
+    Ok(builder)
+}
+
 /// `AmazonS3Builder::from_env`, on client options that trust `trust`'s
 /// certificates: the builder has no way to add one to options it holds, and
 /// giving it options replaces them whole, so they come first and the
@@ -257,7 +272,7 @@ fn from_env(trust: &Trust) -> object_store::Result<AmazonS3Builder> {
 }
 
 /// Whether the request never got an answer.
-fn unreachable(e: &object_store::Error) -> bool {
+pub(crate) fn unreachable(e: &object_store::Error) -> bool {
     crate::causes::causes(e).any(|e| {
         e.downcast_ref::<object_store::client::HttpError>()
             .is_some_and(|e| e.kind() == object_store::client::HttpErrorKind::Connect)
@@ -267,7 +282,7 @@ fn unreachable(e: &object_store::Error) -> bool {
 /// An S3 error answer is an XML document; its code and message are what
 /// people need ("InvalidAccessKeyId: The AWS Access Key Id you provided
 /// does not exist in our records."), not the document.
-fn store_said(text: &str) -> String {
+pub(crate) fn store_said(text: &str) -> String {
     let element = |name: &str| {
         let (open, close) = (format!("<{name}>"), format!("</{name}>"));
         let start = text.find(&open)? + open.len();

@@ -1,0 +1,369 @@
+//! HTTP mirrors as targets: a `PUT` of the body to the target's url
+//! joined with the key, with the target's headers (its credentials), the
+//! body's digest for the mirror to check (`Content-Digest` and
+//! `Repr-Digest`, RFC 9530: the same value, as berth sends no content
+//! coding) and its `Content-Length`. A file is streamed from disk; when its
+//! digest is expected, the last chunk is sent only once the file hashed to
+//! it, so a mirror never receives a whole body that is not the verified
+//! one. Redirects are never followed: the credentials go to the target's
+//! url and nowhere else. A broken connection or a 5xx answer is tried
+//! again after a wait (`crate::backoff`).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use reqwest::header::{CONTENT_LENGTH, CONTENT_TYPE, ETAG, HeaderMap, LOCATION};
+use reqwest::{Response, StatusCode};
+use tokio_util::sync::CancellationToken;
+
+use super::read::{Piece, ReadError, Reading, digest_of};
+use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of};
+use crate::backoff::Backoff;
+use crate::fetch::source::innermost;
+use crate::trust::Trust;
+
+/// Tries of one request, the first included.
+const TRIES: u32 = 4;
+/// Bytes read from disk at a time; a few are buffered.
+const CHUNK: usize = 256 << 10;
+/// How much of a refusal's body a message quotes.
+const QUOTED: usize = 300;
+/// How often the bytes sent are told to the caller during a request.
+const TELL_EVERY: Duration = Duration::from_millis(100);
+
+/// One mirror's client and headers.
+pub(super) struct Mirror {
+    client: reqwest::Client,
+    /// Sensitive: never logged, never in a message.
+    headers: HeaderMap,
+}
+
+/// What is sent, once per try.
+enum Content {
+    Bytes(Bytes),
+    File(PathBuf),
+}
+
+impl Mirror {
+    pub(super) fn build(headers: HeaderMap, trust: &Trust) -> Result<Self, String> {
+        let builder = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            // Never followed: the answer is an error (`redirected`).
+            .redirect(reqwest::redirect::Policy::none());
+        let client = trust
+            .reqwest(builder)
+            .and_then(|b| b.build())
+            .map_err(|e| innermost(&e))?;
+        Ok(Self { client, headers })
+    }
+
+    pub(super) async fn put(
+        &self,
+        subject: &Subject,
+        key: &Key,
+        url: &url::Url,
+        body: Body,
+        tally: &Tally<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<Put, Error> {
+        let what = upload_of(key);
+        let (bytes, sha256, content_type, content) = match body {
+            Body::Bytes {
+                bytes,
+                content_type,
+            } => (
+                bytes.len() as u64,
+                super::sha256_hex(&bytes),
+                content_type,
+                Content::Bytes(bytes),
+            ),
+            Body::File {
+                path,
+                bytes,
+                sha256,
+            } => {
+                let sha256 = match sha256 {
+                    Some(sha256) => sha256.to_ascii_lowercase(),
+                    // The digest goes in a header, before the body: read
+                    // the file once to learn it. The second read checks
+                    // the file did not change in between.
+                    None => match digest_of(path.clone(), bytes, cancel.clone()).await {
+                        Ok(Some(sha256)) => sha256,
+                        Ok(None) => return Err(Error::Cancelled),
+                        Err(e) => return Err(subject.source(key, e)),
+                    },
+                };
+                let content_type = "application/octet-stream".to_string();
+                (bytes, sha256, content_type, Content::File(path))
+            }
+        };
+        let digest = hex::decode(&sha256)
+            .ok()
+            .filter(|d| d.len() == 32)
+            .ok_or_else(|| {
+                subject.source(
+                    key,
+                    format!("the expected sha256 {sha256:?} is not 64 hex digits"),
+                )
+            })?;
+        let field = format!("sha-256=:{}:", BASE64.encode(digest));
+
+        let attempt = || {
+            let sent = Arc::new(AtomicU64::new(0));
+            let failed = Arc::new(Mutex::new(None));
+            let mut request = self
+                .client
+                .put(url.clone())
+                .headers(self.headers.clone())
+                .header(CONTENT_TYPE, content_type.as_str())
+                .header("content-digest", field.as_str())
+                .header("repr-digest", field.as_str());
+            request = match &content {
+                Content::Bytes(b) => request.body(b.clone()),
+                Content::File(path) => {
+                    let reading = Reading::start(
+                        path.clone(),
+                        bytes,
+                        Some(sha256.clone()),
+                        CHUNK,
+                        cancel.clone(),
+                    );
+                    // A streamed body is sent chunked unless its length
+                    // is said.
+                    request
+                        .header(CONTENT_LENGTH, bytes)
+                        .body(reqwest::Body::wrap_stream(stream(
+                            reading,
+                            sent.clone(),
+                            failed.clone(),
+                        )))
+                }
+            };
+            let request = request.send();
+            async move {
+                let answer = watch(request, &sent, tally, cancel).await?;
+                let failed = failed.lock().expect("never poisoned").take();
+                match failed {
+                    // The body stopped because the file is not as it
+                    // should be: the request broke off for that.
+                    Some(e) if answer.is_err() => Err(subject.source(key, e)),
+                    _ => Ok(answer),
+                }
+            }
+        };
+        let response = self.retrying(subject, &what, cancel, attempt).await?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(Put {
+                bytes,
+                sha256,
+                etag: etag(response.headers()),
+            });
+        }
+        Err(subject.refused(&what, self.answered(response).await))
+    }
+
+    pub(super) async fn stat(
+        &self,
+        subject: &Subject,
+        key: &Key,
+        url: &url::Url,
+    ) -> Result<Option<ObjectInfo>, Error> {
+        let what = look_up_of(key);
+        // A look-up is not cancelled by itself: it is short.
+        let cancel = CancellationToken::new();
+        let attempt = || {
+            let request = self
+                .client
+                .head(url.clone())
+                .headers(self.headers.clone())
+                .send();
+            async move { Ok(request.await) }
+        };
+        let response = self.retrying(subject, &what, &cancel, attempt).await?;
+        match response.status() {
+            StatusCode::NOT_FOUND | StatusCode::GONE => Ok(None),
+            status if status.is_success() => {
+                let bytes = response
+                    .headers()
+                    .get(CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| {
+                        subject.refused(
+                            &what,
+                            format!("it answered {status} without a Content-Length"),
+                        )
+                    })?;
+                Ok(Some(ObjectInfo {
+                    bytes,
+                    etag: etag(response.headers()),
+                }))
+            }
+            _ => Err(subject.refused(&what, self.answered(response).await)),
+        }
+    }
+
+    /// The answer to what `attempt` sends, tried again after a broken
+    /// connection or a 5xx, 408 or 429 answer, up to `TRIES` times with a
+    /// growing wait; the last answer, whatever it is. `attempt` returns
+    /// an error that must not be retried (cancelled, a file not as it
+    /// should be) as its outer `Err`.
+    async fn retrying<F, Fut>(
+        &self,
+        subject: &Subject,
+        what: &str,
+        cancel: &CancellationToken,
+        mut attempt: F,
+    ) -> Result<Response, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<reqwest::Result<Response>, Error>>,
+    {
+        let mut backoff = Backoff::new();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let last = tries == TRIES;
+            let why = match attempt().await? {
+                Ok(response) if last || !worth_retrying(response.status()) => return Ok(response),
+                Ok(response) => format!("it answered {}", response.status()),
+                // A request that cannot be made, or a server whose
+                // certificate is not trusted, will be the same next time.
+                Err(e) if last || e.is_builder() || !crate::trust::hint(&e).is_empty() => {
+                    return Err(subject.unreachable(
+                        what,
+                        format!("{}{}", innermost(&e), crate::trust::hint(&e)),
+                    ));
+                }
+                Err(e) => innermost(&e),
+            };
+            let wait = backoff.next_wait();
+            tracing::info!(
+                target_name = %subject.target,
+                "{what}: trying again in {} ms ({why})",
+                wait.as_millis()
+            );
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Err(Error::Cancelled),
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// An answer that is not a yes, for a message: its status, where a
+    /// redirect points, and the start of its body (a mirror says why
+    /// there), with the target's header values cut out should a mirror
+    /// echo them.
+    async fn answered(&self, response: Response) -> String {
+        let status = response.status();
+        if status.is_redirection() {
+            let to = response
+                .headers()
+                .get(LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("nowhere said");
+            return format!(
+                "it answered {status}, to {to}: berth does not follow a target's redirects (its \
+                 credentials would go along); set the target's url to where the mirror takes uploads"
+            );
+        }
+        let mut said = Vec::new();
+        let mut response = response;
+        while said.len() < QUOTED {
+            match response.chunk().await {
+                Ok(Some(chunk)) => said.extend_from_slice(&chunk),
+                _ => break,
+            }
+        }
+        let mut said = String::from_utf8_lossy(&said[..said.len().min(QUOTED)])
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        for value in self.headers.values() {
+            if let Ok(value) = value.to_str()
+                && !value.is_empty()
+            {
+                said = said.replace(value, "(redacted)");
+            }
+        }
+        if said.is_empty() {
+            format!("it answered {status}")
+        } else {
+            format!("it answered {status}: {said}")
+        }
+    }
+}
+
+/// Whether an answer may be different next time.
+fn worth_retrying(status: StatusCode) -> bool {
+    status.is_server_error()
+        || status == StatusCode::REQUEST_TIMEOUT
+        || status == StatusCode::TOO_MANY_REQUESTS
+}
+
+/// A file's bytes as a request body, counting them into `sent`; a reading
+/// error is kept in `failed` (the request only sees that the body broke).
+fn stream(
+    reading: Reading,
+    sent: Arc<AtomicU64>,
+    failed: Arc<Mutex<Option<ReadError>>>,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    futures::stream::unfold(Some(reading), move |reading| {
+        let (sent, failed) = (sent.clone(), failed.clone());
+        async move {
+            let mut reading = reading?;
+            match reading.next().await {
+                Some(Ok(Piece::Data(chunk))) => {
+                    sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    Some((Ok(chunk), Some(reading)))
+                }
+                Some(Ok(Piece::End { .. })) => None,
+                Some(Err(e)) => {
+                    let words = e.to_string();
+                    *failed.lock().expect("never poisoned") = Some(e);
+                    Some((Err(std::io::Error::other(words)), None))
+                }
+                // Cancelled: the request is dropped at once anyway.
+                None => Some((Err(std::io::Error::other("the put was cancelled")), None)),
+            }
+        }
+    })
+}
+
+/// Waits for `request`'s answer, telling the caller of the bytes sent as
+/// they go; dropped (the request with it) when `cancel` is cancelled.
+async fn watch(
+    request: impl Future<Output = reqwest::Result<Response>>,
+    sent: &AtomicU64,
+    tally: &Tally<'_>,
+    cancel: &CancellationToken,
+) -> Result<reqwest::Result<Response>, Error> {
+    tokio::pin!(request);
+    let mut tell = tokio::time::interval(TELL_EVERY);
+    loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(Error::Cancelled),
+            answer = &mut request => {
+                tally.reached(sent.load(Ordering::Relaxed));
+                return Ok(answer);
+            }
+            _ = tell.tick() => tally.reached(sent.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+fn etag(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(ETAG)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
