@@ -23,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::db::events::{NewEvent, Report};
 use crate::db::{self, Db};
+use crate::model::Receipt;
 use crate::model::{Deployment, Phase, Progress};
-use crate::publish::Receipt;
 use crate::runtime::Change;
 
 #[derive(Debug, Clone, PartialEq)]

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tokio_util::sync::CancellationToken;
 
 use crate::fetch;
+use crate::model::Receipt;
 use crate::model::{Phase, Progress};
-use crate::publish::Receipt;
 use crate::runtime::{GuestLevel, LogReporter, Reporter};
 
 /// A deployment's log keeps at most this many bytes; older lines go first.

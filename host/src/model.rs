@@ -127,7 +127,25 @@ pub struct Deployment {
     /// When a server claimed it.
     pub started_at: Option<String>,
     /// What it put into publishing targets, in order.
-    pub published: Vec<crate::publish::Receipt>,
+    pub published: Vec<Receipt>,
+}
+
+/// What one put into a publishing target left there, as the deployment
+/// records it. Stored as JSON in the deployment's row (serde is that
+/// storage format).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Receipt {
+    /// The target's name.
+    pub target: String,
+    pub key: String,
+    /// Where it is, for people: the target's url joined with the key.
+    pub url: String,
+    pub bytes: u64,
+    /// Lowercase hex, of the bytes read and sent (verified against the
+    /// expected one when one was given).
+    pub sha256: String,
+    /// As the destination said it, quotes and all; a folder has none.
+    pub etag: Option<String>,
 }
 
 /// How a deployment ended.

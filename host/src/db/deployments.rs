@@ -9,8 +9,8 @@ use sqlx::{AnyConnection, Row};
 
 use super::events::Report;
 use super::{Claim, Db, Error, Result, now};
+use crate::model::Receipt;
 use crate::model::{Deployment, Outcome, Phase, Progress, Status};
-use crate::publish::Receipt;
 
 /// A deployment about to start.
 pub struct NewDeployment<'a> {

@@ -36,20 +36,7 @@ pub use key::{Key, MAX_KEY_BYTES};
 use crate::targets::{Kind, Targets};
 use crate::trust::Trust;
 
-/// What landed where, as the put's caller records it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Receipt {
-    pub target: String,
-    pub key: String,
-    /// Where it is, for people: the target's url joined with the key.
-    pub url: String,
-    pub bytes: u64,
-    /// Lowercase hex, of the bytes read and sent (verified against the
-    /// expected one when one was given).
-    pub sha256: String,
-    /// As the destination said it, quotes and all; a folder has none.
-    pub etag: Option<String>,
-}
+pub use crate::model::Receipt;
 
 /// An object at a key, as the target describes it.
 #[derive(Debug, Clone, PartialEq)]

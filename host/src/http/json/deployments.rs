@@ -8,7 +8,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::object;
 use crate::model;
-use crate::publish::Receipt;
+use crate::model::Receipt;
 
 /// Which deployer, with which options.
 #[derive(Serialize, Deserialize, ToSchema)]

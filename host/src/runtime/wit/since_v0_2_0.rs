@@ -145,8 +145,8 @@ impl publish::HostTarget for State {
     }
 }
 
-impl From<crate::publish::Receipt> for Receipt {
-    fn from(receipt: crate::publish::Receipt) -> Self {
+impl From<crate::model::Receipt> for Receipt {
+    fn from(receipt: crate::model::Receipt) -> Self {
         Receipt {
             url: receipt.url,
             bytes: receipt.bytes,
