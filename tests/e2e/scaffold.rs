@@ -306,7 +306,7 @@ async fn publishes_into_a_file_target(lang: &str, name: &str, wasm: &Path) {
     assert_error(
         &refused,
         StatusCode::BAD_GATEWAY,
-        &format!("deployer {name} failed: plugin {name}: target \"elsewhere\" is not granted"),
+        &format!("deployer {name}: plugin {name}: target \"elsewhere\" is not granted"),
     );
 }
 
