@@ -404,7 +404,6 @@ impl Runtime {
         let mut store = sandbox::store(
             code.pre.engine(),
             plugin,
-            &self.targets,
             &self.connector,
             mounts,
             publishing,

@@ -116,6 +116,11 @@ impl Publishing {
         }
     }
 
+    /// The server's targets (those the plugin is granted are reachable).
+    pub(crate) fn targets(&self) -> &Targets {
+        &self.targets
+    }
+
     /// Opens the target `name`: deny by default.
     pub(crate) fn open(&self, name: &str) -> Result<Opened, String> {
         self.targets.open(&self.plugin, &self.granted, name)?;

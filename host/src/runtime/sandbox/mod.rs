@@ -27,7 +27,6 @@ use super::publish::Publishing;
 use super::report::{GuestOutput, Reporter};
 use super::state::State;
 use super::{CallError, Plugin};
-use crate::targets::Targets;
 
 /// Links all of WASI and wasi:http for every plugin: what a call reaches is
 /// decided by its context, because a missing import would refuse the plugin
@@ -38,11 +37,11 @@ pub(crate) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> 
 }
 
 /// A fresh `Store` for one call of `plugin`; `mounts` only for a deployment.
-/// `targets` are the server's; the plugin reaches those its manifest grants.
+/// `publishing` holds the server's targets; the plugin reaches those its
+/// manifest grants, by `publish` and by HTTP.
 pub(crate) fn store(
     engine: &Engine,
     plugin: &Plugin,
-    targets: &Targets,
     connector: &Connector,
     mounts: Option<Mounts<'_>>,
     publishing: Publishing,
@@ -53,7 +52,13 @@ pub(crate) fn store(
     env::grant(&mut wasi, plugin);
     stdio::grant(&mut wasi, reporter.clone(), stderr);
     filesystem::grant(&mut wasi, mounts)?;
-    let (http, gate) = network::grant(&mut wasi, plugin, targets, connector, reporter.clone());
+    let (http, gate) = network::grant(
+        &mut wasi,
+        plugin,
+        publishing.targets(),
+        connector,
+        reporter.clone(),
+    );
     let memory_bytes =
         usize::try_from(plugin.limits.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     let state = State {
