@@ -2,7 +2,8 @@
 //! full disk, a lost connection) again: one policy, doubling from a quarter
 //! of a second up to ten seconds, for every loop that keeps what it could
 //! not write and tries again (the event log's appender, a deployment's end
-//! record, the recovery at start). Only counts time: never decides what is
+//! record, the recovery at start, and `serve` reaching its database at
+//! start). Only counts time: never decides what is
 //! retried, what is logged, nor when to give up; each caller does.
 
 use std::time::Duration;

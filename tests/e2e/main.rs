@@ -13,6 +13,7 @@ mod client;
 mod cluster;
 mod config;
 mod crash;
+mod database_wait;
 mod deploy;
 mod event_log;
 mod fetch;

@@ -25,6 +25,11 @@ pub struct ServeArgs {
     /// sqlite://PATH or postgres://… (default: SQLite at DATA_DIR/berth.db).
     #[arg(long, env = "BERTH_DATABASE_URL")]
     pub(super) database_url: Option<String>,
+    /// How long, in seconds, serve keeps trying to reach its database at
+    /// start (PostgreSQL restarting, or started after berth), saying so
+    /// each time, before it gives up; 0: one try.
+    #[arg(long, env = "BERTH_DATABASE_WAIT_S", default_value_t = 60)]
+    pub(super) database_wait_s: u64,
     /// The folder of deployer plugins (NAME.wasm and optional NAME.toml).
     #[arg(long, env = "BERTH_PLUGINS_DIR", default_value = "./plugins")]
     pub(super) plugins_dir: PathBuf,

@@ -13,9 +13,11 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Tokens;
+use crate::backoff::Backoff;
 use crate::db::Db;
 use crate::fetch::{Access, Fetcher, Split};
 use crate::http::Webhook;
+use crate::human;
 use crate::runtime::Signers;
 use crate::targets::Targets;
 use crate::trust::Trust;
@@ -175,10 +177,40 @@ pub(super) async fn open_records(args: &ServeArgs) -> anyhow::Result<(Db, String
         .database_url
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("berth.db").display()));
-    let db = Db::connect(&database_url)
-        .await
-        .with_context(|| format!("cannot open the database {}", redact(&database_url)))?;
+    let db = connect(&database_url, Duration::from_secs(args.database_wait_s)).await?;
     Ok((db, server_id(data_dir)?))
+}
+
+/// Opens the database, trying again while it cannot be reached (a
+/// PostgreSQL server restarting, or started after berth) for up to
+/// `wait`, with a line each time, so a start that waits says why.
+async fn connect(database_url: &str, wait: Duration) -> anyhow::Result<Db> {
+    let shown = redact(database_url);
+    let started = std::time::Instant::now();
+    let mut backoff = Backoff::new();
+    loop {
+        let error = match Db::connect(database_url).await {
+            Ok(db) => return Ok(db),
+            Err(e) if e.is_unreachable() => e,
+            Err(e) => return Err(e).with_context(|| format!("cannot open the database {shown}")),
+        };
+        let left = wait.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            anyhow::bail!(
+                "cannot reach the database {shown}; gave up after {} (--database-wait-s): {error}. \
+                 Is it running, and does the URL name its host and port?",
+                human::duration(started.elapsed())
+            );
+        }
+        let pause = backoff.next_wait().min(left);
+        tracing::warn!(
+            "cannot reach the database {shown} yet ({error}); trying again in {}, for up to {} more \
+             (--database-wait-s)",
+            human::duration(pause),
+            human::duration(left)
+        );
+        tokio::time::sleep(pause).await;
+    }
 }
 
 /// The fetcher of models' files, with the sources' credentials, the CA
