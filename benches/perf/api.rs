@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::Ctx;
 use crate::data::{DataFile, GIB};
 use crate::fetch::{big_model, files};
-use crate::report::{Table, median, percentile, secs};
+use crate::report::{PeakRss, Table, median, percentile, secs, status_kib};
 
 const CONCURRENCY: usize = 100;
 
@@ -220,19 +220,7 @@ impl Server {
     }
 
     pub fn status_kib(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| {
-                v.trim_start_matches(':')
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or(0)
+        status_kib(self.child.id(), field)
     }
 }
 
@@ -483,31 +471,12 @@ pub async fn memory(ctx: &Ctx) -> anyhow::Result<()> {
         let id = server.register(ctx, job_id, files).await?;
         // Resets VmHWM to the current RSS (Linux ≥ 4.0).
         let _ = std::fs::write(format!("/proc/{}/clear_refs", server.child.id()), "5");
-        let peak = Arc::new(AtomicU64::new(0));
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let sampler = {
-            let (peak, done, pid) = (peak.clone(), done.clone(), server.child.id());
-            std::thread::spawn(move || {
-                while !done.load(Ordering::Relaxed) {
-                    let status =
-                        std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-                    let rss = status
-                        .lines()
-                        .find_map(|l| l.strip_prefix("VmRSS:"))
-                        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-                        .unwrap_or(0);
-                    peak.fetch_max(rss, Ordering::Relaxed);
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            })
-        };
+        let sampler = PeakRss::start(server.child.id());
         let started = Instant::now();
         server.deploy(id).await?;
         let took = started.elapsed().as_secs_f64();
-        done.store(true, Ordering::Relaxed);
-        let _ = sampler.join();
+        let sampled = sampler.stop();
         let gib = files.iter().map(|f| f.size).sum::<u64>() as f64 / GIB as f64;
-        let sampled = peak.load(Ordering::Relaxed);
         let hwm = server.status_kib("VmHWM");
         table.row(
             &format!("{label} ({gib:.0} GiB, {})", secs(took)),

@@ -14,7 +14,7 @@ use berth::fetch::Split;
 use crate::Ctx;
 use crate::data::{DataFile, GIB};
 use crate::fetch::{fetch, files, fresh_dir, fresh_fetcher, model, shell_quote};
-use crate::report::{Table, gbps, median, secs, settle, sh, speed_vs};
+use crate::report::{Table, gbps, median, secs, settle, sh, speed_vs, status_kib};
 
 const CONTENDERS: [&str; 4] = [
     "curl -o",
@@ -150,20 +150,11 @@ async fn peak_memory(ctx: &Ctx) -> anyhow::Result<(u64, u64, f64)> {
     let mut model = model(ctx, "capped-rss", &big);
     model.source = capped_source(ctx);
     settle();
-    let idle = status_kib("VmRSS");
+    let idle = status_kib(std::process::id(), "VmRSS");
     // Resets VmHWM to the current RSS (Linux ≥ 4.0).
     std::fs::write("/proc/self/clear_refs", "5")?;
     let started = Instant::now();
     fetch(&fetcher, &model).await?;
     let took = started.elapsed().as_secs_f64();
-    Ok((idle, status_kib("VmHWM"), took))
-}
-
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+    Ok((idle, status_kib(std::process::id(), "VmHWM"), took))
 }

@@ -16,7 +16,7 @@ use sqlx::Connection;
 use crate::Ctx;
 use crate::api::{Server, load_at};
 use crate::fetch::files;
-use crate::report::{Table, median, percentile, secs};
+use crate::report::{Table, cpu_of, median, percentile, secs};
 
 /// How long each commit-bound loop runs.
 const COMMIT_LOOP: Duration = Duration::from_secs(3);
@@ -264,20 +264,4 @@ fn syncs() -> u64 {
         .filter_map(|b| std::fs::read_to_string(b.path().join("stat")).ok())
         .filter_map(|stat| stat.split_whitespace().nth(15)?.parse::<u64>().ok())
         .sum()
-}
-
-/// CPU seconds (user + system) process `pid` used so far.
-fn cpu_of(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command name, which may hold spaces.
-    let rest = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 of stat, 12 and 13 after ") ".
-    (ticks(11) + ticks(12)) / 100.0
 }

@@ -72,7 +72,7 @@ pub async fn first_deployment(
 
 /// Waits until `deployer` is served with code of `tier` (any if `None`);
 /// the time from `since`.
-async fn served(
+pub async fn served(
     server: &Server,
     deployer: &str,
     tier: Option<&str>,

@@ -16,7 +16,10 @@
 //! `cluster` (queued deployments and events on one server against three
 //! sharing the first `--pg`), `push` (from a deployer pushed over the API
 //! to one server to its first deployment on another, against dropping it
-//! into that server's folder; the first `--pg`); all by default. Data goes
+//! into that server's folder; the first `--pg`), `publish` (a model of 4
+//! files, `--publish-mib` each, put into an S3-compatible store and onto an
+//! HTTP mirror by berth's example deployers, against boto3, the AWS CLI and
+//! curl, and berth's memory meanwhile); all by default. Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
@@ -30,6 +33,7 @@ mod load;
 #[path = "../../tests/moto/moto.rs"]
 mod moto;
 mod plugin;
+mod publish;
 mod push;
 mod quota;
 mod report;
@@ -72,11 +76,13 @@ pub struct Ctx {
     /// The deployments benchmark's concurrencies (`--in-flight N`, again
     /// for more): 1, 16 and 100 unless given.
     pub in_flight: Vec<usize>,
+    /// Size of each of the 4 files the publishing benchmark puts, MiB.
+    pub publish_mib: u64,
 }
 
-const SECTIONS: [&str; 14] = [
+const SECTIONS: [&str; 15] = [
     "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "load", "quota",
-    "deploys", "dropin", "cluster", "push",
+    "deploys", "dropin", "cluster", "push", "publish",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -84,7 +90,7 @@ fn main() -> anyhow::Result<()> {
     let (mut rounds, mut big_gib, mut model_gib, mut calls, mut keep) = (3, 1, 4, 2000, false);
     let (mut capped_gib, mut rss_gib, mut cap_mbps) = (2, 4, 50);
     let (mut builds, mut load_secs, mut pg) = (Vec::new(), 20, Vec::new());
-    let mut in_flight = Vec::new();
+    let (mut in_flight, mut publish_mib) = (Vec::new(), 1024);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut number = |name: &str| -> anyhow::Result<u64> {
@@ -107,6 +113,7 @@ fn main() -> anyhow::Result<()> {
                 &args.next().context("--berth needs LABEL=PATH")?,
             )?),
             "--in-flight" => in_flight.push(number("--in-flight")? as usize),
+            "--publish-mib" => publish_mib = number("--publish-mib")?,
             "--pg" => {
                 let arg = args.next().context("--pg needs LABEL=URL")?;
                 let (label, url) = arg.split_once('=').context("--pg takes LABEL=URL")?;
@@ -155,6 +162,7 @@ fn main() -> anyhow::Result<()> {
         } else {
             in_flight
         },
+        publish_mib,
     };
     machine();
 
@@ -178,6 +186,7 @@ fn main() -> anyhow::Result<()> {
                 "dropin" => dropin::run(&ctx).await?,
                 "cluster" => cluster::run(&ctx).await?,
                 "push" => push::run(&ctx).await?,
+                "publish" => publish::run(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
         }

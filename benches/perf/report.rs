@@ -2,6 +2,8 @@
 //! table per benchmark that puts each figure beside its baseline.
 
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -40,6 +42,69 @@ pub fn cpu_seconds() -> f64 {
         seconds(usage.ru_utime) + seconds(usage.ru_stime)
     };
     used(libc::RUSAGE_SELF) + used(libc::RUSAGE_CHILDREN)
+}
+
+/// CPU seconds (user + system) process `pid` used so far.
+pub fn cpu_of(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which may hold spaces.
+    let rest = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after ") ".
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The highest VmRSS (KiB) of process `pid`, sampled every 10 ms from
+/// `start` until `stop`: a peak VmHWM alone would also count what the
+/// process reached before the measured work.
+pub struct PeakRss {
+    peak: Arc<AtomicU64>,
+    done: Arc<AtomicBool>,
+    sampler: std::thread::JoinHandle<()>,
+}
+
+impl PeakRss {
+    pub fn start(pid: u32) -> Self {
+        let peak = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let sampler = {
+            let (peak, done) = (peak.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    peak.fetch_max(status_kib(pid, "VmRSS"), Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            })
+        };
+        Self {
+            peak,
+            done,
+            sampler,
+        }
+    }
+
+    /// The peak, KiB.
+    pub fn stop(self) -> u64 {
+        self.done.store(true, Ordering::Relaxed);
+        let _ = self.sampler.join();
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+/// A `/proc/PID/status` field in KiB (`VmRSS`, `VmHWM`); 0 when unknown.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Flushes every dirty page, so a timed run does not pay for the previous
