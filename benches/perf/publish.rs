@@ -242,7 +242,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
     table.row(
         CURL_S3,
         figure(CURL_S3),
-        "floor: one PUT per file, no checksum".into(),
+        "floor: one PUT per file, payload unsigned, no checksum".into(),
     );
     table.print();
 
@@ -375,9 +375,9 @@ fn peer_to_s3(
             )
         }
         AWS_CLI => format!(
-            "set -e\n{credentials}{} s3 cp --recursive --only-show-errors --exclude '*.sha256' \
+            "set -e\n{credentials}{} -m awscli s3 cp --recursive --only-show-errors --exclude '*.sha256' \
              --endpoint-url '{}' {} 's3://{BUCKET}/{prefix}/'\n",
-            shell_quote(&venv.join("aws")),
+            shell_quote(&venv.join("python")),
             s3.endpoint,
             shell_quote(&dir)
         ),
@@ -385,11 +385,14 @@ fn peer_to_s3(
             .iter()
             .zip(&keys)
             .map(|(f, key)| {
-                // No `Expect: 100-continue` wait: the floor is the fastest
-                // curl goes.
+                // The floor sends the payload unsigned, as it hashes
+                // nothing. No `-H 'Expect:'`: curl 7.88 signs the emptied
+                // header yet does not send it (SignatureDoesNotMatch);
+                // s3s-fs answers the 100-continue at once.
                 format!(
-                    "curl -sSf -o /dev/null -H 'Expect:' --user '{ACCESS_KEY}:{SECRET_KEY}' \
-                     --aws-sigv4 'aws:amz:{REGION}:s3' -T {} '{}/{BUCKET}/{key}'\n",
+                    "curl -sSf -o /dev/null -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' \
+                     --user '{ACCESS_KEY}:{SECRET_KEY}' --aws-sigv4 'aws:amz:{REGION}:s3' \
+                     -T {} '{}/{BUCKET}/{key}'\n",
                     shell_quote(&dir.join(&f.path)),
                     s3.endpoint
                 )
