@@ -35,6 +35,7 @@ mod queue;
 mod ready;
 mod register;
 mod runtime;
+mod s3_publish;
 mod scaffold;
 mod signatures;
 mod sources;
