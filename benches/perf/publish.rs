@@ -194,7 +194,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
         )
     };
 
-    let size = if ctx.publish_mib % 1024 == 0 {
+    let size = if ctx.publish_mib.is_multiple_of(1024) {
         format!("{} GiB", ctx.publish_mib / 1024)
     } else {
         format!("{} MiB", ctx.publish_mib)
