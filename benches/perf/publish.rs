@@ -4,8 +4,8 @@
 //! synchronous deployment, so its time is the plugin's and the host's:
 //!
 //! - `s3-publish` into a bucket of `s3s-fs` (a Rust S3 server over a
-//!   folder, fast enough not to be the bottleneck the way moto is; checks
-//!   SigV4), against boto3's `upload_file` (its defaults: 8 MiB parts, 10
+//!   folder, far faster than moto, checking SigV4; its multipart completion
+//!   copies every byte again, which bounds every multipart client), against boto3's `upload_file` (its defaults: 8 MiB parts, 10
 //!   threads) file after file, `aws s3 cp --recursive`, and the server's
 //!   floor, one `curl -T --aws-sigv4` PUT per file, file after file;
 //! - `http-publish` onto a loopback mirror (`Mirror` below: takes `PUT`
@@ -14,7 +14,7 @@
 //!
 //! Then berth's resident memory at its peak while it publishes, over its
 //! idle (the model fetched, the plugins loaded). Every run lands under a
-//! prefix of its own; the bucket is emptied after each. The installs it
+//! prefix of its own; the bucket is emptied before each. The installs it
 //! needs (`s3s-fs` into `target/bench-tools`, the AWS CLI into `.venv`)
 //! are `scripts/bench`'s.
 
@@ -232,7 +232,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
     table.row(
         BOTO3,
         figure(BOTO3),
-        "its defaults: 8 MiB parts, 10 threads; CRC32 checksums".into(),
+        "its defaults: 8 MiB parts, 10 threads, default checksums".into(),
     );
     table.row(
         AWS_CLI,
