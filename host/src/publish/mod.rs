@@ -18,6 +18,8 @@ mod read;
 mod s3;
 
 #[cfg(test)]
+mod testing;
+#[cfg(test)]
 mod tests_file;
 #[cfg(test)]
 mod tests_http;
@@ -381,11 +383,8 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::testing::key;
     use super::*;
-
-    fn key(text: &str) -> Key {
-        Key::parse(text).unwrap()
-    }
 
     #[test]
     fn a_key_lands_under_each_kind_of_target_url_and_nowhere_else() {

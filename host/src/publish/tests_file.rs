@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::{Body, Error, Key, ObjectInfo, Publisher, Publishers};
+use super::testing::{assert_not_the_verified_one, file, file_body, key};
+use super::{Body, Error, ObjectInfo, Publisher, Publishers};
 use crate::targets::Targets;
 use crate::trust::Trust;
 
@@ -22,19 +23,6 @@ fn local(dir: &Path) -> Publisher {
     Publishers::new(Arc::new(targets), &Trust::default())
         .get("local")
         .unwrap()
-}
-
-fn key(text: &str) -> Key {
-    Key::parse(text).unwrap()
-}
-
-/// A file of `len` varied bytes in `dir`, and its sha256.
-fn file(dir: &Path, len: usize) -> (std::path::PathBuf, Vec<u8>, String) {
-    let contents: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
-    let path = dir.join("model.bin");
-    std::fs::write(&path, &contents).unwrap();
-    let sha256 = hex::encode(Sha256::digest(&contents));
-    (path, contents, sha256)
 }
 
 /// Every entry under `dir`, hidden ones included, as relative paths.
@@ -68,11 +56,7 @@ async fn a_file_and_bytes_land_whole_under_the_folder() {
 
     // Without a digest given, it is computed while copying.
     let k = key("job-1/deploy-2/model.bin");
-    let body = Body::File {
-        path: path.clone(),
-        bytes: contents.len() as u64,
-        sha256: None,
-    };
+    let body = file_body(&path, &contents, None);
     let receipt = publisher.put(&k, body, &progress, &never).await.unwrap();
     assert_eq!(
         std::fs::read(root.join("job-1/deploy-2/model.bin")).unwrap(),
@@ -211,23 +195,13 @@ async fn a_file_that_is_not_the_verified_one_is_refused_and_leaves_nothing() {
     let (path, contents, _) = file(source.path(), (2 << 20) + 17);
     let never = CancellationToken::new();
     let wrong = "0".repeat(64);
-    let body = Body::File {
-        path: path.clone(),
-        bytes: contents.len() as u64,
-        sha256: Some(wrong.clone()),
-    };
+    let body = file_body(&path, &contents, Some(&wrong));
     let error = publisher
         .put(&key("model.bin"), body, &|_| {}, &never)
         .await
         .unwrap_err()
         .to_string();
-    assert!(
-        error.starts_with(&format!(
-            "target \"local\": model.bin was not published: {}: its bytes' sha256 is ",
-            path.display()
-        )) && error.contains(&format!("not the expected {wrong}")),
-        "{error}"
-    );
+    assert_not_the_verified_one(&error, "local", "model.bin", &path, &wrong);
 
     let body = Body::File {
         path: path.clone(),

@@ -4,7 +4,6 @@
 //! going anywhere else, a file that is not the verified one is refused.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -16,7 +15,8 @@ use base64::Engine;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::{Body, Error, Key, ObjectInfo, Publishers};
+use super::testing::{assert_not_the_verified_one, file, file_body, key};
+use super::{Body, Error, ObjectInfo, Publishers};
 use crate::targets::Targets;
 use crate::trust::Trust;
 
@@ -133,18 +133,6 @@ fn publishers_trusting(url: &str, trust: &Trust) -> Publishers {
     Publishers::new(Arc::new(targets), trust)
 }
 
-fn key(text: &str) -> Key {
-    Key::parse(text).unwrap()
-}
-
-fn file(dir: &Path, len: usize) -> (std::path::PathBuf, Vec<u8>, String) {
-    let contents: Vec<u8> = (0..len).map(|i| (i * 13 % 253) as u8).collect();
-    let path = dir.join("model.bin");
-    std::fs::write(&path, &contents).unwrap();
-    let sha256 = hex::encode(Sha256::digest(&contents));
-    (path, contents, sha256)
-}
-
 #[tokio::test]
 async fn a_file_and_bytes_land_whole_on_the_mirror() {
     let state = Arc::new(Mirror::default());
@@ -160,11 +148,7 @@ async fn a_file_and_bytes_land_whole_on_the_mirror() {
 
     // No digest given: computed first, for the header.
     let k = key("job 1/a:b/model.bin");
-    let body = Body::File {
-        path: path.clone(),
-        bytes: contents.len() as u64,
-        sha256: None,
-    };
+    let body = file_body(&path, &contents, None);
     let receipt = publisher.put(&k, body, &progress, &never).await.unwrap();
     assert_eq!(
         state
@@ -330,24 +314,14 @@ async fn a_file_that_is_not_the_verified_one_never_reaches_the_mirror_whole() {
     let dir = tempfile::tempdir().unwrap();
     let (path, contents, _) = file(dir.path(), (1 << 20) + 3);
     let wrong = "ab".repeat(32);
-    let body = Body::File {
-        path: path.clone(),
-        bytes: contents.len() as u64,
-        sha256: Some(wrong.clone()),
-    };
+    let body = file_body(&path, &contents, Some(&wrong));
     let error = publisher
         .put(&key("m.bin"), body, &|_| {}, &CancellationToken::new())
         .await
         .unwrap_err();
     assert!(matches!(error, Error::Source { .. }), "{error:?}");
     let error = error.to_string();
-    assert!(
-        error.starts_with(&format!(
-            "target \"mirror\": m.bin was not published: {}: its bytes' sha256 is ",
-            path.display()
-        )) && error.contains(&format!("not the expected {wrong}")),
-        "{error}"
-    );
+    assert_not_the_verified_one(&error, "mirror", "m.bin", &path, &wrong);
     assert!(state.objects.lock().unwrap().is_empty());
     assert_eq!(
         state.puts.load(Ordering::SeqCst),

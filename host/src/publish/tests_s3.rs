@@ -5,7 +5,7 @@
 //! credentials named without the secret, and a part whose connection
 //! breaks sent again.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -16,7 +16,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use super::{Body, Error, Key, ObjectInfo, Publisher, Publishers};
+use super::testing::{assert_not_the_verified_one, file, file_body, key};
+use super::{Body, Error, ObjectInfo, Publisher, Publishers};
 use crate::targets::Targets;
 use crate::trust::Trust;
 
@@ -113,18 +114,6 @@ async fn unfinished(prefix: &str) -> Vec<String> {
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).unwrap()
-}
-
-fn key(text: &str) -> Key {
-    Key::parse(text).unwrap()
-}
-
-fn file(dir: &Path, len: usize) -> (PathBuf, Vec<u8>, String) {
-    let contents: Vec<u8> = (0..len).map(|i| (i * 31 % 241) as u8).collect();
-    let path = dir.join("model.bin");
-    std::fs::write(&path, &contents).unwrap();
-    let sha256 = hex::encode(Sha256::digest(&contents));
-    (path, contents, sha256)
 }
 
 #[tokio::test]
@@ -236,11 +225,7 @@ async fn a_cancelled_or_dropped_multipart_put_leaves_no_unfinished_upload() {
     let publisher = good("cancelled");
     let dir = tempfile::tempdir().unwrap();
     let (path, contents, sha256) = file(dir.path(), 21 << 20);
-    let body = || Body::File {
-        path: path.clone(),
-        bytes: contents.len() as u64,
-        sha256: Some(sha256.clone()),
-    };
+    let body = || file_body(&path, &contents, Some(&sha256));
 
     // Cancelled once a part is in.
     let cancel = CancellationToken::new();
@@ -292,24 +277,14 @@ async fn a_large_file_that_is_not_the_verified_one_is_refused_and_aborted() {
     let dir = tempfile::tempdir().unwrap();
     let (path, contents, _) = file(dir.path(), (11 << 20) + 1);
     let wrong = "cd".repeat(32);
-    let body = Body::File {
-        path: path.clone(),
-        bytes: contents.len() as u64,
-        sha256: Some(wrong.clone()),
-    };
+    let body = file_body(&path, &contents, Some(&wrong));
     let error = publisher
         .put(&key("model.bin"), body, &|_| {}, &CancellationToken::new())
         .await
         .unwrap_err();
     assert!(matches!(error, Error::Source { .. }), "{error:?}");
     let error = error.to_string();
-    assert!(
-        error.starts_with(&format!(
-            "target \"releases\": model.bin was not published: {}: its bytes' sha256 is ",
-            path.display()
-        )) && error.contains(&format!("not the expected {wrong}")),
-        "{error}"
-    );
+    assert_not_the_verified_one(&error, "releases", "model.bin", &path, &wrong);
     assert_eq!(object("mismatch/model.bin").await, None);
     assert_eq!(unfinished("mismatch/").await, Vec::<String>::new());
 }
