@@ -260,6 +260,7 @@ pub async fn calls(ctx: &Ctx) -> anyhow::Result<()> {
                             model: &model,
                             model_dir: &model_dir,
                             out_dir: &out_dir,
+                            record: None,
                             options_json: OPTIONS,
                         };
                         runtime

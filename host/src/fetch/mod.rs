@@ -46,7 +46,7 @@ use disk::disk_error;
 pub use local::check_local;
 use lock::DirLock;
 pub use lock::SharedLocks;
-use stamp::{Stamp, Stamps};
+pub use stamp::{Stamp, Stamps};
 use tally::Tally;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -268,6 +268,12 @@ impl Fetcher {
             disk::settle(&dir, &books, &stamps, downloaded)
         })
         .await
+    }
+
+    /// The verification record of the model `job_id`'s directory: what
+    /// berth knew of each file when it last checked every byte.
+    pub fn record_of(&self, job_id: &str) -> PathBuf {
+        self.bookkeeping(job_id).stamps
     }
 
     /// Where this fetcher keeps its bookkeeping of one model directory.

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::ModelFile;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Stamp {
+pub struct Stamp {
     size: u64,
     /// The hash the bytes had when checked; `None` when the model records
     /// no hash for the file (then only the size was ever checked).
@@ -47,7 +47,7 @@ impl Stamp {
 /// The records of one model directory, by file path. Saved as one JSON
 /// file, replaced atomically.
 #[derive(Debug, Default, Serialize, Deserialize)]
-pub(crate) struct Stamps {
+pub struct Stamps {
     files: BTreeMap<String, Stamp>,
     /// Whether anything was recorded since loading: an unchanged record is
     /// not written again.

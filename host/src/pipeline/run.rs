@@ -166,11 +166,13 @@ impl Pipeline {
                 out_dir.display()
             )
         })?;
+        let record = self.fetcher.record_of(&model.job_id);
         let call = DeployCall {
             deploy_id: deployment.id,
             model,
             model_dir: &model_dir,
             out_dir: &out_dir,
+            record: Some(&record),
             options_json: &deployment.options_json,
         };
         match self

@@ -93,8 +93,10 @@ impl Folder {
                 path,
                 bytes,
                 sha256,
+                vouched,
             } => {
-                let mut reading = Reading::start(path, bytes, sha256, CHUNK, cancel.clone());
+                let mut reading =
+                    Reading::start(path, bytes, sha256, vouched, CHUNK, cancel.clone());
                 let sha256 = loop {
                     let piece = tokio::select! {
                         biased;

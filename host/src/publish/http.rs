@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::read::{Piece, ReadError, Reading, digest_of};
 use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of};
 use crate::backoff::Backoff;
+use crate::fetch::Stamp;
 use crate::fetch::source::innermost;
 use crate::trust::Trust;
 
@@ -47,7 +48,7 @@ pub(super) struct Mirror {
 /// What is sent, once per try.
 enum Content {
     Bytes(Bytes),
-    File(PathBuf),
+    File(PathBuf, Option<Stamp>),
 }
 
 impl Mirror {
@@ -87,6 +88,7 @@ impl Mirror {
                 path,
                 bytes,
                 sha256,
+                vouched,
             } => {
                 let sha256 = match sha256 {
                     Some(sha256) => sha256.to_ascii_lowercase(),
@@ -100,7 +102,7 @@ impl Mirror {
                     },
                 };
                 let content_type = "application/octet-stream".to_string();
-                (bytes, sha256, content_type, Content::File(path))
+                (bytes, sha256, content_type, Content::File(path, vouched))
             }
         };
         let digest = hex::decode(&sha256)
@@ -126,11 +128,12 @@ impl Mirror {
                 .header("repr-digest", field.as_str());
             request = match &content {
                 Content::Bytes(b) => request.body(b.clone()),
-                Content::File(path) => {
+                Content::File(path, vouched) => {
                     let reading = Reading::start(
                         path.clone(),
                         bytes,
                         Some(sha256.clone()),
+                        vouched.clone(),
                         CHUNK,
                         cancel.clone(),
                     );

@@ -49,12 +49,15 @@ pub struct ObjectInfo {
 
 /// What to put. A file is streamed from disk (never whole in memory);
 /// `sha256` is its verified digest when known (a model file's recorded
-/// one), else the host computes it while reading.
+/// one), else the host computes it while reading; `vouched` is the file's
+/// stamp in the verification record, by which an unchanged file is not
+/// hashed again.
 pub enum Body {
     File {
         path: PathBuf,
         bytes: u64,
         sha256: Option<String>,
+        vouched: Option<crate::fetch::Stamp>,
     },
     Bytes {
         bytes: bytes::Bytes,

@@ -120,10 +120,17 @@ impl Bucket {
                 path: file,
                 bytes,
                 sha256,
+                vouched,
             } => {
                 let part_bytes = self.tuning.part_bytes_for(bytes);
-                let mut reading =
-                    Reading::start(file, bytes, sha256, part_bytes as usize, cancel.clone());
+                let mut reading = Reading::start(
+                    file,
+                    bytes,
+                    sha256,
+                    vouched,
+                    part_bytes as usize,
+                    cancel.clone(),
+                );
                 if bytes <= part_bytes {
                     let (chunks, sha256) = read_whole(&mut reading, subject, key, cancel).await?;
                     let payload = PutPayload::from_iter(chunks);

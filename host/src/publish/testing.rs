@@ -28,6 +28,7 @@ pub(super) fn file_body(path: &Path, contents: &[u8], sha256: Option<&str>) -> B
         path: path.to_path_buf(),
         bytes: contents.len() as u64,
         sha256: sha256.map(str::to_string),
+        vouched: None,
     }
 }
 

@@ -81,6 +81,7 @@ async fn a_file_and_bytes_land_whole_under_the_folder() {
         path,
         bytes: contents.len() as u64,
         sha256: Some(sha256.to_uppercase()),
+        vouched: None,
     };
     let again = publisher.put(&k, body, &progress, &never).await.unwrap();
     assert_eq!(again.sha256, sha256);
@@ -151,6 +152,7 @@ async fn a_cancelled_put_leaves_no_file() {
         path,
         bytes: contents.len() as u64,
         sha256: Some(sha256),
+        vouched: None,
     };
     let error = publisher
         .put(&key("a/model.bin"), body, &progress, &cancel)
@@ -207,6 +209,7 @@ async fn a_file_that_is_not_the_verified_one_is_refused_and_leaves_nothing() {
         path: path.clone(),
         bytes: contents.len() as u64 + 1,
         sha256: None,
+        vouched: None,
     };
     let error = publisher
         .put(&key("model.bin"), body, &|_| {}, &never)
@@ -265,6 +268,7 @@ async fn an_empty_file_is_an_empty_object() {
         path,
         bytes: 0,
         sha256: Some(sha256.clone()),
+        vouched: None,
     };
     let receipt = publisher
         .put(&key("empty"), body, &|_| {}, &CancellationToken::new())

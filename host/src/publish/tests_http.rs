@@ -173,6 +173,7 @@ async fn a_file_and_bytes_land_whole_on_the_mirror() {
         path,
         bytes: contents.len() as u64,
         sha256: Some(sha256.clone()),
+        vouched: None,
     };
     publisher
         .put(&key("given/model.bin"), body, &progress, &never)
@@ -229,6 +230,7 @@ async fn a_mirror_answering_500_once_is_tried_again() {
         path,
         bytes: contents.len() as u64,
         sha256: Some(sha256),
+        vouched: None,
     };
     publisher
         .put(&key("m.bin"), body, &progress, &CancellationToken::new())

@@ -138,6 +138,7 @@ async fn a_small_file_and_bytes_go_up_in_one_put_with_their_checksum() {
         path,
         bytes: contents.len() as u64,
         sha256: Some(sha256.clone()),
+        vouched: None,
     };
     let receipt = publisher.put(&k, body, &progress, &never).await.unwrap();
     assert_eq!(
@@ -197,6 +198,7 @@ async fn a_large_file_goes_up_in_parts_and_lands_whole() {
         path,
         bytes: contents.len() as u64,
         sha256: None,
+        vouched: None,
     };
     let receipt = publisher
         .put(
@@ -417,6 +419,7 @@ async fn a_part_whose_connection_breaks_is_sent_again_with_its_checksum() {
         path,
         bytes: contents.len() as u64,
         sha256: Some(sha256),
+        vouched: None,
     };
     publisher
         .put(

@@ -147,6 +147,10 @@ pub struct DeployCall<'a> {
     pub model_dir: &'a Path,
     /// Host directory for the plugin's output; must exist.
     pub out_dir: &'a Path,
+    /// berth's verification record of `model_dir` (`Fetcher::record_of`),
+    /// by which a model file put to a target is not hashed again while
+    /// unchanged; `None`: every put hashes the file it sends.
+    pub record: Option<&'a Path>,
     pub options_json: &'a str,
 }
 
@@ -378,6 +382,7 @@ impl Runtime {
                     model: call.model,
                     model_dir: call.model_dir,
                     out_dir: call.out_dir,
+                    record: call.record,
                 }),
             ),
             _ => (plugin.limits.timeout.min(QUESTION_LIMIT), None, None),

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::fetch::Stamps;
 use crate::human;
 use crate::model::TrainedModel;
 use crate::publish::{Body, Key, ObjectInfo, Publisher, Publishers, Receipt};
@@ -65,6 +66,10 @@ struct Deployment {
     /// Recorded path → size and verified sha256.
     files: HashMap<String, (u64, Option<String>)>,
     out_dir: PathBuf,
+    /// The verification record of `model_dir`, read at the first
+    /// `put-model-file`: an unchanged file is not hashed again.
+    record: Option<PathBuf>,
+    stamps: Option<Arc<Stamps>>,
 }
 
 /// The host files a deployment's puts may read.
@@ -72,6 +77,7 @@ pub(crate) struct Sources<'a> {
     pub(crate) model: &'a TrainedModel,
     pub(crate) model_dir: &'a Path,
     pub(crate) out_dir: &'a Path,
+    pub(crate) record: Option<&'a Path>,
 }
 
 /// An opened target, as the guest's handle holds it.
@@ -103,6 +109,8 @@ impl Publishing {
                 .map(|f| (f.path.clone(), (f.size_bytes, f.sha256.clone())))
                 .collect(),
             out_dir: s.out_dir.to_path_buf(),
+            record: s.record.map(Path::to_path_buf),
+            stamps: None,
         });
         Self {
             plugin: plugin.name.clone(),
@@ -150,6 +158,7 @@ impl Publishing {
         key: &str,
     ) -> Result<Receipt, String> {
         let key = self.key(target, key)?;
+        let stamps = self.stamps(target).await?;
         let deployment = self.deployment(target)?;
         let Some((bytes, sha256)) = deployment.files.get(path) else {
             return Err(format!(
@@ -162,6 +171,7 @@ impl Publishing {
             path: deployment.model_dir.join(path),
             bytes: *bytes,
             sha256: sha256.clone(),
+            vouched: stamps.and_then(|s| s.get(path).cloned()),
         };
         self.put(target, key, body, *bytes).await
     }
@@ -186,6 +196,7 @@ impl Publishing {
             path: file.0,
             bytes,
             sha256: None,
+            vouched: None,
         };
         self.put(target, key, body, bytes).await
     }
@@ -262,6 +273,23 @@ impl Publishing {
         *self.sent.entry(name).or_default() += receipt.bytes;
         self.reporter.published(&receipt);
         Ok(receipt)
+    }
+
+    /// The deployment's verification record, read once.
+    async fn stamps(&mut self, target: &Opened) -> Result<Option<Arc<Stamps>>, String> {
+        let deployment = self.deployment(target)?;
+        if deployment.stamps.is_none()
+            && let Some(record) = deployment.record.clone()
+        {
+            // An unreadable record is an empty one: every file is hashed.
+            let stamps = tokio::task::spawn_blocking(move || Stamps::load(&record))
+                .await
+                .unwrap_or_default();
+            if let Some(deployment) = &mut self.deployment {
+                deployment.stamps = Some(Arc::new(stamps));
+            }
+        }
+        Ok(self.deployment(target)?.stamps.clone())
     }
 
     fn key(&self, target: &Opened, key: &str) -> Result<Key, String> {

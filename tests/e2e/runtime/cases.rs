@@ -796,6 +796,7 @@ pub(super) fn deploy_call<'a>(
         model: &model.model,
         model_dir: model.dir(),
         out_dir,
+        record: None,
         options_json: options,
     }
 }

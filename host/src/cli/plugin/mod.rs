@@ -353,6 +353,8 @@ async fn run_once(args: RunArgs, code: &CacheArgs) -> anyhow::Result<ExitCode> {
         model: &model,
         model_dir: dir,
         out_dir: &out_dir,
+        // A folder of the user's: nothing vouches for its files.
+        record: None,
         options_json: options,
     };
     let lines = args.verbose.then(|| Arc::new(GuestLines::new(name)));
