@@ -62,17 +62,27 @@ class Plugin(exports.Plugin):
         model = request.model
         folder = "/".join(filter(None, [options["prefix"], model.job_id, f"deploy-{request.deploy_id}"]))
         with publish.Target.open(options["target"]) as target:
-            files = []
+            entries = {}
+            to_put = []
             for file in model.files:
                 key = f"{folder}/{file.path}"
                 there = target.stat(key)
-                skip = there is not None and there.bytes == file.size_bytes
-                if skip:
+                if there is not None and there.bytes == file.size_bytes:
                     host.log(host.Level.INFO, f"{key}: already there with its {there.bytes} bytes, not put again")
                     entry = {"url": target.url(key), "bytes": there.bytes, "sha256": file.sha256, "etag": there.etag}
+                    entries[file.path] = {"path": file.path, "key": key, "skipped": True, **entry}
                 else:
-                    entry = vars(target.put_model_file(file.path, key))
-                files.append({"path": file.path, "key": key, "skipped": skip, **entry})
+                    to_put.append((file.path, key))
+            # One call for the rest: the host puts a few at once.
+            failed = []
+            for (path, key), put in zip(to_put, target.put_model_files(to_put)):
+                if isinstance(put, Err):
+                    failed.append(put.value)
+                else:
+                    entries[path] = {"path": path, "key": key, "skipped": False, **vars(put.value)}
+            if failed:
+                raise Err("; ".join(failed))
+            files = [entries[file.path] for file in model.files]
             manifest = {
                 "model": model.name,
                 "model_id": model.id,

@@ -204,10 +204,9 @@ impl Reporter for Running {
     fn published(&self, receipt: &Receipt) {
         self.log.published(receipt);
         let mut state = self.state.lock().expect("running lock");
-        // The put's progress counted what was sent, retries included: the
-        // receipt is what landed.
-        let done: u64 = state.published.iter().map(|r| r.bytes).sum();
-        state.progress.published_bytes = done + receipt.bytes;
+        // `publishing` has counted the put's bytes already, each once
+        // whatever the retries, and puts of a batch overlap: the count
+        // is left as it is.
         state.progress.published_files += 1;
         state.published.push(receipt.clone());
         state.dirty = true;

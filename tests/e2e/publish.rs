@@ -152,6 +152,69 @@ async fn a_deployer_puts_model_files_out_files_and_bytes_and_each_put_is_recorde
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_model_files_puts_every_pair_it_can_and_answers_each_in_order() {
+    let files = FileServer::start().await;
+    let shelf = tempfile::tempdir().unwrap();
+    let app = app_with_probe(shelf.path(), r#"["shelf"]"#).await;
+    let contents = adapter_files();
+    let id = app.register(&model(&files, "job-batch", &contents)).await;
+    let (status, deployment) = probe(
+        &app,
+        id,
+        json!({ "steps": [{ "put_model_files": [
+            ["adapter_config.json", "b/config.json"],
+            ["missing.bin", "b/missing.bin"],
+            ["tokenizer/tokenizer.json", "b/config.json"],
+            ["adapter_model.safetensors", "b/weights"],
+            ["tokenizer/tokenizer.json", "../b"],
+            ["tokenizer/tokenizer.json", "b/tok.json"],
+        ]}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+    let outcomes = steps(&deployment);
+    let answers = outcomes[0]["ok"].as_array().unwrap();
+    assert_eq!(answers.len(), 6, "{deployment}");
+    refused(&answers[1], "the model has no file recorded at that path");
+    refused(&answers[2], "the key \"b/config.json\" is given twice");
+    refused(&answers[4], "key");
+    for (answer, (path, key)) in [
+        (&answers[0], ("adapter_config.json", "b/config.json")),
+        (&answers[3], ("adapter_model.safetensors", "b/weights")),
+        (&answers[5], ("tokenizer/tokenizer.json", "b/tok.json")),
+    ] {
+        let bytes = &contents.iter().find(|(p, _)| *p == path).unwrap().1;
+        assert_eq!(answer["ok"]["sha256"], sha256_hex(bytes), "{answer}");
+        let landed = std::fs::read(shelf.path().join(key)).unwrap();
+        assert!(landed == *bytes, "{path} differs at {key}");
+    }
+    // The first key's file is the first pair's, not the refused one's.
+    assert_eq!(
+        std::fs::read(shelf.path().join("b/config.json")).unwrap(),
+        contents[0].1
+    );
+
+    let (_, stored) = app
+        .get(&format!("/v1/deployments/{}", deployment["id"]))
+        .await;
+    let mut keys: Vec<&str> = stored["published"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["key"].as_str().unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        ["b/config.json", "b/tok.json", "b/weights"],
+        "{stored}"
+    );
+    let total: usize = [0, 1, 2].iter().map(|&i| contents[i].1.len()).sum();
+    assert_eq!(stored["progress"]["published"]["bytes"], total, "{stored}");
+    assert_eq!(stored["progress"]["published"]["files"], 3, "{stored}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_deployment_still_lists_what_it_put() {
     let files = FileServer::start().await;
     let shelf = tempfile::tempdir().unwrap();

@@ -85,20 +85,34 @@ impl Guest for HttpPublish {
             None
         };
 
-        let mut files = Vec::with_capacity(model.files.len());
+        // One call: the host puts a few files at once.
+        let puts: Vec<(String, String)> = model
+            .files
+            .iter()
+            .map(|file| (file.path.clone(), format!("{folder}/{}", file.path)))
+            .collect();
+        let receipts = target.put_model_files(&puts);
+        let mut files = Vec::with_capacity(puts.len());
+        let mut failed = Vec::new();
         let mut bytes = 0;
-        for file in &model.files {
-            let key = format!("{folder}/{}", file.path);
-            let receipt = target.put_model_file(&file.path, &key)?;
-            host::log(
-                Level::Info,
-                &format!("{}: {} bytes", receipt.url, receipt.bytes),
-            );
-            bytes += receipt.bytes;
-            files.push(json!({
-                "path": file.path, "key": key, "url": receipt.url, "bytes": receipt.bytes,
-                "sha256": receipt.sha256, "etag": receipt.etag,
-            }));
+        for ((path, key), put) in puts.into_iter().zip(receipts) {
+            match put {
+                Ok(receipt) => {
+                    host::log(
+                        Level::Info,
+                        &format!("{}: {} bytes", receipt.url, receipt.bytes),
+                    );
+                    bytes += receipt.bytes;
+                    files.push(json!({
+                        "path": path, "key": key, "url": receipt.url, "bytes": receipt.bytes,
+                        "sha256": receipt.sha256, "etag": receipt.etag,
+                    }));
+                }
+                Err(e) => failed.push(e),
+            }
+        }
+        if !failed.is_empty() {
+            return Err(failed.join("; "));
         }
 
         let notified = match done_url {

@@ -106,6 +106,11 @@ pub enum Error {
     Cancelled,
 }
 
+/// Files a batch of puts sends at once: a second file keeps the
+/// destination busy while it finishes the first (an S3 multipart
+/// completion copies every part), for twice one put's memory.
+pub const FILES_AT_ONCE: usize = 2;
+
 /// Settings of S3 multipart uploads, chosen by the host.
 #[derive(Debug, Clone, Copy)]
 struct Tuning {

@@ -8,16 +8,17 @@
 //! Never moves bytes itself (`crate::publish` does) and never reads a
 //! credential.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::fetch::Stamps;
 use crate::human;
 use crate::model::TrainedModel;
-use crate::publish::{Body, Key, ObjectInfo, Publisher, Publishers, Receipt};
+use crate::publish::{Body, FILES_AT_ONCE, Key, ObjectInfo, Publisher, Publishers, Receipt};
 use crate::targets::Targets;
 
 use super::OUT_DIR;
@@ -157,8 +158,74 @@ impl Publishing {
         path: &str,
         key: &str,
     ) -> Result<Receipt, String> {
-        let key = self.key(target, key)?;
         let stamps = self.stamps(target).await?;
+        let (key, body, bytes) = self.model_file(target, stamps.as_deref(), path, key)?;
+        self.put(target, key, body, bytes).await
+    }
+
+    /// Puts the model's files, each `(path, key)`, `FILES_AT_ONCE` at a
+    /// time: one result per pair, in order. A pair refused (no such file,
+    /// a key given before, past the budget) is not put; the others are.
+    pub(crate) async fn put_model_files(
+        &mut self,
+        target: &Opened,
+        files: &[(String, String)],
+    ) -> Vec<Result<Receipt, String>> {
+        let stamps = match self.stamps(target).await {
+            Ok(stamps) => stamps,
+            Err(e) => return vec![Err(e); files.len()],
+        };
+        let name = target.name();
+        let mut results: Vec<Option<Result<Receipt, String>>> = vec![None; files.len()];
+        let mut puts = Vec::new();
+        let mut keys = HashSet::new();
+        let mut reserved = self.sent.get(name).copied().unwrap_or(0);
+        for (index, (path, key)) in files.iter().enumerate() {
+            let put = self
+                .model_file(target, stamps.as_deref(), path, key)
+                .and_then(|(key, body, bytes)| {
+                    if !keys.insert(key.as_str().to_string()) {
+                        return Err(format!(
+                            "put-model-files: the key {:?} is given twice; only its first \
+                             file is put",
+                            key.as_str()
+                        ));
+                    }
+                    self.within_budget(name, reserved, &key, bytes)?;
+                    reserved += bytes;
+                    Ok((key, body))
+                });
+            match put {
+                Ok(put) => puts.push((index, put)),
+                Err(e) => results[index] = Some(Err(e)),
+            }
+        }
+        let this = &*self;
+        let mut sending = futures::stream::iter(puts)
+            .map(|(index, (key, body))| async move { (index, this.send(target, &key, body).await) })
+            .buffer_unordered(FILES_AT_ONCE);
+        while let Some((index, put)) = sending.next().await {
+            results[index] = Some(put);
+        }
+        drop(sending);
+        let landed: u64 = results.iter().flatten().flatten().map(|r| r.bytes).sum();
+        *self.sent.entry(name.to_string()).or_default() += landed;
+        results
+            .into_iter()
+            .map(|result| result.expect("every pair was refused or sent"))
+            .collect()
+    }
+
+    /// What putting the model's file recorded at `path` at `key` sends,
+    /// and its size.
+    fn model_file(
+        &self,
+        target: &Opened,
+        stamps: Option<&Stamps>,
+        path: &str,
+        key: &str,
+    ) -> Result<(Key, Body, u64), String> {
+        let key = self.key(target, key)?;
         let deployment = self.deployment(target)?;
         let Some((bytes, sha256)) = deployment.files.get(path) else {
             return Err(format!(
@@ -173,7 +240,7 @@ impl Publishing {
             sha256: sha256.clone(),
             vouched: stamps.and_then(|s| s.get(path).cloned()),
         };
-        self.put(target, key, body, *bytes).await
+        Ok((key, body, *bytes))
     }
 
     /// Puts a file the deployment wrote under its out-dir.
@@ -249,28 +316,39 @@ impl Publishing {
         body: Body,
         size: u64,
     ) -> Result<Receipt, String> {
-        let name = target.name().to_string();
-        let sent = self.sent.get(&name).copied().unwrap_or(0);
-        if let Some(max) = self.targets.get(&name).and_then(|t| t.max_bytes())
-            && sent.saturating_add(size) > max
-        {
-            return Err(format!(
+        let name = target.name();
+        let sent = self.sent.get(name).copied().unwrap_or(0);
+        self.within_budget(name, sent, &key, size)?;
+        let receipt = self.send(target, &key, body).await?;
+        *self.sent.entry(name.to_string()).or_default() += receipt.bytes;
+        Ok(receipt)
+    }
+
+    /// Whether `size` more bytes at `key` keep what this deployment puts
+    /// to the target `name` (`sent` so far) within its `max_gib`.
+    fn within_budget(&self, name: &str, sent: u64, key: &Key, size: u64) -> Result<(), String> {
+        match self.targets.get(name).and_then(|t| t.max_bytes()) {
+            Some(max) if sent.saturating_add(size) > max => Err(format!(
                 "target {name:?} takes at most {} from one deployment (its max_gib); this one \
                  has put {} and {} is {} more",
                 human::size(max),
                 human::size(sent),
                 key.as_str(),
                 human::size(size)
-            ));
+            )),
+            _ => Ok(()),
         }
+    }
+
+    /// Sends `body` to `key`, reporting its progress and its receipt.
+    async fn send(&self, target: &Opened, key: &Key, body: Body) -> Result<Receipt, String> {
         let reporter = self.reporter.clone();
         let progress = move |bytes: u64| reporter.publishing(bytes);
         let receipt = target
             .publisher
-            .put(&key, body, &progress, &self.cancel)
+            .put(key, body, &progress, &self.cancel)
             .await
             .map_err(|e| e.to_string())?;
-        *self.sent.entry(name).or_default() += receipt.bytes;
         self.reporter.published(&receipt);
         Ok(receipt)
     }

@@ -87,6 +87,19 @@ impl publish::HostTarget for State {
         Ok(put.map(Receipt::from).map_err(caps::error))
     }
 
+    async fn put_model_files(
+        &mut self,
+        target: Resource<Opened>,
+        files: Vec<(String, String)>,
+    ) -> wasmtime::Result<Vec<Result<Receipt, String>>> {
+        let opened = self.table.get(&target)?;
+        let puts = self.publishing.put_model_files(opened, &files).await;
+        Ok(puts
+            .into_iter()
+            .map(|put| put.map(Receipt::from).map_err(caps::error))
+            .collect())
+    }
+
     async fn put_out_file(
         &mut self,
         target: Resource<Opened>,

@@ -8,6 +8,8 @@
 //!
 //! Options: `{"steps": [STEP, …], "fail": bool}`, where a STEP is one of
 //! `{"open": NAME}`, `{"put_model_file": PATH, "key": KEY}`,
+//! `{"put_model_files": [[PATH, KEY], …]}` (its outcome: one `{"ok": …}`
+//! or `{"err": "…"}` per pair),
 //! `{"put_out_file": PATH, "key": KEY, "write": TEXT?}`,
 //! `{"put_bytes": KEY, "size": N?, "text": TEXT?}`, `{"stat": KEY}`,
 //! `{"url": KEY}`, `{"env": NAME}` (or `{"env": "*"}`: every variable),
@@ -100,6 +102,25 @@ fn run(step: &Value, target: &mut Option<Target>) -> Result<Value, String> {
             .unwrap()
             .put_model_file(path, &text(step, "key"))?;
         return Ok(receipt_json(&receipt));
+    }
+    if let Some(pairs) = step["put_model_files"].as_array() {
+        opened(target)?;
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|pair| {
+                let part = |i: usize| pair[i].as_str().unwrap_or_default().to_string();
+                (part(0), part(1))
+            })
+            .collect();
+        let puts = target.as_ref().unwrap().put_model_files(&pairs);
+        return Ok(Value::Array(
+            puts.iter()
+                .map(|put| match put {
+                    Ok(receipt) => json!({ "ok": receipt_json(receipt) }),
+                    Err(e) => json!({ "err": e }),
+                })
+                .collect(),
+        ));
     }
     if let Some(path) = step["put_out_file"].as_str() {
         opened(target)?;
