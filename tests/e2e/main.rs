@@ -16,6 +16,7 @@ mod crash;
 mod database_wait;
 mod deploy;
 mod event_log;
+mod faults;
 mod fetch;
 mod gate;
 mod languages;

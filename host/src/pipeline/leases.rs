@@ -20,7 +20,7 @@ use crate::metrics;
 
 use super::Pipeline;
 use super::run::remove_failed_output;
-use super::sentences::{CLAIM_LOST, Stop, interrupted, lost, unrunnable};
+use super::sentences::{CLAIM_LOST, Stop, interrupted, lost, lost_in_outage, unrunnable};
 
 impl Pipeline {
     /// Keeps this server's leases, hears cancels asked on other servers,
@@ -45,7 +45,10 @@ impl Pipeline {
                 }
                 _ = tick.tick() => {
                     if let Err(e) = self.beat().await {
-                        tracing::warn!("could not renew this server's leases: {e}");
+                        tracing::warn!(
+                            "could not renew this server's leases ({e}); its deployments are stopped {} after the last renewal",
+                            crate::human::duration(self.queue.lease.saturating_sub(super::fence::guard(self.queue.lease)))
+                        );
                     }
                     match self.db.queued_count().await {
                         Ok(n) => metrics::deployments_queued(n),
@@ -99,7 +102,32 @@ impl Pipeline {
 
     /// Renews the leases; a deployment of this server whose row it no
     /// longer owns (failed by another server after a lapse) is stopped.
+    /// Gives up after a lease: a database cut off without a word (no
+    /// reset, no answer) must not hold the beats, whose fence goes up
+    /// meanwhile anyway.
     async fn beat(&self) -> Result<(), db::Error> {
+        let started = tokio::time::Instant::now();
+        let beat = tokio::time::timeout(self.queue.lease, self.renew());
+        let renewed = match beat.await {
+            Ok(renewed) => renewed,
+            Err(_) => Err(db::Error::Unreachable(sqlx::Error::Io(
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer within {}",
+                        crate::human::duration(self.queue.lease)
+                    ),
+                ),
+            ))),
+        };
+        match &renewed {
+            Ok(()) => self.renewals.renewed(started),
+            Err(_) => self.renewals.failed(started),
+        }
+        renewed
+    }
+
+    async fn renew(&self) -> Result<(), db::Error> {
         let now_ms = db::now_ms();
         // The ones asked about are the ones checked: a deployment made live
         // meanwhile is renewed by the next beat.
@@ -134,7 +162,16 @@ impl Pipeline {
     /// leases, and queued ones no live server can run.
     async fn sweep(&self) -> Result<(), db::Error> {
         let now_ms = db::now_ms();
-        let mut ended = self.db.fail_expired(now_ms, lost).await?;
+        // This server's own outage explains why the others' leases ran out
+        // better than they can: they were cut off too, and stopped.
+        let outage = self.renewals.recent_outage(2 * self.queue.lease);
+        let mut ended = self
+            .db
+            .fail_expired(now_ms, move |owner, phase| match outage {
+                Some(outage) => lost_in_outage(owner, phase, outage),
+                None => lost(owner, phase),
+            })
+            .await?;
         let waited = self.queue.queue_timeout;
         let queued_before =
             humantime::format_rfc3339_millis(SystemTime::now() - waited).to_string();

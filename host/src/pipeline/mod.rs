@@ -12,6 +12,7 @@
 
 mod admit;
 mod cancel;
+mod fence;
 mod leases;
 mod queue;
 mod run;
@@ -68,6 +69,8 @@ pub struct Pipeline {
     spans: std::sync::Mutex<HashMap<i64, (Instant, tracing::Span)>>,
     /// Bytes of the data volume new deployments leave free.
     reserve: u64,
+    /// When this server last renewed its leases: its fence.
+    renewals: fence::Renewals,
 }
 
 /// A claimed deployment, ready to be carried out.
@@ -108,6 +111,7 @@ impl Pipeline {
             live: Live::default(),
             spans: Default::default(),
             reserve: 0,
+            renewals: fence::Renewals::new(),
         }
     }
 
@@ -130,10 +134,12 @@ impl Pipeline {
 
     /// Starts serving the queue: claiming deployments while there is
     /// room, keeping leases, hearing cancels, ending what nobody will
-    /// finish. Both tasks end when the server stops.
+    /// finish, stopping what runs here when the leases cannot be renewed.
+    /// The tasks end when the server stops.
     pub fn start_workers(self: &Arc<Self>) {
         tokio::spawn(self.clone().serve_queue().in_current_span());
         tokio::spawn(self.clone().keep_leases().in_current_span());
+        tokio::spawn(self.clone().fence().in_current_span());
     }
 
     /// Waits (at most `limit`) until every deployment task has ended: at

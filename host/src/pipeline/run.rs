@@ -94,6 +94,12 @@ impl Pipeline {
             published: &running.published(),
         };
         let stored = self.record_end(deployment.id, &ending).await;
+        if let (Err(db::Error::NotRunning(_)), Outcome::Completed { .. }) = (&stored, &outcome) {
+            // Another server failed the row first (the lease ran out while
+            // the database was away): the record says failed, so the
+            // output is no one's product.
+            remove_failed_output(PathBuf::from(&deployment.out_dir)).await;
+        }
         self.live.remove(deployment.id);
         metrics::deployment_ended(&deployment.deployer, &outcome, took);
         running.finish();

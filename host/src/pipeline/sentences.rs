@@ -46,6 +46,30 @@ pub(super) fn lost(owner: &str, phase: Option<Phase>) -> String {
     )
 }
 
+/// The error recorded for a deployment whose owner's lease ran out while
+/// this server, too, could not reach the database (for `outage`).
+pub(super) fn lost_in_outage(owner: &str, phase: Option<Phase>, outage: Duration) -> String {
+    let doing = doing(phase);
+    format!(
+        "lost{doing}: the database was unreachable (this server could not reach it for {}) and \
+         berth server {owner}'s lease on this deployment ran out meanwhile; a server stops its \
+         deployments before their leases run out, so it is not running anywhere: deploy it again",
+        crate::human::duration(outage)
+    )
+}
+
+/// The error of a deployment this server stopped because it could not
+/// renew its lease for `cut_off` (of a `lease`).
+pub(crate) fn fenced(cut_off: Duration, lease: Duration) -> String {
+    format!(
+        "stopped: this server could not reach the database for {} and stopped the deployment \
+         before its lease ({}) ran out, so that it never runs while another server ends it; \
+         deploy it again",
+        crate::human::duration(cut_off),
+        crate::human::duration(lease)
+    )
+}
+
 /// The error recorded for a queued deployment no live server can run.
 pub(super) fn unrunnable(deployer: &str, sha256: &str, waited: Duration) -> String {
     format!(

@@ -10,6 +10,7 @@ pub mod mirror;
 pub mod moto;
 pub mod plugins;
 pub mod prometheus;
+pub mod proxy;
 pub mod router;
 pub mod server;
 #[path = "../../tls/tls.rs"]

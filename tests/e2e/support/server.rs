@@ -73,6 +73,15 @@ impl Shared {
             _temp: temp,
         }
     }
+
+    /// The same service, reaching its database at `database_url` (the
+    /// same database through a proxy).
+    pub fn with_database_url(&self, database_url: String) -> Self {
+        Self {
+            database_url,
+            ..self.clone()
+        }
+    }
 }
 
 impl Options {

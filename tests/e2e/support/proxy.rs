@@ -1,0 +1,93 @@
+//! A TCP proxy on loopback between one server and its database, that a
+//! test can cut: the network between them, not the database, fails. A cut
+//! is silent, as a partition is: nothing is forwarded any more, in either
+//! direction, and no connection is closed or refused, so the server hears
+//! nothing until it gives up by itself. Healed, connections made during the
+//! cut are closed and new ones go through.
+
+use std::net::SocketAddr;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+pub struct Proxy {
+    pub addr: SocketAddr,
+    cut: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Forwards what reaches `addr` to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut, _) = watch::channel(false);
+        let task = tokio::spawn({
+            let cut = cut.clone();
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    tokio::spawn(forward(client, upstream, cut.subscribe()));
+                }
+            }
+        });
+        Self { addr, cut, task }
+    }
+
+    /// `url` (a database URL naming a host and port) through this proxy.
+    pub fn url_of(&self, url: &str) -> String {
+        let mut parsed = url::Url::parse(url).unwrap();
+        parsed.set_host(Some("127.0.0.1")).unwrap();
+        parsed.set_port(Some(self.addr.port())).unwrap();
+        parsed.to_string()
+    }
+
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    pub fn heal(&self) {
+        self.cut.send_replace(false);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The socket address of a database URL's host and port.
+pub fn upstream_of(url: &str) -> SocketAddr {
+    let parsed = url::Url::parse(url).unwrap();
+    let host = parsed.host_str().unwrap();
+    let host = if host == "localhost" {
+        "127.0.0.1"
+    } else {
+        host
+    };
+    format!("{host}:{}", parsed.port().unwrap_or(5432))
+        .parse()
+        .unwrap()
+}
+
+/// One connection: bytes both ways until either side closes, or a cut.
+/// Cut, it holds both sockets without a byte until healed, then closes
+/// them: the client learns of the cut only by its own timeouts.
+async fn forward(mut client: TcpStream, upstream: SocketAddr, mut cut: watch::Receiver<bool>) {
+    if *cut.borrow_and_update() {
+        let _ = cut.wait_for(|cut| !cut).await;
+        return;
+    }
+    let Ok(mut server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let was_cut = tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
+        _ = cut.wait_for(|cut| *cut) => true,
+    };
+    if was_cut {
+        let _ = cut.wait_for(|cut| !cut).await;
+        let _ = client.shutdown().await;
+    }
+}
