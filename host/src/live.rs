@@ -59,6 +59,10 @@ pub struct Running {
     reason: OnceLock<String>,
     state: Mutex<State>,
     log: LogReporter,
+    /// When the lease this server took on it was computed (a lease
+    /// before its row's `lease_until`): the fence counts from here until
+    /// a beat renews it.
+    leased_at: std::time::Instant,
 }
 
 struct State {
@@ -91,7 +95,18 @@ impl Running {
                 published: Vec::new(),
             }),
             log: LogReporter::new(plugin, Some(deploy_id)),
+            leased_at: std::time::Instant::now(),
         }
+    }
+
+    /// The same, leased from `at` rather than now.
+    pub fn leased_from(mut self, at: std::time::Instant) -> Self {
+        self.leased_at = at;
+        self
+    }
+
+    pub fn leased_at(&self) -> std::time::Instant {
+        self.leased_at
     }
 
     /// Stops the deployment; the first reason given is the one recorded.

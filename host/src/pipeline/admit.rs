@@ -174,6 +174,7 @@ impl Pipeline {
             Some(_) => self.verified(model).await,
             None => (model, None),
         };
+        let leased_at = std::time::Instant::now();
         let claim = permit.as_ref().map(|_| Claim {
             server_id: self.server_id.clone(),
             lease_until: db::now_ms() + db::millis(self.queue.lease),
@@ -212,7 +213,8 @@ impl Pipeline {
             .await?;
         match permit {
             Some(permit) if deployment.status == Status::Running => {
-                let started = self.make_live(deployment.clone(), model, verified, plugin);
+                let started =
+                    self.make_live(deployment.clone(), model, verified, plugin, leased_at);
                 self.launch(started, permit, tracing::Span::current());
             }
             _ => {
@@ -258,19 +260,24 @@ impl Pipeline {
     }
 
     /// Makes a deployment this server took live here: cancellable, its
-    /// progress and log kept, a verified model's files counted as fetched.
+    /// progress and log kept, a verified model's files counted as fetched,
+    /// its lease counted from `leased_at` (before its `lease_until` was).
     pub(super) fn make_live(
         &self,
         deployment: Deployment,
         model: TrainedModel,
         verified: Option<PathBuf>,
         plugin: Arc<Plugin>,
+        leased_at: std::time::Instant,
     ) -> Started {
-        let running = Arc::new(Running::new(
-            deployment.id,
-            &deployment.deployer,
-            self.shutdown.child_token(),
-        ));
+        let running = Arc::new(
+            Running::new(
+                deployment.id,
+                &deployment.deployer,
+                self.shutdown.child_token(),
+            )
+            .leased_from(leased_at),
+        );
         if verified.is_some() {
             let bytes = model.files.iter().map(|f| f.size_bytes).sum();
             let files = model.files.len();

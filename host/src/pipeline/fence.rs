@@ -8,7 +8,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::Pipeline;
@@ -25,7 +24,7 @@ pub(super) fn guard(lease: Duration) -> Duration {
 pub(super) struct Renewals {
     /// When the last beat that renewed every lease started: each lease it
     /// wrote runs out a lease after that.
-    renewed: watch::Sender<Instant>,
+    renewed: Mutex<Instant>,
     outage: Mutex<Outage>,
 }
 
@@ -40,14 +39,14 @@ struct Outage {
 impl Renewals {
     pub(super) fn new() -> Self {
         Self {
-            renewed: watch::Sender::new(Instant::now()),
+            renewed: Mutex::new(Instant::now()),
             outage: Mutex::default(),
         }
     }
 
     /// A beat that started `at` renewed every lease.
     pub(super) fn renewed(&self, at: Instant) {
-        self.renewed.send_replace(at);
+        *self.renewed.lock().expect("renewal lock") = at;
         let mut outage = self.outage.lock().expect("outage lock");
         if let Some(since) = outage.since.take() {
             outage.last = Some((at.saturating_duration_since(since), at));
@@ -61,6 +60,10 @@ impl Renewals {
             .expect("outage lock")
             .since
             .get_or_insert(at);
+    }
+
+    fn last_renewed(&self) -> Instant {
+        *self.renewed.lock().expect("renewal lock")
     }
 
     /// How long this server could not reach the database, when it could
@@ -78,51 +81,45 @@ impl Renewals {
 }
 
 impl Pipeline {
-    /// Stops this server's deployments when its leases are about to run
-    /// out unrenewed, and keeps stopping any it starts meanwhile until a
-    /// beat renews them again. Runs until the server stops.
+    /// Stops each deployment running here whose lease is about to run out
+    /// unrenewed: renewed last by a beat, or by its claim if that came
+    /// later. Runs until the server stops.
     pub(super) async fn fence(self: Arc<Self>) {
         let lease = self.queue.lease;
-        let mut renewals = self.renewals.renewed.subscribe();
-        // A deployment that starts while the fence is up is stopped within
-        // this long.
-        let recheck = guard(lease) / 4;
+        let stop_after = lease.saturating_sub(guard(lease));
+        // Well within the guard, so a deployment is stopped in time.
+        let mut tick = tokio::time::interval(guard(lease) / 4);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let renewed = *renewals.borrow_and_update();
-            let stop_at = renewed + lease.saturating_sub(guard(lease));
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
-                changed = renewals.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    continue;
-                }
-                _ = tokio::time::sleep_until(stop_at) => {}
+                _ = tick.tick() => {}
             }
-            let cut_off = renewed.elapsed();
-            let live: Vec<_> = self
+            let renewed = self.renewals.last_renewed();
+            let due: Vec<_> = self
                 .live
                 .all()
                 .into_iter()
-                .filter(|running| !running.is_finished() && running.reason().is_none())
+                .filter(|running| {
+                    let leased = renewed.max(running.leased_at().into());
+                    leased.elapsed() >= stop_after
+                        && !running.is_finished()
+                        && running.reason().is_none()
+                })
                 .collect();
-            if !live.is_empty() {
-                tracing::error!(
-                    count = live.len(),
-                    "could not renew this server's leases for {}: stopping its {} running deployments before their leases run out",
-                    crate::human::duration(cut_off),
-                    live.len()
-                );
+            if due.is_empty() {
+                continue;
             }
+            let cut_off = renewed.elapsed();
+            tracing::error!(
+                count = due.len(),
+                "could not renew this server's leases for {}: stopping {} of its running deployments before their leases run out",
+                crate::human::duration(cut_off),
+                due.len()
+            );
             let reason = fenced(cut_off, lease);
-            for running in live {
+            for running in due {
                 running.cancel(&reason);
-            }
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                _ = renewals.changed() => {}
-                _ = tokio::time::sleep(recheck) => {}
             }
         }
     }

@@ -22,6 +22,9 @@ use super::Pipeline;
 use super::run::remove_failed_output;
 use super::sentences::{CLAIM_LOST, Stop, interrupted, lost, lost_in_outage, unrunnable};
 
+/// How soon a beat that failed is tried again.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Pipeline {
     /// Keeps this server's leases, hears cancels asked on other servers,
     /// and ends what nobody will finish: deployments whose owner's lease
@@ -49,6 +52,9 @@ impl Pipeline {
                             "could not renew this server's leases ({e}); its deployments are stopped {} after the last renewal",
                             crate::human::duration(self.queue.lease.saturating_sub(super::fence::guard(self.queue.lease)))
                         );
+                        // Renewed as soon as the database is back, not a
+                        // tick later: the fence may be near.
+                        tick.reset_after(RETRY.min(self.queue.lease / 3));
                     }
                     match self.db.queued_count().await {
                         Ok(n) => metrics::deployments_queued(n),

@@ -112,6 +112,7 @@ impl Pipeline {
     async fn claim(&self, limit: usize) -> Result<Vec<Started>, db::Error> {
         let plugins = self.deployers.runnable();
         let runnable = Runnable(plugins.keys().cloned().collect());
+        let leased_at = std::time::Instant::now();
         let lease_until = db::now_ms() + db::millis(self.queue.lease);
         let claimed = self
             .db
@@ -156,7 +157,7 @@ impl Pipeline {
             // Deleted meanwhile, and its deployments with it.
             let Some(model) = model else { continue };
             let (model, verified) = self.verified(model).await;
-            started.push(self.make_live(deployment, model, verified, plugin));
+            started.push(self.make_live(deployment, model, verified, plugin, leased_at));
         }
         // A model fetched already is not fetched again: the rows say
         // deploying from here on, so a kill reads "interrupted while

@@ -9,6 +9,7 @@ pub mod mirror;
 #[path = "../../moto/moto.rs"]
 pub mod moto;
 pub mod plugins;
+pub mod postgres;
 pub mod prometheus;
 pub mod proxy;
 pub mod router;

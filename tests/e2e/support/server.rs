@@ -62,12 +62,17 @@ pub struct Shared {
 impl Shared {
     /// A fresh database on the test PostgreSQL server, and empty folders.
     pub async fn new() -> Self {
+        Self::on(fresh_postgres_database().await)
+    }
+
+    /// The database at `database_url`, and empty folders.
+    pub fn on(database_url: String) -> Self {
         let temp = Arc::new(tempfile::tempdir().unwrap());
         let models_dir = temp.path().join("models");
         let plugins_dir = temp.path().join("plugins");
         std::fs::create_dir_all(&plugins_dir).unwrap();
         Self {
-            database_url: fresh_postgres_database().await,
+            database_url,
             models_dir,
             plugins_dir,
             _temp: temp,
