@@ -8,6 +8,7 @@ mod support;
 mod api;
 mod artifacts;
 mod auth;
+mod backup;
 mod catalog;
 mod client;
 mod cluster;

@@ -2,6 +2,7 @@
 //! running server. Flags double as `BERTH_*` environment variables. Only this
 //! module prints to stdout.
 
+mod backup;
 mod client;
 mod config;
 mod folder;
@@ -43,6 +44,10 @@ enum Command {
     /// API tokens for `berth serve --api-tokens-file`.
     #[command(subcommand)]
     Token(token::TokenCommand),
+    /// Writes a consistent copy of a server's SQLite database to a new
+    /// file, while the server runs. To restore, stop the server and put
+    /// the copy at DATA_DIR/berth.db.
+    Backup(backup::BackupArgs),
     /// `deploy`, `models`, `deployments`, `deployers`: a running server's client.
     #[command(flatten)]
     Client(client::ClientCommand),
@@ -115,6 +120,7 @@ fn run(args: Args) -> ExitCode {
             Command::Config(_) => unreachable!("answered before the runtime starts"),
             Command::Plugin(command) => plugin::run(command).await,
             Command::Token(command) => token::run(command),
+            Command::Backup(args) => backup::run(args).await,
             Command::Client(command) => client::run(command).await,
         }
     });

@@ -46,6 +46,8 @@ pub struct Options {
     shared: Option<Shared>,
     /// With `shared`: a plugins folder of this server's own.
     own_plugins: bool,
+    /// A SQLite database to start from (a restored backup).
+    restore: Option<PathBuf>,
 }
 
 /// What several servers acting as one service share: one PostgreSQL
@@ -160,6 +162,14 @@ impl Options {
         self.launch(true).await
     }
 
+    /// Starts on a copy of the SQLite database `backup`, placed where the
+    /// server keeps its own (a restore).
+    pub fn restored_from(mut self, backup: &Path) -> Self {
+        assert_eq!(self.backend, Backend::Sqlite, "a backup is a SQLite file");
+        self.restore = Some(backup.to_path_buf());
+        self
+    }
+
     /// Starts the server and returns as soon as it listens, while it may
     /// still be loading its plugins folder.
     pub async fn start_listening(self) -> Berth {
@@ -180,6 +190,10 @@ impl Options {
         }
         for (file, contents) in &self.files {
             std::fs::write(plugins_dir.join(file), contents).unwrap();
+        }
+        if let Some(backup) = &self.restore {
+            std::fs::create_dir_all(&data_dir).unwrap();
+            std::fs::copy(backup, data_dir.join("berth.db")).unwrap();
         }
         let database_url = match (&self.shared, self.backend) {
             (Some(shared), _) => shared.database_url.clone(),
@@ -280,6 +294,7 @@ impl Berth {
             volume_mib: None,
             shared: None,
             own_plugins: false,
+            restore: None,
         }
     }
 
