@@ -215,7 +215,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
         BERTH_S3,
         figure(BERTH_S3),
         format!(
-            "{}; {}; {} (8 MiB parts, 4 in flight, sha256 per part, 1 file at a time)",
+            "{}; {}; {} (put-model-files: 3 files at once, 6 MiB parts, 8 in flight in all, sha256 per part)",
             speed_vs(berth, faster, faster_name),
             speed_vs(berth, medians[CURL_S3].wall, "curl -T"),
             speed_vs(
@@ -255,7 +255,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
         BERTH_HTTP,
         figure(BERTH_HTTP),
         format!(
-            "{} (Content-Digest sha-256, 1 file at a time)",
+            "{} (put-model-files: 3 files at once, Content-Digest sha-256)",
             speed_vs(medians[BERTH_HTTP].wall, medians[CURL_HTTP].wall, "curl -T")
         ),
     );

@@ -40,6 +40,7 @@ mod runtime;
 mod s3_publish;
 mod scaffold;
 mod signatures;
+mod soak;
 mod sources;
 mod space;
 mod targets;

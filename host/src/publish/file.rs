@@ -96,7 +96,7 @@ impl Folder {
                 vouched,
             } => {
                 let mut reading =
-                    Reading::start(path, bytes, sha256, vouched, CHUNK, cancel.clone());
+                    Reading::start(path, bytes, sha256, vouched, CHUNK, true, cancel.clone());
                 let sha256 = loop {
                     let piece = tokio::select! {
                         biased;

@@ -135,6 +135,7 @@ impl Mirror {
                         Some(sha256.clone()),
                         vouched.clone(),
                         CHUNK,
+                        true,
                         cancel.clone(),
                     );
                     // A streamed body is sent chunked unless its length

@@ -106,26 +106,26 @@ pub enum Error {
     Cancelled,
 }
 
-/// Files a batch of puts sends at once: a second file keeps the
-/// destination busy while it finishes the first (an S3 multipart
-/// completion copies every part), for twice one put's memory.
-pub const FILES_AT_ONCE: usize = 2;
+/// Files a batch of puts sends at once: the others keep the destination
+/// busy while it finishes one (an S3 multipart completion copies every
+/// part). Their S3 parts share the bucket's `parts_in_flight`.
+pub const FILES_AT_ONCE: usize = 3;
 
 /// Settings of S3 multipart uploads, chosen by the host.
 #[derive(Debug, Clone, Copy)]
 struct Tuning {
     /// Bytes per part, and the size up to which a file goes in one PUT.
     part_bytes: u64,
-    /// Parts sent at once; with the reader's few, what a put holds in
-    /// memory.
+    /// Parts in flight at once, all puts to a bucket together; with two
+    /// per file being read, what they hold in memory.
     parts_in_flight: usize,
 }
 
 impl Default for Tuning {
     fn default() -> Self {
         Self {
-            part_bytes: 8 << 20,
-            parts_in_flight: 4,
+            part_bytes: 6 << 20,
+            parts_in_flight: 8,
         }
     }
 }
@@ -428,7 +428,8 @@ mod tests {
     #[test]
     fn parts_grow_so_that_a_huge_file_fits_in_s3s_part_count() {
         let tuning = Tuning::default();
-        assert_eq!(tuning.part_bytes_for(1 << 30), 8 << 20);
+        assert_eq!(tuning.part_bytes_for(1 << 30), 6 << 20);
+        assert_eq!(tuning.part_bytes_for(50 << 30), 6 << 20);
         assert_eq!(tuning.part_bytes_for(78 << 30), 8 << 20);
         assert_eq!(tuning.part_bytes_for(100 << 30), 11 << 20);
         assert!(tuning.part_bytes_for(5 << 40) * 10_000 >= 5 << 40);

@@ -58,13 +58,18 @@ impl Reading {
     /// (the last may be shorter), checking they are the `expected` ones
     /// when given: by `vouched`, the file's stamp when it was verified,
     /// if it still holds, else by their hash. The thread stops when
-    /// `cancel` is cancelled or this reading is dropped.
+    /// `cancel` is cancelled or this reading is dropped. With `hold_last`
+    /// the last chunk comes only once the file is known to be the expected
+    /// one (for a destination that takes whatever arrives whole); without
+    /// it, as soon as it is read (a multipart upload, completed only after
+    /// `End`).
     pub(super) fn start(
         path: PathBuf,
         bytes: u64,
         expected: Option<String>,
         vouched: Option<Stamp>,
         chunk: usize,
+        hold_last: bool,
         cancel: CancellationToken,
     ) -> Self {
         // One chunk waits in the channel while the next is read.
@@ -74,7 +79,7 @@ impl Reading {
                 sha256: expected.as_deref(),
                 vouched: vouched.as_ref(),
             };
-            let outcome = read(&path, bytes, expected, chunk, &cancel, &tx);
+            let outcome = read(&path, bytes, expected, (chunk, hold_last), &cancel, &tx);
             if let Err(e) = outcome {
                 let _ = tx.blocking_send(Err(e));
             }
@@ -109,7 +114,7 @@ fn read(
     path: &Path,
     bytes: u64,
     expected: Expected<'_>,
-    chunk: usize,
+    (chunk, hold_last): (usize, bool),
     cancel: &CancellationToken,
     tx: &mpsc::Sender<Result<Piece, ReadError>>,
 ) -> Result<(), ReadError> {
@@ -135,8 +140,13 @@ fn read(
             hasher.update(&buf);
         }
         remaining -= n as u64;
-        if let Some(previous) = held.replace(Bytes::from(buf))
-            && tx.blocking_send(Ok(Piece::Data(previous))).is_err()
+        let ready = if hold_last {
+            held.replace(Bytes::from(buf))
+        } else {
+            Some(Bytes::from(buf))
+        };
+        if let Some(ready) = ready
+            && tx.blocking_send(Ok(Piece::Data(ready))).is_err()
         {
             return Ok(());
         }
@@ -309,7 +319,15 @@ mod tests {
 
     fn start(path: &Path, bytes: u64, sha256: &str, stamp: Option<Stamp>) -> Reading {
         let cancel = CancellationToken::new();
-        Reading::start(path.into(), bytes, Some(sha256.into()), stamp, 4, cancel)
+        Reading::start(
+            path.into(),
+            bytes,
+            Some(sha256.into()),
+            stamp,
+            4,
+            true,
+            cancel,
+        )
     }
 
     #[tokio::test]

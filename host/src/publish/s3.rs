@@ -8,6 +8,7 @@
 //! the put ends early: failed, cancelled, or its future dropped
 //! (`Unfinished`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -19,6 +20,7 @@ use object_store::{
     Attribute, Attributes, MultipartId, ObjectStore, ObjectStoreExt, PutOptions, PutPayload,
     RetryConfig,
 };
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::read::{Piece, Reading};
@@ -40,6 +42,9 @@ pub(super) struct Bucket {
     /// Where the credentials come from, for "refused" messages.
     credentials: String,
     tuning: Tuning,
+    /// One per part in flight, shared by the puts to this bucket (a batch
+    /// sends files side by side): what they hold in memory stays bounded.
+    parts: Arc<Semaphore>,
 }
 
 impl Bucket {
@@ -83,6 +88,7 @@ impl Bucket {
             bucket,
             endpoint: endpoint.unwrap_or_else(|| "AWS S3".to_string()),
             credentials,
+            parts: Arc::new(Semaphore::new(tuning.parts_in_flight)),
             tuning,
         })
     }
@@ -129,6 +135,9 @@ impl Bucket {
                     sha256,
                     vouched,
                     part_bytes as usize,
+                    // Nothing is an object until the upload is completed,
+                    // after the reading's end.
+                    false,
                     cancel.clone(),
                 );
                 if bytes <= part_bytes {
@@ -225,8 +234,8 @@ impl Bucket {
         }
     }
 
-    /// Sends every part, at most `parts_in_flight` at once, as the reading
-    /// yields them; returns their ids in order and the file's digest (the
+    /// Sends every part as the reading yields them, each holding one of
+    /// the bucket's part permits; returns their ids in order and the file's digest (the
     /// reading yields its last part only once the file hashed as
     /// expected). The parts still in flight when it returns early are
     /// dropped, which cancels their requests.
@@ -245,11 +254,12 @@ impl Bucket {
         let mut in_flight = FuturesUnordered::new();
         let mut parts: Vec<Option<PartId>> = Vec::new();
         let mut sha256 = None;
+        // A permit for the next part, taken before its bytes are.
+        let mut permit: Option<OwnedSemaphorePermit> = None;
         loop {
             if sha256.is_some() && in_flight.is_empty() {
                 break;
             }
-            let room = in_flight.len() < self.tuning.parts_in_flight;
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return Err(Error::Cancelled),
@@ -258,7 +268,10 @@ impl Bucket {
                     parts[index] = Some(sent.map_err(|e| self.describe(subject, &what, e))?);
                     tally.add(len);
                 }
-                piece = reading.next(), if sha256.is_none() && room => match piece {
+                taken = self.parts.clone().acquire_owned(), if sha256.is_none() && permit.is_none() => {
+                    permit = Some(taken.expect("the part permits are never closed"));
+                }
+                piece = reading.next(), if sha256.is_none() && permit.is_some() => match piece {
                     Some(Ok(Piece::Data(chunk))) => {
                         let index = parts.len();
                         parts.push(None);
@@ -266,8 +279,8 @@ impl Bucket {
                             self.store.clone(),
                             path.clone(),
                             id.clone(),
-                            index,
-                            chunk,
+                            (index, chunk),
+                            permit.take().expect("taken before the piece"),
                         ));
                     }
                     Some(Ok(Piece::End { sha256: digest })) => sha256 = Some(digest),
@@ -339,12 +352,13 @@ impl Bucket {
 }
 
 /// Sends part `index` (a future of its own, so several run at once).
+/// Sends part `index`, holding `_permit` until it is sent or dropped.
 async fn send_part(
     store: AmazonS3,
     path: Path,
     id: MultipartId,
-    index: usize,
-    chunk: bytes::Bytes,
+    (index, chunk): (usize, bytes::Bytes),
+    _permit: OwnedSemaphorePermit,
 ) -> (usize, u64, object_store::Result<PartId>) {
     let len = chunk.len() as u64;
     let sent = store.put_part(&path, &id, index, chunk.into()).await;

@@ -28,6 +28,7 @@ use load::FirstLoad;
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let clock = Instant::now();
+    setup::large_buffers_go_back();
     let args = args.absolute()?;
     // First: tokens, a sources file (sources and targets), a CA file or signature settings that
     // cannot be used stop the start before anything is opened.

@@ -302,3 +302,22 @@ pub(in crate::cli) fn redact(url: &str) -> String {
         _ => url.to_string(),
     }
 }
+
+/// Makes every allocation of 1 MiB or more its own mapping, returned to
+/// the system when freed. A fetch or a publish moves megabyte buffers
+/// between threads (read on one, sent from another); glibc's default
+/// raises its mapping threshold to the size of the first such buffer
+/// freed and then keeps them in per-thread arenas, where they stay
+/// resident long after they are freed (measured: +314 MiB of resident
+/// memory publishing 4 GiB with three files at once, against +84 MiB of
+/// buffers alive at any time).
+#[cfg(target_env = "gnu")]
+pub(super) fn large_buffers_go_back() {
+    #[allow(unsafe_code)]
+    // SAFETY: mallopt only sets a tunable of the allocator, under its
+    // own locks.
+    let _ = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20) };
+}
+
+#[cfg(not(target_env = "gnu"))]
+pub(super) fn large_buffers_go_back() {}
