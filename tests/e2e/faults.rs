@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 use crate::support::files::FileServer;
 use crate::support::postgres::OwnPostgres;
 use crate::support::proxy::{Proxy, upstream_of};
+use crate::support::receiver::Receiver;
 use crate::support::server::{Backend, Berth, Shared};
 use crate::support::{bytes, eventually, has_ended, model};
 
@@ -193,8 +194,9 @@ async fn all_ended(
 }
 
 /// Each of `ids` ended exactly once in the event log, as its row says:
-/// read from the start by a client resuming with `Last-Event-ID: 0`.
-async fn ended_once_each(berth: &Berth, rows: &BTreeMap<i64, Value>, ids: &[i64]) {
+/// read from the start by a client resuming with `Last-Event-ID: 0`. The
+/// ids of the deployment events read (what the webhook delivers).
+async fn ended_once_each(berth: &Berth, rows: &BTreeMap<i64, Value>, ids: &[i64]) -> Vec<i64> {
     let mut log = berth.events_from("", Some(0)).await;
     let ends = |events: &[crate::support::events::Event], id: i64| -> Vec<String> {
         events
@@ -221,6 +223,11 @@ async fn ended_once_each(berth: &Berth, rows: &BTreeMap<i64, Value>, ids: &[i64]
             rows[id]
         );
     }
+    events
+        .iter()
+        .filter(|e| e.kind.starts_with("deployment."))
+        .filter_map(|e| e.id)
+        .collect()
 }
 
 /// What every server answers while the database is away: alive, not
@@ -270,15 +277,29 @@ enum Restart {
     Kill9,
 }
 
-/// Two servers, 16 deployments (12 in the background, 4 waited for),
-/// then the database away for 5 s, shorter than the fence (a 30 s lease:
-/// stopped 24 s after the last renewal): every deployment completes, each
-/// once, and each sync client gets its row.
+/// Two servers with a webhook, 16 deployments (12 in the background, 4
+/// waited for), then the database away for 5 s, shorter than the fence (a
+/// 30 s lease: stopped 24 s after the last renewal): every deployment
+/// completes, each once, each sync client gets its row, and the webhook
+/// delivers every event.
 async fn a_restart_under_load_loses_nothing(how: Restart) {
     let files = FileServer::start().await;
     let pg = OwnPostgres::start().await;
     let shared = Shared::on(pg.url.clone());
-    let berths = servers(&shared, 2, &["--max-running", "3", "--lease-ms", "30000"]).await;
+    let receiver = Receiver::start(StatusCode::OK).await;
+    let berths = servers(
+        &shared,
+        2,
+        &[
+            "--max-running",
+            "3",
+            "--lease-ms",
+            "30000",
+            "--webhook-url",
+            &receiver.url,
+        ],
+    )
+    .await;
     let model_id = berths[0]
         .register(&model(&files, "job-restart", &[("a.json", bytes(5, 300))]))
         .await;
@@ -348,7 +369,21 @@ async fn a_restart_under_load_loses_nothing(how: Restart) {
             rows[id]
         );
     }
-    ended_once_each(&berths[0], &rows, &ids).await;
+    let logged = ended_once_each(&berths[0], &rows, &ids).await;
+    // The webhook delivered every event of the log, through the outage.
+    let delivered = eventually(
+        || "the webhook delivers every event".to_string(),
+        async || {
+            let taken: std::collections::BTreeSet<i64> =
+                receiver.taken().iter().map(|(id, _, _)| *id).collect();
+            logged
+                .iter()
+                .all(|id| taken.contains(id))
+                .then_some(taken.len())
+        },
+    )
+    .await;
+    assert!(delivered >= logged.len());
     // Ran once: each one's output is on the server its row names, and on
     // no other.
     for id in &ids {

@@ -12,6 +12,7 @@ pub mod plugins;
 pub mod postgres;
 pub mod prometheus;
 pub mod proxy;
+pub mod receiver;
 pub mod router;
 pub mod server;
 #[path = "../../tls/tls.rs"]
