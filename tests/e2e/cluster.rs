@@ -16,24 +16,11 @@ use crate::support::files::FileServer;
 use crate::support::plugins;
 use berth::db::Db;
 
-use crate::support::server::{Backend, Berth, Shared, fresh_postgres_database};
+use crate::support::server::{Backend, Berth, Shared, fresh_postgres_database, servers};
 use crate::support::{adapter_files, bytes, eventually, has_ended, model, most_at_once};
 
 /// Short enough that a test sees a lease run out; a tick is a third.
 const LEASE_MS: u64 = 1500;
-
-async fn servers(shared: &Shared, count: usize, args: &[&str]) -> Vec<Berth> {
-    let mut started = Vec::new();
-    for _ in 0..count {
-        let options = args
-            .iter()
-            .fold(Berth::options(Backend::Postgres).shared(shared), |o, a| {
-                o.arg(a)
-            });
-        started.push(options.start().await);
-    }
-    started
-}
 
 /// Every row of every model, by id.
 async fn rows(berth: &Berth, models: &[i64]) -> BTreeMap<i64, Value> {

@@ -22,7 +22,7 @@ use crate::support::files::FileServer;
 use crate::support::postgres::OwnPostgres;
 use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::receiver::Receiver;
-use crate::support::server::{Backend, Berth, Shared};
+use crate::support::server::{Backend, Berth, Shared, servers};
 use crate::support::{bytes, eventually, has_ended, model};
 
 /// A lease short enough for a test; the fence goes up at 4/5 of it.
@@ -145,20 +145,6 @@ async fn a_server_cut_off_from_the_database_stops_its_deployments_before_its_lea
     let (status, row) = cut_off.deploy(model_id, "archive", json!({})).await;
     assert!(status.is_success(), "{row}");
     assert_eq!(row["status"], "completed", "{row}");
-}
-
-/// `count` servers on `shared` with `args`.
-async fn servers(shared: &Shared, count: usize, args: &[&str]) -> Vec<Berth> {
-    let mut started = Vec::new();
-    for _ in 0..count {
-        let options = args
-            .iter()
-            .fold(Berth::options(Backend::Postgres).shared(shared), |o, a| {
-                o.arg(a)
-            });
-        started.push(options.start().await);
-    }
-    started
 }
 
 /// Every deployment of `model`, by id, once all of `ids` ended; waits at

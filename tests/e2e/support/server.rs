@@ -577,3 +577,17 @@ pub async fn fresh_postgres_database() -> String {
     url.set_path(&name);
     url.to_string()
 }
+
+/// `count` servers on `shared`'s database and folders, each with `args`.
+pub async fn servers(shared: &Shared, count: usize, args: &[&str]) -> Vec<Berth> {
+    let mut started = Vec::new();
+    for _ in 0..count {
+        let options = args
+            .iter()
+            .fold(Berth::options(Backend::Postgres).shared(shared), |o, a| {
+                o.arg(a)
+            });
+        started.push(options.start().await);
+    }
+    started
+}
