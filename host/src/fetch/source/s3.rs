@@ -292,7 +292,8 @@ pub(crate) fn store_said(text: &str) -> String {
     match (element("Code"), element("Message")) {
         (Some(code), Some(message)) => format!("{code}: {message}"),
         (Some(code), None) => code,
-        _ => text.to_string(),
+        // An answer without a body (a HEAD's) leaves "…: 403 Forbidden: ".
+        _ => text.trim_end().trim_end_matches(':').to_string(),
     }
 }
 
@@ -305,6 +306,10 @@ mod tests {
              <Error><Code>InvalidAccessKeyId</Code><Message>The key does not exist.</Message></Error>",
         );
         assert_eq!(said, "InvalidAccessKeyId: The key does not exist.");
+        assert_eq!(
+            super::store_said("Server returned non-2xx status code: 403 Forbidden: "),
+            "Server returned non-2xx status code: 403 Forbidden"
+        );
         assert_eq!(
             super::store_said("Connection refused"),
             "Connection refused"
