@@ -22,7 +22,7 @@ use crate::support::files::FileServer;
 use crate::support::postgres::OwnPostgres;
 use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::receiver::Receiver;
-use crate::support::server::{Backend, Berth, Shared, servers};
+use crate::support::server::{Berth, Shared, servers};
 use crate::support::{bytes, eventually, has_ended, model};
 
 /// A lease short enough for a test; the fence goes up at 4/5 of it.
@@ -47,14 +47,7 @@ async fn a_server_cut_off_from_the_database_stops_its_deployments_before_its_lea
     let through_proxy = shared.with_database_url(proxy.url_of(&shared.database_url));
     let lease = LEASE_MS.to_string();
     let args = ["--lease-ms", &lease, "--max-running", "2"];
-    let start = |shared: &Shared| {
-        args.iter()
-            .fold(Berth::options(Backend::Postgres).shared(shared), |o, a| {
-                o.arg(a)
-            })
-            .start()
-    };
-    let cut_off = start(&through_proxy).await;
+    let cut_off = servers(&through_proxy, 1, &args).await.remove(0);
     let model_id = cut_off
         .register(&model(&files, "job-cut", &[("a.json", bytes(3, 300))]))
         .await;
@@ -77,7 +70,7 @@ async fn a_server_cut_off_from_the_database_stops_its_deployments_before_its_lea
         .await;
     }
     // Only now the other server: the two run on the first.
-    let other = start(&shared).await;
+    let other = servers(&shared, 1, &args).await.remove(0);
 
     proxy.cut();
     let cut_at = SystemTime::now();
@@ -223,37 +216,35 @@ async fn answers_while_away(berths: &[Berth], files: &FileServer) {
 }
 
 async fn answers_alone(berth: &Berth, files: &FileServer) {
-    {
-        let (status, _) = berth.get("/healthz").await;
-        assert_eq!(
-            status,
-            StatusCode::OK,
-            "/healthz answers while the database is away"
-        );
-        let (status, ready) = eventually(
-            || "/readyz says the database is away".to_string(),
-            async || {
-                let (status, body) = berth.get("/readyz").await;
-                (status == StatusCode::SERVICE_UNAVAILABLE).then_some((status, body))
-            },
+    let (status, _) = berth.get("/healthz").await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "/healthz answers while the database is away"
+    );
+    let (status, ready) = eventually(
+        || "/readyz says the database is away".to_string(),
+        async || {
+            let (status, body) = berth.get("/readyz").await;
+            (status == StatusCode::SERVICE_UNAVAILABLE).then_some((status, body))
+        },
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(ready.to_string().contains("database"), "{ready}");
+    let asked = Instant::now();
+    let (status, refused) = berth
+        .post(
+            "/v1/models",
+            &model(files, "job-away", &[("a.json", bytes(9, 10))]),
         )
         .await;
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(ready.to_string().contains("database"), "{ready}");
-        let asked = Instant::now();
-        let (status, refused) = berth
-            .post(
-                "/v1/models",
-                &model(files, "job-away", &[("a.json", bytes(9, 10))]),
-            )
-            .await;
-        let took = asked.elapsed();
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
-        let error = refused["error"].as_str().unwrap();
-        assert!(error.contains("cannot reach its database"), "{error}");
-        // A hang guard: the pool gives up within its connection wait.
-        assert!(took < Duration::from_secs(20), "the write hung {took:?}");
-    }
+    let took = asked.elapsed();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    let error = refused["error"].as_str().unwrap();
+    assert!(error.contains("cannot reach its database"), "{error}");
+    // A hang guard: the pool gives up within its connection wait.
+    assert!(took < Duration::from_secs(20), "the write hung {took:?}");
 }
 
 /// How the database goes away.
