@@ -136,16 +136,12 @@ async fn check(copy: &Path) -> anyhow::Result<String> {
         bail!("the copy is damaged ({verdict}); nothing was kept");
     }
     let mut counts = Vec::new();
-    for (table, what) in [
-        ("models", "models"),
-        ("deployments", "deployments"),
-        ("events", "events"),
-    ] {
+    for table in ["models", "deployments", "events"] {
         let n: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
             .fetch_one(&mut conn)
             .await
             .with_context(|| format!("the copy has no readable {table} table"))?;
-        counts.push(format!("{n} {what}"));
+        counts.push(format!("{table}: {n}"));
     }
     Ok(counts.join(", "))
 }
