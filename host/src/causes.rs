@@ -23,6 +23,12 @@ pub(crate) fn causes<'a>(
     })
 }
 
+/// Clients' own words ("error sending request for url …") hide the
+/// reason; the innermost cause ("Connection refused") is what people need.
+pub(crate) fn innermost(e: &(dyn Error + 'static)) -> String {
+    causes(e).last().unwrap_or(e).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

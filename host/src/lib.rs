@@ -22,6 +22,7 @@ pub mod human;
 pub mod live;
 pub mod metrics;
 pub mod model;
+pub mod oci;
 pub mod pipeline;
 pub mod publish;
 pub mod runtime;

@@ -1,6 +1,7 @@
 //! Credentials for sources, held by the server and never by a model: the
 //! sources file (`berth serve --sources-file`) gives HTTP headers, or
-//! object-store options, to the source URLs under a prefix. **The
+//! object-store options, or a registry login (`oci://` prefixes: options
+//! `username` and `password`), to the source URLs under a prefix. **The
 //! credentials of a prefix go only to URLs under that prefix**: same scheme,
 //! host and port, a path under the prefix's path; the longest prefix that
 //! covers a URL wins. A model's `source` is visible to every API reader, so
@@ -17,7 +18,8 @@ use object_store::aws::AmazonS3ConfigKey;
 use reqwest::header::HeaderMap;
 use serde::Deserialize;
 
-use crate::host_env::{header_value, s3_option, under};
+use crate::host_env::{expand, header_value, s3_option, under};
+use crate::oci::Login;
 
 /// The parsed sources file; `Default` is no file: no source gets
 /// credentials.
@@ -35,6 +37,8 @@ pub(crate) struct Credentials {
     /// For `s3` prefixes: object_store settings applied on top of the
     /// environment's.
     options: Vec<(AmazonS3ConfigKey, String)>,
+    /// For `oci` prefixes: the registry login.
+    login: Option<Login>,
 }
 
 #[derive(Deserialize)]
@@ -122,9 +126,10 @@ impl Credentials {
         let prefix = url::Url::parse(name)
             .map_err(|e| vec![format!("prefix {name:?} is not a URL: {e}")])?;
         let is_http = matches!(prefix.scheme(), "http" | "https");
-        if !is_http && prefix.scheme() != "s3" {
+        let is_oci = prefix.scheme() == "oci";
+        if !is_http && !is_oci && prefix.scheme() != "s3" {
             return Err(vec![format!(
-                "prefix {name:?}: scheme {} takes no credentials (use http, https or s3)",
+                "prefix {name:?}: scheme {} takes no credentials (use http, https, s3 or oci)",
                 prefix.scheme()
             )]);
         }
@@ -153,8 +158,13 @@ impl Credentials {
             ));
         }
         if !is_http && !raw.headers.is_empty() {
+            let takes = if is_oci {
+                "a registry takes options username and password"
+            } else {
+                "an object store takes options"
+            };
             problems.push(format!(
-                "prefix {name:?}: headers are for http and https sources; an object store takes options"
+                "prefix {name:?}: headers are for http and https sources; {takes}"
             ));
         }
         for (header, template) in &raw.headers {
@@ -165,10 +175,18 @@ impl Credentials {
                 Err(e) => problems.push(format!("prefix {name:?}: {e}")),
             }
         }
-        for (option, template) in &raw.options {
-            match s3_option(option, template, "the source URL", lookup) {
-                Ok(pair) => options.push(pair),
+        let mut login = None;
+        if is_oci {
+            match registry_login(&raw.options, lookup) {
+                Ok(found) => login = found,
                 Err(e) => problems.push(format!("prefix {name:?}: {e}")),
+            }
+        } else {
+            for (option, template) in &raw.options {
+                match s3_option(option, template, "the source URL", lookup) {
+                    Ok(pair) => options.push(pair),
+                    Err(e) => problems.push(format!("prefix {name:?}: {e}")),
+                }
             }
         }
         if !problems.is_empty() {
@@ -178,6 +196,7 @@ impl Credentials {
             prefix,
             headers,
             options,
+            login,
         })
     }
 
@@ -200,6 +219,34 @@ impl Credentials {
     pub(crate) fn options(&self) -> &[(AmazonS3ConfigKey, String)] {
         &self.options
     }
+
+    pub(crate) fn login(&self) -> Option<&Login> {
+        self.login.as_ref()
+    }
+}
+
+/// An `oci://` prefix's options: `username` and `password`, both or
+/// neither (a registry that needs no login needs no entry).
+fn registry_login(
+    options: &BTreeMap<String, String>,
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<Login>, String> {
+    if let Some(other) = options.keys().find(|k| !matches!(k.as_str(), "username" | "password")) {
+        return Err(format!(
+            "options.{other} is not a registry option (username, password)"
+        ));
+    }
+    let value = |key: &str| {
+        options
+            .get(key)
+            .map(|template| expand(template, lookup).map_err(|e| format!("options.{key}: {e}")))
+            .transpose()
+    };
+    match (value("username")?, value("password")?) {
+        (Some(username), Some(password)) => Ok(Some(Login { username, password })),
+        (None, None) => Ok(None),
+        _ => Err("a registry login needs both options.username and options.password".into()),
+    }
 }
 
 /// Names only: the values are secrets.
@@ -215,6 +262,7 @@ impl std::fmt::Debug for Credentials {
             .field("prefix", &self.prefix.as_str())
             .field("headers", &headers)
             .field("options", &options)
+            .field("login", &self.login)
             .finish()
     }
 }
@@ -240,6 +288,24 @@ mod tests {
         prefix = "s3://team-models/"
         options = { endpoint = "http://127.0.0.1:9000", region = "us-east-1", secret_access_key = "${HUB_TOKEN}" }
     "#;
+
+    #[test]
+    fn a_registry_prefix_gives_its_login_to_its_repositories_only() {
+        let text = "[[source]]\nprefix = \"oci://127.0.0.1:5000/team/\"\n\
+                    options = { username = \"ci\", password = \"${HUB_TOKEN}\" }";
+        let access = Access::parse(text, env).unwrap();
+        let login = |url: &str| {
+            access
+                .covering(&url::Url::parse(url).unwrap())
+                .and_then(Credentials::login)
+                .map(|l| (l.username.clone(), l.password.clone()))
+        };
+        let ci = Some(("ci".to_string(), "s3cret".to_string()));
+        assert_eq!(login("oci://127.0.0.1:5000/team/model"), ci);
+        assert_eq!(login("oci://127.0.0.1:5000/other/model"), None);
+        assert_eq!(login("oci://127.0.0.1:5001/team/model"), None);
+        assert!(!format!("{access:?}").contains("s3cret"));
+    }
 
     #[test]
     fn the_longest_prefix_covering_a_url_wins_and_only_on_its_host() {
@@ -339,6 +405,18 @@ mod tests {
             (
                 source("prefix = \"s3://b/\"\nheaders = { A = \"b\" }"),
                 "headers are for http and https sources",
+            ),
+            (
+                source("prefix = \"oci://r.io/\"\nheaders = { A = \"b\" }"),
+                "a registry takes options username and password",
+            ),
+            (
+                source("prefix = \"oci://r.io/\"\noptions = { username = \"u\" }"),
+                "needs both options.username and options.password",
+            ),
+            (
+                source("prefix = \"oci://r.io/\"\noptions = { region = \"r\" }"),
+                "options.region is not a registry option (username, password)",
             ),
             (
                 source("prefix = \"https://h/\"\nheaders = { \"a b\" = \"c\" }"),

@@ -26,7 +26,7 @@ use super::read::{Piece, ReadError, Reading, digest_of};
 use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of};
 use crate::backoff::Backoff;
 use crate::fetch::Stamp;
-use crate::fetch::source::innermost;
+use crate::causes::innermost;
 use crate::trust::Trust;
 
 /// Tries of one request, the first included.

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::read::{Piece, Reading};
 use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, Tuning, look_up_of, upload_of};
-use crate::fetch::source::innermost;
+use crate::causes::innermost;
 use crate::fetch::source::s3::{configured, store_said, unreachable};
 use crate::trust::Trust;
 

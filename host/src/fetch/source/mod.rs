@@ -19,6 +19,7 @@ use futures::Stream;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
 use super::access::Access;
+pub(crate) use crate::causes::innermost;
 use crate::trust::Trust;
 pub(crate) use file::open_file;
 use s3::Stores;
@@ -210,11 +211,6 @@ impl Sources {
     }
 }
 
-/// Clients' own words ("error sending request for url …") hide the
-/// reason; the innermost cause ("Connection refused") is what people need.
-pub(crate) fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
-    crate::causes::causes(e).last().unwrap_or(e).to_string()
-}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,15 @@
+//! OCI registries (the distribution spec): references, manifests read as a
+//! model's files, and one registry's client with its authentication. Used
+//! by fetching (blobs by digest), registration (a manifest's layers as
+//! files), publishing (blobs and a manifest pushed) and the catalog (a
+//! deployer's component pulled). Knows nothing of models' records.
+
+pub mod manifest;
+pub mod reference;
+pub mod registry;
+#[cfg(test)]
+mod registry_tests;
+
+pub use manifest::{LayerFile, Manifest};
+pub use reference::Reference;
+pub use registry::{Access, Login, Registry};

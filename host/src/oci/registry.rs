@@ -1,0 +1,398 @@
+//! One registry's client: requests under `/v2/`, and the authentication the
+//! distribution spec asks for when a request is answered 401 — `Basic`
+//! with the configured login, or `Bearer`: a token from the realm the
+//! challenge names (with the login, if any), for the repository's scope.
+//! What was earned is kept per scope and sent with the next requests, so
+//! the many connections of one blob authenticate once. A redirect (to
+//! blob storage) is followed with no credentials at all.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use base64::Engine;
+use reqwest::header::{AUTHORIZATION, HeaderValue, LOCATION, WWW_AUTHENTICATE};
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use sha2::{Digest, Sha256};
+
+use super::manifest::{ACCEPT, Manifest};
+use crate::causes::innermost;
+
+/// Redirects followed for one blob, as many as curl's defaults.
+const MAX_REDIRECTS: usize = 10;
+/// Registries refuse manifests over 4 MiB; so does berth, before reading more.
+const MAX_MANIFEST: usize = 4 << 20;
+
+/// A user name and password for a registry (basic auth, or the login the
+/// token endpoint asks for). `Debug` shows the user only.
+#[derive(Clone)]
+pub struct Login {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Login {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Login({}:***)", self.username)
+    }
+}
+
+impl Login {
+    fn basic(&self) -> HeaderValue {
+        let pair = format!("{}:{}", self.username, self.password);
+        let mut value = HeaderValue::from_str(&format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(pair)
+        ))
+        .expect("base64 is a header value");
+        value.set_sensitive(true);
+        value
+    }
+}
+
+/// What a request needs of the repository: to read, or to read and write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Pull,
+    Push,
+}
+
+/// A registry's client.
+pub struct Registry {
+    http: reqwest::Client,
+    /// `http(s)://HOST/v2/`.
+    api: url::Url,
+    /// `host[:port]`, for messages.
+    name: String,
+    login: Option<Login>,
+    /// Where the login comes from ("the sources file's prefix oci://…"),
+    /// for "refused" messages.
+    origin: Option<String>,
+    /// An `Authorization` earned per scope (`repository:NAME:pull`).
+    earned: Mutex<HashMap<String, HeaderValue>>,
+}
+
+impl Registry {
+    /// A client of `registry` (`host[:port]`) over `http`, which must not
+    /// follow redirects (this client follows them itself, without
+    /// credentials).
+    pub fn new(
+        http: reqwest::Client,
+        registry: &str,
+        login: Option<Login>,
+        origin: Option<String>,
+    ) -> Self {
+        Self {
+            http,
+            api: super::reference::api_of(registry),
+            name: registry.to_string(),
+            login,
+            origin,
+            earned: Mutex::default(),
+        }
+    }
+
+    /// `host[:port]`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The URL of `tail` under the repository: `…/v2/REPO/TAIL`.
+    pub fn url(&self, repo: &str, tail: &str) -> url::Url {
+        self.api
+            .join(&format!("{repo}/{tail}"))
+            .expect("a checked repository joins")
+    }
+
+    /// Sends the request `build` makes, authenticated for `repo`; a 401 is
+    /// answered once (earning credentials for the scope) and the request
+    /// built again. A request whose body cannot be built twice should
+    /// follow one that earned its credentials (`build` is then called once).
+    pub async fn send(
+        &self,
+        repo: &str,
+        access: Access,
+        build: impl Fn(&reqwest::Client) -> RequestBuilder,
+    ) -> Result<Response, String> {
+        let scope = scope(repo, access);
+        let mut fresh = false;
+        loop {
+            let earned = self.earned.lock().expect("not poisoned").get(&scope).cloned();
+            let mut request = build(&self.http);
+            if let Some(value) = &earned {
+                request = request.header(AUTHORIZATION, value.clone());
+            }
+            let response = request.send().await.map_err(|e| self.unreachable(&e))?;
+            if response.status() != StatusCode::UNAUTHORIZED {
+                return Ok(response);
+            }
+            if fresh {
+                return Err(self.refused(repo));
+            }
+            let challenge = response
+                .headers()
+                .get(WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let value = self.earn(repo, &scope, challenge.as_deref()).await?;
+            self.earned.lock().expect("not poisoned").insert(scope.clone(), value);
+            fresh = true;
+        }
+    }
+
+    /// What a challenge asks for, earned.
+    async fn earn(&self, repo: &str, scope: &str, challenge: Option<&str>) -> Result<HeaderValue, String> {
+        let Some(challenge) = challenge else {
+            return Err(format!(
+                "the registry {} answered 401 without saying how to authenticate (no WWW-Authenticate)",
+                self.name
+            ));
+        };
+        let (kind, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
+        if kind.eq_ignore_ascii_case("basic") {
+            return self.login.as_ref().map(Login::basic).ok_or_else(|| self.needs_login(repo));
+        }
+        if !kind.eq_ignore_ascii_case("bearer") {
+            return Err(format!(
+                "the registry {} asks for {kind} authentication; berth speaks Basic and Bearer",
+                self.name
+            ));
+        }
+        let params = challenge_params(params);
+        let realm = params.get("realm").ok_or_else(|| {
+            format!("the registry {} asks for a token but names no realm", self.name)
+        })?;
+        let mut realm = url::Url::parse(realm).map_err(|e| {
+            format!("the registry {}'s token realm {realm:?} is not a URL: {e}", self.name)
+        })?;
+        {
+            let mut query = realm.query_pairs_mut();
+            if let Some(service) = params.get("service") {
+                query.append_pair("service", service);
+            }
+            query.append_pair("scope", params.get("scope").map_or(scope, String::as_str));
+        }
+        let mut request = self.http.get(realm.clone());
+        if let Some(login) = &self.login {
+            request = request.header(AUTHORIZATION, login.basic());
+        }
+        let response = request.send().await.map_err(|e| {
+            format!("cannot reach the token service {realm} of the registry {}: {}", self.name, innermost(&e))
+        })?;
+        let status = response.status();
+        if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+            return Err(self.refused(repo));
+        }
+        if !status.is_success() {
+            return Err(format!(
+                "the token service of the registry {} answered {status}",
+                self.name
+            ));
+        }
+        #[derive(serde::Deserialize)]
+        struct Token {
+            token: Option<String>,
+            access_token: Option<String>,
+        }
+        let token: Token = response.json().await.map_err(|e| {
+            format!("the token service of the registry {} sent no token: {}", self.name, innermost(&e))
+        })?;
+        let token = token.token.or(token.access_token).filter(|t| !t.is_empty()).ok_or_else(|| {
+            format!("the token service of the registry {} sent no token", self.name)
+        })?;
+        let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+            format!("the token service of the registry {} sent a token that is no header value", self.name)
+        })?;
+        value.set_sensitive(true);
+        Ok(value)
+    }
+
+    /// The manifest `reference` (a tag or `sha256:…`) of `repo`: its
+    /// digest (the sha256 of the bytes, checked against a digest asked
+    /// for), the parsed manifest and its bytes.
+    pub async fn manifest(&self, repo: &str, reference: &str) -> Result<(String, Manifest, Vec<u8>), String> {
+        let url = self.url(repo, &format!("manifests/{reference}"));
+        let named = format!("oci://{}/{repo}:{reference}", self.name).replace(":sha256:", "@sha256:");
+        let response = self
+            .send(repo, Access::Pull, |http| http.get(url.clone()).header(reqwest::header::ACCEPT, ACCEPT))
+            .await?;
+        match response.status() {
+            StatusCode::NOT_FOUND => {
+                return Err(format!("the registry {} has no manifest {named}", self.name));
+            }
+            StatusCode::FORBIDDEN => return Err(self.refused(repo)),
+            status if !status.is_success() => {
+                return Err(format!("the registry {} answered {status} for {named}", self.name));
+            }
+            _ => {}
+        }
+        let media_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = limited(response, MAX_MANIFEST)
+            .await
+            .map_err(|e| format!("reading the manifest {named}: {e}"))?;
+        let digest = hex::encode(Sha256::digest(&body));
+        if let Some(asked) = reference.strip_prefix("sha256:")
+            && asked != digest
+        {
+            return Err(format!(
+                "the registry {} sent a manifest whose sha256 is {digest} for {named}: refused",
+                self.name
+            ));
+        }
+        let manifest = Manifest::parse(&body, media_type.as_deref())
+            .map_err(|e| format!("{named}: {e}"))?;
+        Ok((digest, manifest, body))
+    }
+
+    /// GETs the blob `sha256:HEX` of `repo` with `range` (an HTTP `Range`
+    /// value), following redirects without credentials.
+    pub async fn blob(&self, repo: &str, hex: &str, range: Option<String>) -> Result<Response, String> {
+        let url = self.url(repo, &format!("blobs/sha256:{hex}"));
+        let with_range = |request: RequestBuilder| match &range {
+            Some(range) => request.header(reqwest::header::RANGE, range),
+            None => request,
+        };
+        let mut response = self
+            .send(repo, Access::Pull, |http| with_range(http.get(url.clone())))
+            .await?;
+        let mut at = url.clone();
+        for _ in 0..MAX_REDIRECTS {
+            let Some(location) = redirect_target(&response) else {
+                return Ok(response);
+            };
+            at = location
+                .to_str()
+                .ok()
+                .and_then(|l| at.join(l).ok())
+                .filter(|next| matches!(next.scheme(), "http" | "https"))
+                .ok_or_else(|| format!("the registry {} redirected a blob to an invalid location", self.name))?;
+            // Blob storage gets no credentials of the registry's.
+            response = with_range(self.http.get(at.clone()))
+                .send()
+                .await
+                .map_err(|e| self.unreachable(&e))?;
+        }
+        Err(format!("the registry {} redirected a blob more than {MAX_REDIRECTS} times", self.name))
+    }
+
+    /// The size of the blob `sha256:HEX` in `repo`, or `None` if the
+    /// registry does not have it there.
+    pub async fn blob_size(&self, repo: &str, hex: &str, access: Access) -> Result<Option<u64>, String> {
+        let url = self.url(repo, &format!("blobs/sha256:{hex}"));
+        let response = self.send(repo, access, |http| http.request(Method::HEAD, url.clone())).await?;
+        match response.status() {
+            StatusCode::NOT_FOUND => Ok(None),
+            StatusCode::FORBIDDEN => Err(self.refused(repo)),
+            status if status.is_success() || status.is_redirection() => Ok(Some(
+                response.content_length().unwrap_or_default(),
+            )),
+            status => Err(format!("the registry {} answered {status} to a look-up of a blob", self.name)),
+        }
+    }
+
+    fn unreachable(&self, e: &reqwest::Error) -> String {
+        format!(
+            "cannot reach the registry {} ({}): {}{}",
+            self.name,
+            self.api,
+            innermost(e),
+            crate::trust::hint(e)
+        )
+    }
+
+    fn needs_login(&self, repo: &str) -> String {
+        format!(
+            "the registry {} asks for a login for {repo} and none is configured: give one in \
+             the sources file (a [[source]] with prefix \"oci://{}/\" and options username and password)",
+            self.name, self.name
+        )
+    }
+
+    /// The credentials were refused: where they came from, never what they are.
+    pub fn refused(&self, repo: &str) -> String {
+        match &self.origin {
+            Some(origin) => format!(
+                "the registry {} refused the login of {origin} for {repo}: check them",
+                self.name
+            ),
+            None if self.login.is_none() => self.needs_login(repo),
+            None => format!("the registry {} refused the login for {repo}", self.name),
+        }
+    }
+}
+
+/// `repository:REPO:pull` or `…:pull,push`.
+fn scope(repo: &str, access: Access) -> String {
+    match access {
+        Access::Pull => format!("repository:{repo}:pull"),
+        Access::Push => format!("repository:{repo}:pull,push"),
+    }
+}
+
+/// `realm="…",service="…",scope="…"` as pairs (values may hold commas
+/// inside their quotes).
+fn challenge_params(text: &str) -> HashMap<String, String> {
+    let mut params = HashMap::new();
+    let mut rest = text.trim();
+    while let Some((key, after)) = rest.split_once('=') {
+        let key = key.trim().trim_start_matches(',').trim().to_ascii_lowercase();
+        let after = after.trim_start();
+        let (value, next) = match after.strip_prefix('"') {
+            Some(quoted) => match quoted.find('"') {
+                Some(end) => (&quoted[..end], &quoted[end + 1..]),
+                None => (quoted, ""),
+            },
+            None => after.split_once(',').unwrap_or((after, "")),
+        };
+        params.insert(key, value.to_string());
+        rest = next.trim_start_matches([',', ' ']);
+    }
+    params
+}
+
+/// Where a redirect answer sends the request next (its `Location`), if it
+/// is one.
+pub(crate) fn redirect_target(response: &Response) -> Option<&HeaderValue> {
+    matches!(
+        response.status(),
+        StatusCode::MOVED_PERMANENTLY
+            | StatusCode::FOUND
+            | StatusCode::SEE_OTHER
+            | StatusCode::TEMPORARY_REDIRECT
+            | StatusCode::PERMANENT_REDIRECT
+    )
+    .then(|| response.headers().get(LOCATION))
+    .flatten()
+}
+
+/// A body read whole, refused past `limit` bytes.
+async fn limited(mut response: Response, limit: usize) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| innermost(&e))? {
+        if body.len() + chunk.len() > limit {
+            return Err(format!("it is larger than {} MiB", limit >> 20));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn challenges_are_read_with_commas_inside_quotes() {
+        let p = challenge_params(
+            r#"realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#,
+        );
+        assert_eq!(p["realm"], "https://auth.example/token");
+        assert_eq!(p["service"], "registry.example");
+        assert_eq!(p["scope"], "repository:a/b:pull,push");
+        let p = challenge_params("realm=r, service=s");
+        assert_eq!((p["realm"].as_str(), p["service"].as_str()), ("r", "s"));
+    }
+}
