@@ -231,7 +231,10 @@ fn registry_login(
     options: &BTreeMap<String, String>,
     lookup: &impl Fn(&str) -> Option<String>,
 ) -> Result<Option<Login>, String> {
-    if let Some(other) = options.keys().find(|k| !matches!(k.as_str(), "username" | "password")) {
+    if let Some(other) = options
+        .keys()
+        .find(|k| !matches!(k.as_str(), "username" | "password"))
+    {
         return Err(format!(
             "options.{other} is not a registry option (username, password)"
         ));

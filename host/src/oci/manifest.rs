@@ -30,7 +30,10 @@ const DOCKER_AI: [(&str, &str); 5] = [
     ("application/vnd.docker.ai.safetensors", "model.safetensors"),
     ("application/vnd.docker.ai.license", "LICENSE"),
     ("application/vnd.docker.ai.mmproj", "model.mmproj"),
-    ("application/vnd.docker.ai.chat.template.jinja", "template.jinja"),
+    (
+        "application/vnd.docker.ai.chat.template.jinja",
+        "template.jinja",
+    ),
 ];
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -86,13 +89,15 @@ impl Manifest {
             media_type: Option<String>,
             manifests: Option<serde_json::Value>,
         }
-        let kind: Kind = serde_json::from_slice(body)
-            .map_err(|e| format!("the manifest is not JSON: {e}"))?;
+        let kind: Kind =
+            serde_json::from_slice(body).map_err(|e| format!("the manifest is not JSON: {e}"))?;
         let media_type = kind.media_type.as_deref().or(media_type);
         if kind.manifests.is_some() || matches!(media_type, Some(OCI_INDEX | DOCKER_LIST)) {
-            return Err("the reference names an index of several manifests (an image for \
+            return Err(
+                "the reference names an index of several manifests (an image for \
                  several platforms); name one of its manifests by digest"
-                .into());
+                    .into(),
+            );
         }
         serde_json::from_slice(body).map_err(|e| format!("the manifest cannot be read: {e}"))
     }
@@ -179,39 +184,78 @@ mod tests {
     #[test]
     fn layers_name_files_by_modelpack_path_title_or_docker_ai_type() {
         let body = manifest(vec![
-            layer("application/vnd.cncf.model.weight.v1.raw", 'a', &[(MODELPACK_PATH, "w/model.safetensors"), (TITLE, "model.safetensors")]),
-            layer("application/vnd.oci.image.layer.v1.tar", 'b', &[(TITLE, "config.json")]),
+            layer(
+                "application/vnd.cncf.model.weight.v1.raw",
+                'a',
+                &[
+                    (MODELPACK_PATH, "w/model.safetensors"),
+                    (TITLE, "model.safetensors"),
+                ],
+            ),
+            layer(
+                "application/vnd.oci.image.layer.v1.tar",
+                'b',
+                &[(TITLE, "config.json")],
+            ),
             layer("application/vnd.docker.ai.gguf.v3", 'c', &[]),
             layer("application/vnd.docker.ai.gguf.v3", 'd', &[]),
             layer("application/vnd.docker.ai.license", 'e', &[]),
             layer("application/octet-stream", 'f', &[]),
         ]);
         let files = Manifest::parse(&body, None).unwrap().files().unwrap();
-        let named: Vec<_> = files.iter().map(|f| (f.path.as_str(), f.sha256.chars().next().unwrap())).collect();
+        let named: Vec<_> = files
+            .iter()
+            .map(|f| (f.path.as_str(), f.sha256.chars().next().unwrap()))
+            .collect();
         assert_eq!(
             named,
-            [("w/model.safetensors", 'a'), ("config.json", 'b'), ("model.gguf", 'c'), ("model-2.gguf", 'd'), ("LICENSE", 'e')]
+            [
+                ("w/model.safetensors", 'a'),
+                ("config.json", 'b'),
+                ("model.gguf", 'c'),
+                ("model-2.gguf", 'd'),
+                ("LICENSE", 'e')
+            ]
         );
         assert!(files.iter().all(|f| f.size == 7));
     }
 
     #[test]
     fn a_manifest_without_files_an_index_or_another_digest_is_refused() {
-        let e = Manifest::parse(&manifest(vec![layer("application/octet-stream", 'a', &[])]), None)
-            .unwrap()
-            .files()
-            .unwrap_err();
-        assert!(e.starts_with("none of the manifest's 1 layers names a file"), "{e}");
+        let e = Manifest::parse(
+            &manifest(vec![layer("application/octet-stream", 'a', &[])]),
+            None,
+        )
+        .unwrap()
+        .files()
+        .unwrap_err();
+        assert!(
+            e.starts_with("none of the manifest's 1 layers names a file"),
+            "{e}"
+        );
 
-        let index = serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "manifests": []})).unwrap();
+        let index =
+            serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "manifests": []})).unwrap();
         let e = Manifest::parse(&index, Some(OCI_INDEX)).unwrap_err();
         assert!(e.contains("an index of several manifests"), "{e}");
 
-        let mut bad = serde_json::from_slice::<serde_json::Value>(&manifest(vec![layer("x", 'a', &[(TITLE, "a")])])).unwrap();
+        let mut bad = serde_json::from_slice::<serde_json::Value>(&manifest(vec![layer(
+            "x",
+            'a',
+            &[(TITLE, "a")],
+        )]))
+        .unwrap();
         bad["layers"][0]["digest"] = "sha512:ab".into();
-        let e = Manifest::parse(&serde_json::to_vec(&bad).unwrap(), None).unwrap().files().unwrap_err();
+        let e = Manifest::parse(&serde_json::to_vec(&bad).unwrap(), None)
+            .unwrap()
+            .files()
+            .unwrap_err();
         assert!(e.contains("is not sha256"), "{e}");
 
-        assert!(Manifest::parse(b"<html>", None).unwrap_err().starts_with("the manifest is not JSON"));
+        assert!(
+            Manifest::parse(b"<html>", None)
+                .unwrap_err()
+                .starts_with("the manifest is not JSON")
+        );
     }
 }

@@ -36,7 +36,10 @@ impl Reference {
                 let hex = digest.strip_prefix("sha256:").ok_or_else(|| {
                     format!("{text:?}: the digest must be sha256:HEX, got {digest:?}")
                 })?;
-                (path, Some(checked_hex(hex).map_err(|e| format!("{text:?}: {e}"))?))
+                (
+                    path,
+                    Some(checked_hex(hex).map_err(|e| format!("{text:?}: {e}"))?),
+                )
             }
             None => (path, None),
         };
@@ -98,7 +101,10 @@ pub fn api_of(registry: &str) -> url::Url {
         .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
         .map_or(registry, |(host, _)| host);
     let loopback = host == "localhost"
-        || host.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        || host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
     let scheme = if loopback { "http" } else { "https" };
     url::Url::parse(&format!("{scheme}://{registry}/v2/")).expect("a checked registry is a host")
 }
@@ -135,10 +141,15 @@ fn check_registry(registry: &str) -> Result<(), String> {
 fn check_repository(repository: &str) -> Result<(), String> {
     let component_ok = |c: &str| {
         !c.is_empty()
-            && c.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-            && c.bytes().last().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
             && c.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-'))
+                .next()
+                .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            && c.bytes()
+                .last()
+                .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            && c.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
+            })
     };
     if repository.is_empty() || repository.len() > 255 || !repository.split('/').all(component_ok) {
         return Err(format!(
@@ -150,7 +161,10 @@ fn check_repository(repository: &str) -> Result<(), String> {
 
 fn check_tag(tag: &str) -> Result<(), String> {
     let ok = (1..=128).contains(&tag.len())
-        && tag.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && tag
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
         && tag
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
@@ -182,7 +196,12 @@ mod tests {
     fn references_parse_into_their_parts() {
         let r = Reference::parse("oci://127.0.0.1:5000/team/llama-ft:job-7").unwrap();
         assert_eq!(
-            (r.registry.as_str(), r.repository.as_str(), r.tag.as_deref(), r.digest.as_deref()),
+            (
+                r.registry.as_str(),
+                r.repository.as_str(),
+                r.tag.as_deref(),
+                r.digest.as_deref()
+            ),
             ("127.0.0.1:5000", "team/llama-ft", Some("job-7"), None)
         );
         assert_eq!(r.manifest_ref(), "job-7");

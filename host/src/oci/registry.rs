@@ -116,7 +116,12 @@ impl Registry {
         let scope = scope(repo, access);
         let mut fresh = false;
         loop {
-            let earned = self.earned.lock().expect("not poisoned").get(&scope).cloned();
+            let earned = self
+                .earned
+                .lock()
+                .expect("not poisoned")
+                .get(&scope)
+                .cloned();
             let mut request = build(&self.http);
             if let Some(value) = &earned {
                 request = request.header(AUTHORIZATION, value.clone());
@@ -134,13 +139,21 @@ impl Registry {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
             let value = self.earn(repo, &scope, challenge.as_deref()).await?;
-            self.earned.lock().expect("not poisoned").insert(scope.clone(), value);
+            self.earned
+                .lock()
+                .expect("not poisoned")
+                .insert(scope.clone(), value);
             fresh = true;
         }
     }
 
     /// What a challenge asks for, earned.
-    async fn earn(&self, repo: &str, scope: &str, challenge: Option<&str>) -> Result<HeaderValue, String> {
+    async fn earn(
+        &self,
+        repo: &str,
+        scope: &str,
+        challenge: Option<&str>,
+    ) -> Result<HeaderValue, String> {
         let Some(challenge) = challenge else {
             return Err(format!(
                 "the registry {} answered 401 without saying how to authenticate (no WWW-Authenticate)",
@@ -149,7 +162,11 @@ impl Registry {
         };
         let (kind, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
         if kind.eq_ignore_ascii_case("basic") {
-            return self.login.as_ref().map(Login::basic).ok_or_else(|| self.needs_login(repo));
+            return self
+                .login
+                .as_ref()
+                .map(Login::basic)
+                .ok_or_else(|| self.needs_login(repo));
         }
         if !kind.eq_ignore_ascii_case("bearer") {
             return Err(format!(
@@ -159,10 +176,16 @@ impl Registry {
         }
         let params = challenge_params(params);
         let realm = params.get("realm").ok_or_else(|| {
-            format!("the registry {} asks for a token but names no realm", self.name)
+            format!(
+                "the registry {} asks for a token but names no realm",
+                self.name
+            )
         })?;
         let mut realm = url::Url::parse(realm).map_err(|e| {
-            format!("the registry {}'s token realm {realm:?} is not a URL: {e}", self.name)
+            format!(
+                "the registry {}'s token realm {realm:?} is not a URL: {e}",
+                self.name
+            )
         })?;
         {
             let mut query = realm.query_pairs_mut();
@@ -176,7 +199,11 @@ impl Registry {
             request = request.header(AUTHORIZATION, login.basic());
         }
         let response = request.send().await.map_err(|e| {
-            format!("cannot reach the token service {realm} of the registry {}: {}", self.name, innermost(&e))
+            format!(
+                "cannot reach the token service {realm} of the registry {}: {}",
+                self.name,
+                innermost(&e)
+            )
         })?;
         let status = response.status();
         if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
@@ -194,13 +221,27 @@ impl Registry {
             access_token: Option<String>,
         }
         let token: Token = response.json().await.map_err(|e| {
-            format!("the token service of the registry {} sent no token: {}", self.name, innermost(&e))
+            format!(
+                "the token service of the registry {} sent no token: {}",
+                self.name,
+                innermost(&e)
+            )
         })?;
-        let token = token.token.or(token.access_token).filter(|t| !t.is_empty()).ok_or_else(|| {
-            format!("the token service of the registry {} sent no token", self.name)
-        })?;
+        let token = token
+            .token
+            .or(token.access_token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "the token service of the registry {} sent no token",
+                    self.name
+                )
+            })?;
         let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-            format!("the token service of the registry {} sent a token that is no header value", self.name)
+            format!(
+                "the token service of the registry {} sent a token that is no header value",
+                self.name
+            )
         })?;
         value.set_sensitive(true);
         Ok(value)
@@ -209,19 +250,33 @@ impl Registry {
     /// The manifest `reference` (a tag or `sha256:…`) of `repo`: its
     /// digest (the sha256 of the bytes, checked against a digest asked
     /// for), the parsed manifest and its bytes.
-    pub async fn manifest(&self, repo: &str, reference: &str) -> Result<(String, Manifest, Vec<u8>), String> {
+    pub async fn manifest(
+        &self,
+        repo: &str,
+        reference: &str,
+    ) -> Result<(String, Manifest, Vec<u8>), String> {
         let url = self.url(repo, &format!("manifests/{reference}"));
-        let named = format!("oci://{}/{repo}:{reference}", self.name).replace(":sha256:", "@sha256:");
+        let named =
+            format!("oci://{}/{repo}:{reference}", self.name).replace(":sha256:", "@sha256:");
         let response = self
-            .send(repo, Access::Pull, |http| http.get(url.clone()).header(reqwest::header::ACCEPT, ACCEPT))
+            .send(repo, Access::Pull, |http| {
+                http.get(url.clone())
+                    .header(reqwest::header::ACCEPT, ACCEPT)
+            })
             .await?;
         match response.status() {
             StatusCode::NOT_FOUND => {
-                return Err(format!("the registry {} has no manifest {named}", self.name));
+                return Err(format!(
+                    "the registry {} has no manifest {named}",
+                    self.name
+                ));
             }
             StatusCode::FORBIDDEN => return Err(self.refused(repo)),
             status if !status.is_success() => {
-                return Err(format!("the registry {} answered {status} for {named}", self.name));
+                return Err(format!(
+                    "the registry {} answered {status} for {named}",
+                    self.name
+                ));
             }
             _ => {}
         }
@@ -242,14 +297,19 @@ impl Registry {
                 self.name
             ));
         }
-        let manifest = Manifest::parse(&body, media_type.as_deref())
-            .map_err(|e| format!("{named}: {e}"))?;
+        let manifest =
+            Manifest::parse(&body, media_type.as_deref()).map_err(|e| format!("{named}: {e}"))?;
         Ok((digest, manifest, body))
     }
 
     /// GETs the blob `sha256:HEX` of `repo` with `range` (an HTTP `Range`
     /// value), following redirects without credentials.
-    pub async fn blob(&self, repo: &str, hex: &str, range: Option<String>) -> Result<Response, String> {
+    pub async fn blob(
+        &self,
+        repo: &str,
+        hex: &str,
+        range: Option<String>,
+    ) -> Result<Response, String> {
         let url = self.url(repo, &format!("blobs/sha256:{hex}"));
         let with_range = |request: RequestBuilder| match &range {
             Some(range) => request.header(reqwest::header::RANGE, range),
@@ -268,28 +328,51 @@ impl Registry {
                 .ok()
                 .and_then(|l| at.join(l).ok())
                 .filter(|next| matches!(next.scheme(), "http" | "https"))
-                .ok_or_else(|| format!("the registry {} redirected a blob to an invalid location", self.name))?;
+                .ok_or_else(|| {
+                    format!(
+                        "the registry {} redirected a blob to an invalid location",
+                        self.name
+                    )
+                })?;
             // Blob storage gets no credentials of the registry's.
             response = with_range(self.http.get(at.clone()))
                 .send()
                 .await
                 .map_err(|e| self.unreachable(&e))?;
         }
-        Err(format!("the registry {} redirected a blob more than {MAX_REDIRECTS} times", self.name))
+        Err(format!(
+            "the registry {} redirected a blob more than {MAX_REDIRECTS} times",
+            self.name
+        ))
     }
 
     /// The size of the blob `sha256:HEX` in `repo`, or `None` if the
     /// registry does not have it there.
-    pub async fn blob_size(&self, repo: &str, hex: &str, access: Access) -> Result<Option<u64>, String> {
+    pub async fn blob_size(
+        &self,
+        repo: &str,
+        hex: &str,
+        access: Access,
+    ) -> Result<Option<u64>, String> {
         let url = self.url(repo, &format!("blobs/sha256:{hex}"));
-        let response = self.send(repo, access, |http| http.request(Method::HEAD, url.clone())).await?;
+        let response = self
+            .send(repo, access, |http| http.request(Method::HEAD, url.clone()))
+            .await?;
         match response.status() {
             StatusCode::NOT_FOUND => Ok(None),
             StatusCode::FORBIDDEN => Err(self.refused(repo)),
+            // A HEAD's body is empty: its size is in the header alone.
             status if status.is_success() || status.is_redirection() => Ok(Some(
-                response.content_length().unwrap_or_default(),
+                response
+                    .headers()
+                    .get(reqwest::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or_default(),
             )),
-            status => Err(format!("the registry {} answered {status} to a look-up of a blob", self.name)),
+            status => Err(format!(
+                "the registry {} answered {status} to a look-up of a blob",
+                self.name
+            )),
         }
     }
 
@@ -338,7 +421,11 @@ fn challenge_params(text: &str) -> HashMap<String, String> {
     let mut params = HashMap::new();
     let mut rest = text.trim();
     while let Some((key, after)) = rest.split_once('=') {
-        let key = key.trim().trim_start_matches(',').trim().to_ascii_lowercase();
+        let key = key
+            .trim()
+            .trim_start_matches(',')
+            .trim()
+            .to_ascii_lowercase();
         let after = after.trim_start();
         let (value, next) = match after.strip_prefix('"') {
             Some(quoted) => match quoted.find('"') {

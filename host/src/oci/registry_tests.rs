@@ -33,7 +33,10 @@ async fn start(counts: Counts) -> String {
         } else {
             (
                 StatusCode::UNAUTHORIZED,
-                [("www-authenticate", format!(r#"Bearer realm="{realm}",service="test",scope="repository:m:pull""#))],
+                [(
+                    "www-authenticate",
+                    format!(r#"Bearer realm="{realm}",service="test",scope="repository:m:pull""#),
+                )],
             )
                 .into_response()
         }
@@ -41,11 +44,17 @@ async fn start(counts: Counts) -> String {
     let manifest = {
         let guarded = guarded.clone();
         move |headers: HeaderMap| async move {
-            guarded(headers, ([("content-type", manifest::OCI_MANIFEST)], MANIFEST).into_response())
+            guarded(
+                headers,
+                ([("content-type", manifest::OCI_MANIFEST)], MANIFEST).into_response(),
+            )
         }
     };
     let blob = move |headers: HeaderMap| async move {
-        guarded(headers, (StatusCode::TEMPORARY_REDIRECT, [("location", "/storage/a")]).into_response())
+        guarded(
+            headers,
+            (StatusCode::TEMPORARY_REDIRECT, [("location", "/storage/a")]).into_response(),
+        )
     };
     let app = axum::Router::new()
         .route("/v2/m/manifests/t", get(manifest))
@@ -62,10 +71,16 @@ async fn start(counts: Counts) -> String {
         .route(
             "/token",
             get(
-                |State(c): State<Counts>, headers: HeaderMap, Query(q): Query<std::collections::HashMap<String, String>>| async move {
+                |State(c): State<Counts>,
+                 headers: HeaderMap,
+                 Query(q): Query<std::collections::HashMap<String, String>>| async move {
                     c.tokens.fetch_add(1, Ordering::SeqCst);
-                    let basic = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("ci:right"));
-                    let ok = headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(basic.as_str())
+                    let basic = format!(
+                        "Basic {}",
+                        base64::engine::general_purpose::STANDARD.encode("ci:right")
+                    );
+                    let ok = headers.get("authorization").and_then(|v| v.to_str().ok())
+                        == Some(basic.as_str())
                         && q.get("scope").map(String::as_str) == Some("repository:m:pull")
                         && q.get("service").map(String::as_str) == Some("test");
                     if ok {
@@ -90,7 +105,12 @@ fn client(addr: &str, password: Option<&str>) -> Registry {
         username: "ci".into(),
         password: p.into(),
     });
-    Registry::new(http, addr, login, Some(format!("the sources file's prefix oci://{addr}/")))
+    Registry::new(
+        http,
+        addr,
+        login,
+        Some(format!("the sources file's prefix oci://{addr}/")),
+    )
 }
 
 #[tokio::test]
@@ -103,20 +123,130 @@ async fn a_bearer_challenge_earns_one_token_for_every_request_of_its_scope() {
     assert_eq!(manifest.files().unwrap()[0].path, "a.bin");
     let blob = registry.blob("m", &"a".repeat(64), None).await.unwrap();
     assert_eq!(blob.text().await.unwrap(), "abc");
-    assert_eq!(counts.tokens.load(Ordering::SeqCst), 1, "one token for the scope");
-    assert_eq!(counts.leaked.load(Ordering::SeqCst), 0, "the redirect carried credentials");
+    assert_eq!(
+        counts.tokens.load(Ordering::SeqCst),
+        1,
+        "one token for the scope"
+    );
+    assert_eq!(
+        counts.leaked.load(Ordering::SeqCst),
+        0,
+        "the redirect carried credentials"
+    );
 }
 
 #[tokio::test]
 async fn a_refused_or_missing_login_is_named_without_its_secret() {
     let addr = start(Counts::default()).await;
-    let e = client(&addr, Some("wrong")).manifest("m", "t").await.unwrap_err();
+    let e = client(&addr, Some("wrong"))
+        .manifest("m", "t")
+        .await
+        .unwrap_err();
     assert_eq!(
         e,
-        format!("the registry {addr} refused the login of the sources file's prefix oci://{addr}/ for m: check them")
+        format!(
+            "the registry {addr} refused the login of the sources file's prefix oci://{addr}/ for m: check them"
+        )
     );
     assert!(!e.contains("wrong"));
     let http = reqwest::Client::new();
-    let e = Registry::new(http, &addr, None, None).manifest("m", "t").await.unwrap_err();
-    assert!(e.starts_with(&format!("the registry {addr} asks for a login for m and none is configured")), "{e}");
+    let e = Registry::new(http, &addr, None, None)
+        .manifest("m", "t")
+        .await
+        .unwrap_err();
+    assert!(
+        e.starts_with(&format!(
+            "the registry {addr} asks for a login for m and none is configured"
+        )),
+        "{e}"
+    );
+}
+
+#[path = "../../../tests/registry/registry.rs"]
+mod real;
+
+/// Against the CNCF registry: an artifact pushed by hand is read back as
+/// files, by tag and by digest, with and without a login.
+#[tokio::test]
+async fn a_real_registry_serves_a_pushed_model_by_tag_and_digest() {
+    for registry in [real::Registry::start(), real::Registry::with_login()] {
+        let files = [
+            ("config.json", b"{\"r\": 8}".to_vec()),
+            ("w/model.bin", vec![7u8; 70_000]),
+        ];
+        let (digest, pushed) = registry.push_model("team/ft", "job-1", &files).await;
+        let login = registry.basic_auth.then(|| Login {
+            username: real::USER.into(),
+            password: real::PASSWORD.into(),
+        });
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let client = Registry::new(http, &registry.host, login, None);
+        let (by_tag, manifest, _) = client.manifest("team/ft", "job-1").await.unwrap();
+        assert_eq!(by_tag, digest);
+        let listed = manifest.files().unwrap();
+        let want: Vec<_> = pushed
+            .iter()
+            .map(|p| (p.path.clone(), p.size, p.sha256.clone()))
+            .collect();
+        let got: Vec<_> = listed
+            .iter()
+            .map(|f| (f.path.clone(), f.size, f.sha256.clone()))
+            .collect();
+        assert_eq!(got, want);
+        let (by_digest, _, _) = client
+            .manifest("team/ft", &format!("sha256:{digest}"))
+            .await
+            .unwrap();
+        assert_eq!(by_digest, digest);
+
+        let blob = client
+            .blob("team/ft", &pushed[1].sha256, Some("bytes=10-19".into()))
+            .await
+            .unwrap();
+        assert_eq!(blob.status(), 206);
+        assert_eq!(blob.bytes().await.unwrap().as_ref(), &[7u8; 10]);
+        assert_eq!(
+            client
+                .blob_size("team/ft", &pushed[1].sha256, Access::Pull)
+                .await
+                .unwrap(),
+            Some(70_000)
+        );
+        assert_eq!(
+            client
+                .blob_size("team/ft", &"0".repeat(64), Access::Pull)
+                .await
+                .unwrap(),
+            None
+        );
+
+        let e = client.manifest("team/ft", "job-2").await.unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "the registry {} has no manifest oci://{}/team/ft:job-2",
+                registry.host, registry.host
+            )
+        );
+        if registry.basic_auth {
+            let http = reqwest::Client::new();
+            let wrong = Login {
+                username: real::USER.into(),
+                password: "nope".into(),
+            };
+            let e = Registry::new(
+                http,
+                &registry.host,
+                Some(wrong),
+                Some("the test's login".into()),
+            )
+            .manifest("team/ft", "job-1")
+            .await
+            .unwrap_err();
+            assert!(e.contains("refused the login of the test's login"), "{e}");
+        }
+    }
 }

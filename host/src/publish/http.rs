@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 use super::read::{Piece, ReadError, Reading, digest_of};
 use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of};
 use crate::backoff::Backoff;
-use crate::fetch::Stamp;
 use crate::causes::innermost;
+use crate::fetch::Stamp;
 use crate::trust::Trust;
 
 /// Tries of one request, the first included.

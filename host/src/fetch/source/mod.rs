@@ -211,7 +211,6 @@ impl Sources {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
