@@ -35,7 +35,7 @@ impl Fetcher {
         lock: Arc<DirLock>,
     ) -> Result<Stamp, String> {
         let target_path = dir.join(&file.path);
-        let location = source::locate(&model.source, &model.job_id, &file.path)?;
+        let location = source::locate(&model.source, &model.job_id, file)?;
         let partial = partial_path(&target_path);
         // The checkpoint an interrupted download of this file left, kept
         // beside the verification record, out of the deployers' sight.

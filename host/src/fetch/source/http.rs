@@ -7,6 +7,7 @@
 use futures::{StreamExt, TryStreamExt};
 
 use super::{Body, Sources, Span, innermost};
+use crate::oci::registry::redirect_target;
 
 /// Redirects followed for one request, as many as curl's and reqwest's
 /// defaults.
@@ -55,30 +56,7 @@ impl Sources {
         if !status.is_success() {
             return Err(format!("the source answered {status} ({url})"));
         }
-        let ranged = status == reqwest::StatusCode::PARTIAL_CONTENT;
-        let (start, total) = if ranged {
-            let (start, total) = content_range(response.headers())
-                .filter(|(start, _)| *start == span.start)
-                .ok_or_else(|| {
-                    format!(
-                        "the source answered a range other than {} ({url})",
-                        span.header()
-                    )
-                })?;
-            (start, total)
-        } else {
-            (0, response.content_length())
-        };
-        let stream = response
-            .bytes_stream()
-            .map_err(|e| format!("the download broke off: {}", innermost(&e)))
-            .boxed();
-        Ok(Body {
-            stream,
-            start,
-            ranged,
-            total,
-        })
+        body_of(response, span, &url)
     }
 
     /// GETs `url`, following redirects: each hop carries the credentials
@@ -127,20 +105,33 @@ impl Sources {
     }
 }
 
-/// Where a redirect answer sends the request next (its `Location`), if it
-/// is one.
-fn redirect_target(response: &reqwest::Response) -> Option<&reqwest::header::HeaderValue> {
-    use reqwest::StatusCode;
-    matches!(
-        response.status(),
-        StatusCode::MOVED_PERMANENTLY
-            | StatusCode::FOUND
-            | StatusCode::SEE_OTHER
-            | StatusCode::TEMPORARY_REDIRECT
-            | StatusCode::PERMANENT_REDIRECT
-    )
-    .then(|| response.headers().get(reqwest::header::LOCATION))
-    .flatten()
+/// A successful answer to a request for `span` as a `Body`: ranged when
+/// the source answered 206 with the range asked for. `url` names the
+/// request in messages.
+pub(super) fn body_of(response: reqwest::Response, span: Span, url: &str) -> Result<Body, String> {
+    let ranged = response.status() == reqwest::StatusCode::PARTIAL_CONTENT;
+    let (start, total) = if ranged {
+        content_range(response.headers())
+            .filter(|(start, _)| *start == span.start)
+            .ok_or_else(|| {
+                format!(
+                    "the source answered a range other than {} ({url})",
+                    span.header()
+                )
+            })?
+    } else {
+        (0, response.content_length())
+    };
+    let stream = response
+        .bytes_stream()
+        .map_err(|e| format!("the download broke off: {}", innermost(&e)))
+        .boxed();
+    Ok(Body {
+        stream,
+        start,
+        ranged,
+        total,
+    })
 }
 
 /// A request as messages name it: the model's URL and, after a redirect,

@@ -7,12 +7,14 @@
 
 mod file;
 mod http;
+mod oci;
 pub(crate) mod s3;
 #[cfg(test)]
 mod s3_tests;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::Stream;
@@ -63,6 +65,13 @@ pub(crate) enum Location {
         key: object_store::path::Path,
     },
     File(PathBuf),
+    /// A blob of a registry's repository, by its sha256: `url` is
+    /// `oci://REGISTRY/REPO@sha256:BLOB`, for messages.
+    Oci {
+        url: String,
+        reference: crate::oci::Reference,
+        sha256: String,
+    },
 }
 
 impl std::fmt::Display for Location {
@@ -70,13 +79,43 @@ impl std::fmt::Display for Location {
         match self {
             Location::Http(url) | Location::Store { url, .. } => write!(f, "{url}"),
             Location::File(path) => write!(f, "{}", path.display()),
+            Location::Oci { url, .. } => write!(f, "{url}"),
         }
     }
 }
 
-/// Fills the template. The template was validated at registration, so a
-/// failure here means the filled-in URL is broken, which is reported.
-pub(crate) fn locate(template: &str, job_id: &str, path: &str) -> Result<Location, String> {
+/// Where one file of a model is: its blob when the source is a registry's
+/// manifest (`oci://…@sha256:…`, files by digest), else the template
+/// filled in. The source was validated at registration, so a failure here
+/// means the filled-in URL is broken, which is reported.
+pub(crate) fn locate(
+    source: &str,
+    job_id: &str,
+    file: &crate::model::ModelFile,
+) -> Result<Location, String> {
+    if source.starts_with("oci://") {
+        let reference = crate::oci::Reference::parse(source)?;
+        let sha256 = file.sha256.clone().ok_or_else(|| {
+            format!(
+                "file {} has no sha256, and a registry serves files by digest",
+                file.path
+            )
+        })?;
+        let url = format!(
+            "oci://{}/{}@sha256:{sha256}",
+            reference.registry, reference.repository
+        );
+        return Ok(Location::Oci {
+            url,
+            reference,
+            sha256,
+        });
+    }
+    fill(source, job_id, &file.path)
+}
+
+/// Fills the template.
+fn fill(template: &str, job_id: &str, path: &str) -> Result<Location, String> {
     let filled = template
         .replace(
             "{job_id}",
@@ -156,6 +195,8 @@ pub(crate) struct Sources {
     access: Arc<Access>,
     trust: Trust,
     stores: Arc<Stores>,
+    /// One client per registry and sources-file prefix.
+    registries: Arc<Mutex<HashMap<(String, Option<String>), Arc<crate::oci::Registry>>>>,
 }
 
 impl Sources {
@@ -173,6 +214,7 @@ impl Sources {
             client: trust.reqwest(builder)?.build()?,
             access: Arc::default(),
             stores: Arc::new(Stores::new(trust.clone())),
+            registries: Arc::default(),
             trust,
         })
     }
@@ -189,8 +231,10 @@ impl Sources {
     pub(crate) fn with_access(self, access: Access) -> Self {
         Self {
             access: Arc::new(access),
-            // Stores are built with the credentials they were first asked with.
+            // Stores and registries are built with the credentials they
+            // were first asked with.
             stores: Arc::new(Stores::new(self.trust.clone())),
+            registries: Arc::default(),
             ..self
         }
     }
@@ -207,7 +251,32 @@ impl Sources {
                 self.stores.open(url, bucket, key, span, credentials).await
             }
             Location::File(path) => open_file(path, span).await,
+            Location::Oci {
+                url,
+                reference,
+                sha256,
+            } => self.open_blob(url, reference, sha256, span).await,
         }
+    }
+
+    /// The client of `reference`'s registry, with the login of the
+    /// sources-file prefix covering its repository (`oci://REG/REPO`).
+    pub(crate) fn registry(&self, reference: &crate::oci::Reference) -> Arc<crate::oci::Registry> {
+        let credentials = self.access.covering(&reference.url());
+        let prefix = credentials.map(|c| c.prefix().to_string());
+        let key = (reference.registry.clone(), prefix.clone());
+        let mut built = self.registries.lock().expect("not poisoned");
+        built
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(crate::oci::Registry::new(
+                    self.client.clone(),
+                    &reference.registry,
+                    credentials.and_then(|c| c.login()).cloned(),
+                    prefix.map(|p| format!("the sources file's prefix {p}")),
+                ))
+            })
+            .clone()
     }
 }
 
@@ -239,7 +308,7 @@ mod tests {
             ),
         ];
         for (template, job, path, expected) in cases {
-            assert_eq!(locate(template, job, path).unwrap(), expected, "{template}");
+            assert_eq!(fill(template, job, path).unwrap(), expected, "{template}");
         }
     }
 }
@@ -343,8 +412,8 @@ mod props {
             path in path(),
         ) {
             let text = template.text();
-            let location = locate(&text, &job, &path).map_err(TestCaseError::fail)?;
-            prop_assert_eq!(&locate(&text, &job, &path).unwrap(), &location, "not deterministic");
+            let location = fill(&text, &job, &path).map_err(TestCaseError::fail)?;
+            prop_assert_eq!(&fill(&text, &job, &path).unwrap(), &location, "not deterministic");
             let prefix = &template.prefix;
             match (location, template.scheme) {
                 (Location::Http(url), "http" | "https") => {
@@ -391,7 +460,7 @@ mod props {
             job in prop_oneof![job_id(), strategies::text()],
             path in prop_oneof![path(), strategies::text()],
         ) {
-            let _ = locate(&template, &job, &path);
+            let _ = fill(&template, &job, &path);
         }
     }
 }

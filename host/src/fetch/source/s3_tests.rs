@@ -128,7 +128,7 @@ async fn spans_are_read_with_ranges_at_once_from_one_store() {
     let data = contents(3, 100_000);
     let (_models, fetcher, _) =
         setup("spans", &[("a.bin", data.clone())], moto().good_access()).await;
-    let location = super::locate(
+    let location = super::fill(
         &format!("s3://{BUCKET}/{{job_id}}/{{path}}"),
         "spans",
         "a.bin",
