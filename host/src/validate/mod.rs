@@ -163,6 +163,12 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
                 format!("files[{i}].sha256 must be 64 hexadecimal characters, got {hash:?}"),
             ));
         }
+        if sha256.is_none() && source.starts_with("oci://") {
+            problems.push(Problem::new(
+                field("sha256"),
+                format!("files[{i}].sha256 is required with an oci:// source: a registry serves files by digest"),
+            ));
+        }
         files.push(ModelFile {
             path,
             size_bytes,
@@ -259,7 +265,9 @@ fn path_rule(path: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// `http`, `https`, `s3` or `file` URL template with `{path}`.
+/// `http`, `https`, `s3` or `file` URL template with `{path}`, or a
+/// registry's manifest pinned by digest (`oci://REG/REPO@sha256:…`, whose
+/// files are its blobs).
 fn source_rule(source: &str) -> Result<(), String> {
     if source.is_empty() {
         return Err(
@@ -270,6 +278,18 @@ fn source_rule(source: &str) -> Result<(), String> {
     // tabs and newlines from what was registered.
     if source.chars().any(char::is_control) {
         return Err("source contains control characters".into());
+    }
+    if source.starts_with("oci://") {
+        let reference =
+            crate::oci::Reference::parse(source).map_err(|e| format!("source {e}"))?;
+        if reference.digest.is_none() {
+            return Err(format!(
+                "source {source:?}: a model keeps its manifest pinned; name it by digest \
+                 (oci://REGISTRY/REPOSITORY@sha256:…), or leave files out and the server \
+                 reads the tag and pins it"
+            ));
+        }
+        return Ok(());
     }
     if !source.contains("{path}") {
         return Err(format!(
@@ -291,7 +311,7 @@ fn source_rule(source: &str) -> Result<(), String> {
         "s3" => Ok(()),
         "file" => Ok(()),
         other => Err(format!(
-            "source {source:?}: scheme {other} is not supported (use http, https, s3 or file)"
+            "source {source:?}: scheme {other} is not supported (use http, https, s3, file or oci)"
         )),
     }
 }

@@ -88,6 +88,7 @@ fn registrations_are_checked_field_by_field() {
         |d| d.source = Some("file:///srv/{job_id}/{path}".into()),
         "",
     );
+    let pinned = format!("oci://127.0.0.1:5000/team/ft@sha256:{}", "a".repeat(64));
     let sources = [
         ("s3://team-models/{job_id}/{path}", ""),
         ("s3://team-models/{path}", ""),
@@ -96,6 +97,10 @@ fn registrations_are_checked_field_by_field() {
         ("s3:{path}", "names no bucket"),
         ("s3://b/{path}?versionId=1", "no query or fragment"),
         ("gs://b/{path}", "scheme gs is not supported"),
+        (&pinned, ""),
+        ("oci://r.io/team/ft:job-1", "a model keeps its manifest pinned"),
+        ("oci://r.io/Team/ft@sha256:00", "source \"oci://r.io/Team/ft@sha256:00\": a sha256"),
+        ("oci://r.io", "source \"oci://r.io\" names no repository"),
     ];
     for (source, expected) in sources {
         check(|d| d.source = Some(source.into()), expected);
@@ -129,6 +134,13 @@ fn registrations_are_checked_field_by_field() {
         "files[0].size_bytes is required",
     );
     check(|d| d.files = vec![], "");
+    check(
+        |d| {
+            d.source = Some(pinned.clone());
+            d.files[0].sha256 = None;
+        },
+        "files[0].sha256 is required with an oci:// source",
+    );
 }
 
 #[test]
