@@ -72,11 +72,14 @@ impl Registry {
             dir.path().join("storage").display()
         );
         std::fs::write(dir.path().join("config.yml"), config).unwrap();
+        // Its log (refused logins are logged as errors) goes to a file,
+        // shown if it does not start.
+        let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
         let child = Command::new("docker-registry")
             .arg("serve")
             .arg(dir.path().join("config.yml"))
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start docker-registry: {e}; {missing}"));
         let registry = Self {

@@ -280,8 +280,7 @@ fn source_rule(source: &str) -> Result<(), String> {
         return Err("source contains control characters".into());
     }
     if source.starts_with("oci://") {
-        let reference =
-            crate::oci::Reference::parse(source).map_err(|e| format!("source {e}"))?;
+        let reference = crate::oci::Reference::parse(source).map_err(|e| format!("source {e}"))?;
         if reference.digest.is_none() {
             return Err(format!(
                 "source {source:?}: a model keeps its manifest pinned; name it by digest \

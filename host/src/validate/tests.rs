@@ -98,8 +98,14 @@ fn registrations_are_checked_field_by_field() {
         ("s3://b/{path}?versionId=1", "no query or fragment"),
         ("gs://b/{path}", "scheme gs is not supported"),
         (&pinned, ""),
-        ("oci://r.io/team/ft:job-1", "a model keeps its manifest pinned"),
-        ("oci://r.io/Team/ft@sha256:00", "source \"oci://r.io/Team/ft@sha256:00\": a sha256"),
+        (
+            "oci://r.io/team/ft:job-1",
+            "a model keeps its manifest pinned",
+        ),
+        (
+            "oci://r.io/Team/ft@sha256:00",
+            "source \"oci://r.io/Team/ft@sha256:00\": a sha256",
+        ),
         ("oci://r.io", "source \"oci://r.io\" names no repository"),
     ];
     for (source, expected) in sources {

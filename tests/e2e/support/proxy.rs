@@ -3,9 +3,12 @@
 //! is silent, as a partition is: nothing is forwarded any more, in either
 //! direction, and no connection is closed or refused, so the server hears
 //! nothing until it gives up by itself. Healed, connections made during the
-//! cut are closed and new ones go through.
+//! cut are closed and new ones go through. It counts the connections it
+//! accepts (a registry's, to see a blob read over several).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -13,6 +16,8 @@ use tokio::sync::watch;
 
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// Connections accepted so far.
+    accepted: Arc<AtomicUsize>,
     cut: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -23,15 +28,28 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (cut, _) = watch::channel(false);
+        let accepted = Arc::new(AtomicUsize::new(0));
         let task = tokio::spawn({
             let cut = cut.clone();
+            let accepted = accepted.clone();
             async move {
                 while let Ok((client, _)) = listener.accept().await {
+                    accepted.fetch_add(1, Ordering::SeqCst);
                     tokio::spawn(forward(client, upstream, cut.subscribe()));
                 }
             }
         });
-        Self { addr, cut, task }
+        Self {
+            addr,
+            accepted,
+            cut,
+            task,
+        }
+    }
+
+    /// How many connections it has accepted.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     /// `url` (a database URL naming a host and port) through this proxy.

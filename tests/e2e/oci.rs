@@ -1,0 +1,151 @@
+//! Models in an OCI registry (Debian's CNCF distribution registry,
+//! `tests/registry/`), through the real server: files fetched as blobs by
+//! digest over several connections, with the sources file's login; a
+//! damaged blob fails its verification; a wrong login is named.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::support::proxy::Proxy;
+use crate::support::registry::{PASSWORD, Registry, USER};
+use crate::support::server::{Backend, Berth};
+use crate::support::{bytes, sha256_hex};
+
+const REPO: &str = "team/support-bot";
+
+/// A registry with a login, a counting proxy in front of it, and berth
+/// with a sources file giving `password` for the proxy's `oci://` prefix.
+struct Setup {
+    registry: Registry,
+    proxy: Proxy,
+    berth: Berth,
+    _temp: tempfile::TempDir,
+}
+
+async fn setup(password: &str) -> Setup {
+    let registry = Registry::with_login();
+    let proxy = Proxy::start(registry.host.parse().unwrap()).await;
+    let temp = tempfile::tempdir().unwrap();
+    let sources_file = temp.path().join("sources.toml");
+    std::fs::write(
+        &sources_file,
+        format!(
+            "[[source]]\nprefix = \"oci://{}/team/\"\n\
+             options = {{ username = \"{USER}\", password = \"${{REGISTRY_PASSWORD}}\" }}",
+            proxy.addr
+        ),
+    )
+    .unwrap();
+    let berth = Berth::options(Backend::Sqlite)
+        .arg("--sources-file")
+        .arg(sources_file.to_str().unwrap())
+        .arg("--fetch-piece-mib")
+        .arg("1")
+        .env("REGISTRY_PASSWORD", password)
+        .start()
+        .await;
+    Setup {
+        registry,
+        proxy,
+        berth,
+        _temp: temp,
+    }
+}
+
+fn files() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("adapter_config.json", bytes(81, 300)),
+        ("weights/adapter_model.safetensors", bytes(82, 12 << 20)),
+    ]
+}
+
+/// A registration of `files` at `source`, each with its digest.
+fn model(job_id: &str, source: &str, files: &[(&str, Vec<u8>)]) -> Value {
+    json!({
+        "name": "oci", "job_id": job_id, "base_model": "b", "model_size": "s", "dataset": "d",
+        "source": source,
+        "files": files.iter().map(|(path, contents)| json!({
+            "path": path, "size_bytes": contents.len(), "sha256": sha256_hex(contents),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_in_a_registry_is_fetched_by_digest_over_several_connections() {
+    let s = setup(PASSWORD).await;
+    let files = files();
+    let (digest, _) = s.registry.push_model(REPO, "job-oci", &files).await;
+    let source = format!("oci://{}/{REPO}@sha256:{digest}", s.proxy.addr);
+    let id = s.berth.register(&model("job-oci", &source, &files)).await;
+    let before = s.proxy.accepted();
+
+    let (status, body) = s.berth.deploy(id, "archive", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "completed", "{body}");
+    for (path, contents) in &files {
+        assert!(
+            std::fs::read(s.berth.model_dir("job-oci").join(path)).unwrap() == *contents,
+            "{path} is the registry's blob"
+        );
+    }
+    let connections = s.proxy.accepted() - before;
+    assert!(
+        connections >= 3,
+        "12 MiB in 1 MiB pieces came over {connections} connections"
+    );
+    assert!(
+        !s.berth.log().contains(PASSWORD),
+        "the log shows the password"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_blob_fails_verification_and_a_wrong_login_is_named() {
+    let s = setup(PASSWORD).await;
+    let files = files();
+    let (digest, pushed) = s.registry.push_model(REPO, "job-bad", &files).await;
+    // Same size, other bytes: only the digest can tell.
+    let config = &pushed[0];
+    std::fs::write(s.registry.blob_file(&config.sha256), bytes(99, 300)).unwrap();
+    let source = format!("oci://{}/{REPO}@sha256:{digest}", s.proxy.addr);
+    let id = s.berth.register(&model("job-bad", &source, &files)).await;
+    let (_, body) = s.berth.deploy(id, "archive", json!({})).await;
+    assert_eq!(body["status"], "failed", "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!(
+            "file adapter_config.json: sha256 mismatch: expected {}, got {} (oci://{}/{REPO}@sha256:{})",
+            config.sha256,
+            sha256_hex(&bytes(99, 300)),
+            s.proxy.addr,
+            config.sha256
+        )),
+        "{error}"
+    );
+    assert!(
+        !s.berth
+            .model_dir("job-bad")
+            .join("adapter_config.json")
+            .exists(),
+        "a damaged file is never put in place"
+    );
+
+    let wrong = setup("not-the-password").await;
+    let (digest, _) = wrong.registry.push_model(REPO, "job-login", &files).await;
+    let source = format!("oci://{}/{REPO}@sha256:{digest}", wrong.proxy.addr);
+    let id = wrong
+        .berth
+        .register(&model("job-login", &source, &files))
+        .await;
+    let (_, body) = wrong.berth.deploy(id, "archive", json!({})).await;
+    assert_eq!(body["status"], "failed", "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!(
+            "the registry {0} refused the login of the sources file's prefix oci://{0}/team/ for {REPO}: check them",
+            wrong.proxy.addr
+        )),
+        "{error}"
+    );
+    assert!(!error.contains("not-the-password"));
+}
