@@ -19,7 +19,9 @@
 //! into that server's folder; the first `--pg`), `publish` (a model of 4
 //! files, `--publish-mib` each, put into an S3-compatible store and onto an
 //! HTTP mirror by berth's example deployers, against boto3, the AWS CLI and
-//! curl, and berth's memory meanwhile); all by default. Data goes
+//! curl, and berth's memory meanwhile), `oci` (the same model pulled from
+//! and pushed to an OCI registry, against skopeo and the ORAS Python SDK);
+//! all by default. Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
@@ -32,10 +34,13 @@ mod fetch;
 mod load;
 #[path = "../../tests/moto/moto.rs"]
 mod moto;
+mod oci;
 mod plugin;
 mod publish;
 mod push;
 mod quota;
+#[path = "../../tests/registry/registry.rs"]
+mod registry;
 mod report;
 mod source;
 mod store;
@@ -80,9 +85,9 @@ pub struct Ctx {
     pub publish_mib: u64,
 }
 
-const SECTIONS: [&str; 15] = [
+const SECTIONS: [&str; 16] = [
     "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "load", "quota",
-    "deploys", "dropin", "cluster", "push", "publish",
+    "deploys", "dropin", "cluster", "push", "publish", "oci",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -187,6 +192,7 @@ fn main() -> anyhow::Result<()> {
                 "cluster" => cluster::run(&ctx).await?,
                 "push" => push::run(&ctx).await?,
                 "publish" => publish::run(&ctx).await?,
+                "oci" => oci::run(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
         }
