@@ -25,6 +25,7 @@ mod live;
 mod logs;
 mod metrics;
 mod network;
+mod oci_deployers;
 mod openapi;
 mod outputs;
 mod page;

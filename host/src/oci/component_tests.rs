@@ -59,7 +59,10 @@ async fn a_component_is_pulled_whole_bounded_and_verified() {
     std::fs::write(registry.blob_file(&layer), &damaged).unwrap();
     match pull(&client, &reference, 1 << 20).await {
         Err(PullError::Registry(e)) => assert!(
-            e.contains(&format!("for the blob sha256:{layer} ({} bytes): refused", wasm.len())),
+            e.contains(&format!(
+                "for the blob sha256:{layer} ({} bytes): refused",
+                wasm.len()
+            )),
             "{e}"
         ),
         other => panic!("{other:?}"),

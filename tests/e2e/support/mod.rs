@@ -13,6 +13,8 @@ pub mod postgres;
 pub mod prometheus;
 pub mod proxy;
 pub mod receiver;
+#[path = "../../registry/registry.rs"]
+pub mod registry;
 pub mod router;
 pub mod server;
 #[path = "../../tls/tls.rs"]

@@ -58,9 +58,7 @@ impl Sources {
         let (digest, manifest, _) = registry
             .manifest(&reference.repository, &reference.manifest_ref())
             .await?;
-        let files = manifest
-            .files()
-            .map_err(|e| format!("{reference}: {e}"))?;
+        let files = manifest.files().map_err(|e| format!("{reference}: {e}"))?;
         Ok(Listed {
             pinned: reference.pinned(&digest),
             files,
