@@ -5,8 +5,7 @@ use super::component::{PullError, WASM_CONFIG, WASM_LAYER, pull};
 use super::manifest::OCI_MANIFEST;
 use super::{Reference, Registry};
 
-#[path = "../../../tests/registry/registry.rs"]
-mod real;
+use super::test_registry as real;
 
 /// Pushes `wasm` in the wasm artifact layout under `repo:tag`; answers
 /// the manifest's and the layer's sha256.
