@@ -10,6 +10,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use axum::http::Method;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -18,6 +19,7 @@ use crate::support::catalog::served;
 use crate::support::files::FileServer;
 use crate::support::plugins::{example, test_plugin};
 use crate::support::registry::{self, Registry};
+use crate::support::router::{App, MAX_PLUGIN_BYTES};
 use crate::support::server::{Backend, Berth};
 use crate::support::{
     adapter_files, answer_body, assert_error, model, on_both_backends, sha256_hex,
@@ -359,5 +361,36 @@ async fn a_pull_uses_the_sources_files_login_and_the_signature_rules() {
     assert!(!berth.log().contains("not-the-password"));
     assert!(!berth.log().contains(registry::PASSWORD));
     let answer = berth.get("/v1/deployers/other/versions").await;
+    assert_error(&answer, StatusCode::NOT_FOUND, "there is no deployer");
+}
+
+/// A layer whose manifest gives more bytes than `--max-plugin-mib` is a
+/// 413 without a byte of it read: the registry's copy is damaged, which a
+/// read would have reported instead (in-process, the API's 4 MiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_over_the_plugin_limit_is_refused_unread() {
+    let registry = Registry::start();
+    let host = registry.host.clone();
+    let big = vec![7u8; MAX_PLUGIN_BYTES + 1];
+    let (_, layer) = push_component(&registry, "team/big", "v1", &big).await;
+    std::fs::write(registry.blob_file(&layer), b"damaged").unwrap();
+    let app = App::start(Backend::Sqlite).await;
+    let reference = format!("oci://{host}/team/big:v1");
+    let answer = app
+        .request(
+            Method::PUT,
+            "/v1/deployers/big",
+            Some(&json!({ "oci": reference })),
+        )
+        .await;
+    assert_error(
+        &answer,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!(
+            "deployer big was not pulled from {reference}: the component is {} bytes, larger than this server takes (4 MiB, --max-plugin-mib)",
+            MAX_PLUGIN_BYTES + 1
+        ),
+    );
+    let answer = app.get("/v1/deployers/big/versions").await;
     assert_error(&answer, StatusCode::NOT_FOUND, "there is no deployer");
 }
