@@ -8,6 +8,9 @@
 //! keyed by sha256). A lost notification is covered by a poll. A name the
 //! plugins folder declares is never pushed, and a stored one under such a
 //! name is never loaded (`deployers` lists it as rejected).
+//! A version may also be pulled from a registry (`oci::component`): the
+//! same checks once its bytes are verified, and the manifest's digest
+//! kept as the version's source.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +47,9 @@ pub struct Upload {
     pub manifest: Option<String>,
     /// The detached signature's text (what `NAME.wasm.sig` holds).
     pub signature: Option<String>,
+    /// Where the bytes were pulled from (`oci://…@sha256:…`); none for an
+    /// upload.
+    pub source: Option<String>,
     /// The API token that sent it.
     pub by: Option<String>,
 }
@@ -57,6 +63,30 @@ pub enum Error {
     Declared(String),
     #[error("deployer {name} was not stored: {reason}")]
     Invalid { name: String, reason: String },
+    /// The registry did not give the component (502).
+    #[error("deployer {name} was not pulled from {reference}: {reason}")]
+    Unpulled {
+        name: String,
+        reference: String,
+        reason: String,
+    },
+    /// The reference names something other than a wasm component (400).
+    #[error("deployer {name} was not pulled from {reference}: {reason}")]
+    NotComponent {
+        name: String,
+        reference: String,
+        reason: String,
+    },
+    #[error(
+        "deployer {name} was not pulled from {reference}: the component is {size} bytes, \
+         larger than this server takes ({} MiB, --max-plugin-mib)", limit >> 20
+    )]
+    PullTooLarge {
+        name: String,
+        reference: String,
+        size: u64,
+        limit: usize,
+    },
     #[error(
         "too many deployers: this server loads at most {0} (--max-deployers); remove one first"
     )]
@@ -120,20 +150,14 @@ impl Catalog {
             wasm,
             manifest,
             signature,
+            source,
             by,
         } = upload;
+        self.admit(&name)?;
         let invalid = |reason| Error::Invalid {
             name: name.clone(),
             reason,
         };
-        check_name(&name).map_err(invalid)?;
-        if self.deployers.declared(&name) {
-            return Err(Error::Declared(name));
-        }
-        let plugins = self.deployers.current();
-        if !plugins.deployers.contains_key(&name) && plugins.deployers.len() >= self.max {
-            return Err(Error::TooMany(self.max));
-        }
         // Shared, not copied: up to --max-plugin-mib.
         let wasm = Bytes::from(wasm);
         let plugin = self
@@ -147,6 +171,7 @@ impl Catalog {
             sha256: plugin.sha256.clone(),
             manifest,
             signature,
+            source,
             added_by: by,
         };
         let (version, pushed) = self.db.store_version(new).await?;
@@ -169,6 +194,23 @@ impl Catalog {
             }
         };
         Ok((plugin, version, pushed))
+    }
+
+    /// Whether a version under `name` may be pushed at all: a valid name,
+    /// not the folder's, and room for it.
+    fn admit(&self, name: &str) -> Result<(), Error> {
+        check_name(name).map_err(|reason| Error::Invalid {
+            name: name.to_string(),
+            reason,
+        })?;
+        if self.deployers.declared(name) {
+            return Err(Error::Declared(name.to_string()));
+        }
+        let plugins = self.deployers.current();
+        if !plugins.deployers.contains_key(name) && plugins.deployers.len() >= self.max {
+            return Err(Error::TooMany(self.max));
+        }
+        Ok(())
     }
 
     /// Removes a stored deployer and its versions, here and everywhere.
@@ -492,6 +534,9 @@ impl Catalog {
         );
     }
 }
+
+mod pull;
+pub use pull::Pull;
 
 #[cfg(test)]
 #[path = "catalog_tests.rs"]

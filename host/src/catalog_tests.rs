@@ -118,6 +118,7 @@ fn a_push_does_not_copy_the_plugin() {
             wasm,
             manifest: None,
             signature: None,
+            source: None,
             by: None,
         };
         AT_LEAST.with(|at_least| at_least.set(SIZE));

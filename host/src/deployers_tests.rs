@@ -65,6 +65,7 @@ fn version(id: i64, name: &str, sha256: &str) -> StoredVersion {
         size: 1,
         manifest: None,
         signature: None,
+        source: None,
         added_by: None,
         added_at: String::new(),
     }

@@ -26,6 +26,7 @@ mod logs;
 mod metrics;
 mod network;
 mod oci;
+mod oci_deployers;
 mod openapi;
 mod outputs;
 mod page;

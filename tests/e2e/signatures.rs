@@ -16,17 +16,18 @@ use crate::support::cli::{expect_success, lossy, path};
 use crate::support::server::{Backend, Berth};
 use crate::support::{eventually, plugins, sha256_hex};
 
-/// A key pair made by `berth plugin keygen` in a folder of its own.
-struct Key {
+/// A key pair made by `berth plugin keygen` in a folder of its own (the
+/// tests of pulled deployers sign with it too).
+pub struct Key {
     _dir: TempDir,
     secret: PathBuf,
     /// The public key's line, as `--trusted-key` takes it.
-    public: String,
-    id: String,
+    pub public: String,
+    pub id: String,
 }
 
 impl Key {
-    fn new() -> Self {
+    pub fn new() -> Self {
         let dir = TempDir::new().unwrap();
         let secret = dir.path().join("author.key");
         let printed = expect_success(&berth(&["plugin", "keygen", "--out", path(&secret)]));
@@ -55,7 +56,7 @@ impl Key {
     }
 
     /// Signs `bytes` with `berth plugin sign`: the signature's text.
-    fn sign(&self, bytes: &[u8]) -> String {
+    pub fn sign(&self, bytes: &[u8]) -> String {
         let dir = TempDir::new().unwrap();
         let file = dir.path().join("p.wasm");
         std::fs::write(&file, bytes).unwrap();

@@ -21,6 +21,9 @@ pub struct StoredVersion {
     pub manifest: Option<String>,
     /// The detached signature's text, as uploaded.
     pub signature: Option<String>,
+    /// Where its bytes were pulled from: a registry's manifest pinned by
+    /// digest (`oci://REG/REPO@sha256:…`); none for an upload.
+    pub source: Option<String>,
     /// The API token that added it (none without tokens).
     pub added_by: Option<String>,
     pub added_at: String,
@@ -33,12 +36,13 @@ pub enum Pushed {
     Added,
     /// The name served another version before.
     Replaced,
-    /// The name already serves these very bytes, manifest and signature.
+    /// The name already serves these very bytes, manifest, signature and
+    /// source.
     Unchanged,
 }
 
 const VERSION_COLUMNS: &str = "v.id, v.name, v.sha256, b.size, v.manifest, v.signature, \
-     v.added_by, v.added_at, (SELECT COUNT(*) FROM deployer_versions w \
+     v.source, v.added_by, v.added_at, (SELECT COUNT(*) FROM deployer_versions w \
      WHERE w.name = v.name AND w.id <= v.id) AS number";
 
 /// A new version, as `store_version` takes it.
@@ -48,6 +52,7 @@ pub struct NewVersion {
     pub sha256: String,
     pub manifest: Option<String>,
     pub signature: Option<String>,
+    pub source: Option<String>,
     pub added_by: Option<String>,
 }
 
@@ -163,6 +168,7 @@ async fn store_version(
         && current.sha256 == new.sha256
         && current.manifest == new.manifest
         && current.signature == new.signature
+        && current.source == new.source
     {
         return Ok((current.clone(), Pushed::Unchanged));
     }
@@ -182,13 +188,15 @@ async fn store_version(
             .await?;
     }
     let id: i64 = sqlx::query(
-        "INSERT INTO deployer_versions (name, sha256, manifest, signature, added_by, added_at) \
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        "INSERT INTO deployer_versions \
+         (name, sha256, manifest, signature, source, added_by, added_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
     )
     .bind(&new.name)
     .bind(&new.sha256)
     .bind(&new.manifest)
     .bind(&new.signature)
+    .bind(&new.source)
     .bind(&new.added_by)
     .bind(now())
     .fetch_one(&mut *conn)
@@ -225,6 +233,7 @@ fn version_row(row: &AnyRow) -> Result<StoredVersion> {
         size: row.try_get("size")?,
         manifest: row.try_get("manifest")?,
         signature: row.try_get("signature")?,
+        source: row.try_get("source")?,
         added_by: row.try_get("added_by")?,
         added_at: row.try_get("added_at")?,
     })

@@ -48,6 +48,11 @@ const SQLITE_MIGRATIONS: Migrations = Migrations(&[
         "published",
         include_str!("../../../migrations/sqlite/0007_published.sql"),
     ),
+    (
+        8,
+        "deployer source",
+        include_str!("../../../migrations/sqlite/0008_deployer_source.sql"),
+    ),
 ]);
 const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
     (
@@ -84,6 +89,11 @@ const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
         7,
         "published",
         include_str!("../../../migrations/postgres/0007_published.sql"),
+    ),
+    (
+        8,
+        "deployer source",
+        include_str!("../../../migrations/postgres/0008_deployer_source.sql"),
     ),
 ]);
 

@@ -173,6 +173,12 @@ impl Fetcher {
         self
     }
 
+    /// The client of `reference`'s registry, with the sources file's login
+    /// for its repository: what a deployer is pulled with.
+    pub(crate) fn registry(&self, reference: &crate::oci::Reference) -> Arc<crate::oci::Registry> {
+        self.sources.registry(reference)
+    }
+
     /// The host directory a model's files go to.
     pub fn dir_of(&self, job_id: &str) -> PathBuf {
         self.models_dir.join(job_id)

@@ -1,7 +1,10 @@
 //! `/v1/deployers`: what can deploy, which plugins were refused, which
 //! are still loading after a start; and the deployers stored over the API:
-//! push a version, list the versions, roll back, remove. The catalog does
-//! the work; this module only translates HTTP.
+//! push a version (uploaded, or pulled from a registry), list the
+//! versions, roll back, remove. The catalog does the work; this module
+//! only translates HTTP.
+
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -16,9 +19,11 @@ use super::ApiContext;
 use super::error::Error;
 use super::json::{self, ErrorBody};
 use crate::auth::Caller;
-use crate::catalog::Upload;
-use crate::db::Pushed;
+use crate::catalog::{Pull, Upload};
+use crate::db::{Pushed, StoredVersion};
 use crate::deployers::Source;
+use crate::oci;
+use crate::runtime::Plugin;
 
 /// The header carrying an upload's detached signature, base64 of the
 /// signature file's text (`NAME.wasm.sig`).
@@ -69,11 +74,18 @@ struct UploadForm {
 }
 
 /// Pushes a version of a deployer, stored for every server on this
-/// database: the `.wasm` as the body, or a multipart form with a manifest
-/// and a signature.
+/// database: the `.wasm` as the body, a multipart form with a manifest
+/// and a signature, or a JSON body naming a component in a registry for
+/// the server to pull.
 ///
 /// The plugin is checked as a folder plugin is before anything is stored.
-/// Each push keeps the versions before it.
+/// Each push keeps the versions before it. A pulled component is found in
+/// the wasm OCI artifact layout (config `application/vnd.wasm.config.v0+json`,
+/// one `application/wasm` layer), read with the login of the sources file's
+/// `oci://` prefix covering its repository, verified against the layer's
+/// sha256 as it is read (never past `--max-plugin-mib`), and its version
+/// keeps the manifest's digest as its `source`. Its manifest and signature
+/// come with the request, never from the registry.
 #[utoipa::path(put, path = "/v1/deployers/{name}", operation_id = "push_deployer", tag = "deployers",
     params(
         ("name" = String, Path, description = "The deployer's name: letters, digits, `_`, `-`, `.`"),
@@ -82,13 +94,15 @@ struct UploadForm {
     request_body(content(
         (Vec<u8> = "application/wasm"),
         (UploadForm = "multipart/form-data"),
+        (json::PullBody = "application/json"),
     )),
     responses(
         (status = CREATED, description = "A new deployer, served", body = json::Deployer),
         (status = OK, description = "A new version, served (or the same one again: nothing changed)", body = json::Deployer),
-        (status = BAD_REQUEST, description = "The plugin would be refused (the reason a folder plugin would get), or a malformed upload; nothing is stored", body = ErrorBody),
+        (status = BAD_REQUEST, description = "The plugin would be refused (the reason a folder plugin would get), a malformed upload, a malformed `oci://` reference, or a manifest that is not a wasm component artifact; nothing is stored", body = ErrorBody),
         (status = CONFLICT, description = "The plugins folder declares this name, or the server has --max-deployers", body = ErrorBody),
-        (status = PAYLOAD_TOO_LARGE, description = "Larger than the server takes (--max-plugin-mib)", body = ErrorBody),
+        (status = PAYLOAD_TOO_LARGE, description = "Larger than the server takes (--max-plugin-mib); a pulled layer is refused by the size its manifest gives, before it is read", body = ErrorBody),
+        (status = BAD_GATEWAY, description = "The registry did not give the component: unreachable, the login refused (the sources file's prefix is named, never the secret), no such tag or digest, or bytes whose sha256 is not the layer's digest. 502, not 400: the request was well formed, and only the registry can tell a missing tag from one it cannot serve; nothing is stored", body = ErrorBody),
     ))]
 async fn push(
     State(ctx): State<ApiContext>,
@@ -97,6 +111,10 @@ async fn push(
     headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<json::Deployer>), Error> {
+    let by = caller.map(|Extension(c)| c.name);
+    if is_json(&headers) {
+        return pull(&ctx, name, read_pull_body(body).await?, by).await;
+    }
     let limit = ctx.catalog.max_plugin_bytes();
     let (wasm, manifest, signature) = match boundary(&headers)? {
         Some(boundary) => read_form(body, boundary, limit).await?,
@@ -111,15 +129,74 @@ async fn push(
         wasm,
         manifest,
         signature,
-        by: caller.map(|Extension(c)| c.name),
+        source: None,
+        by,
     };
-    let (plugin, version, pushed) = ctx.catalog.push(upload).await?;
+    Ok(pushed(&ctx, ctx.catalog.push(upload).await?))
+}
+
+/// A push's answer: 201 for a new deployer, else 200.
+fn pushed(
+    ctx: &ApiContext,
+    (plugin, version, pushed): (Arc<Plugin>, StoredVersion, Pushed),
+) -> (StatusCode, Json<json::Deployer>) {
     let status = match pushed {
         Pushed::Added => StatusCode::CREATED,
         Pushed::Replaced | Pushed::Unchanged => StatusCode::OK,
     };
     let answer = json::Deployer::new(&plugin, &Source::Api(version), &ctx.targets);
-    Ok((status, Json(answer)))
+    (status, Json(answer))
+}
+
+/// A push of the component `body` names, pulled by the server with the
+/// sources file's login for its repository.
+async fn pull(
+    ctx: &ApiContext,
+    name: String,
+    body: json::PullBody,
+    by: Option<String>,
+) -> Result<(StatusCode, Json<json::Deployer>), Error> {
+    let reference = oci::Reference::parse(&body.oci)
+        .map_err(|e| Error::BadRequest(format!("deployer {name} was not pulled: {e}")))?;
+    let registry = ctx.pipeline.fetcher().registry(&reference);
+    let pull = Pull {
+        name,
+        reference,
+        manifest: body.manifest,
+        signature: body.signature,
+        by,
+    };
+    Ok(pushed(ctx, ctx.catalog.pull(&registry, pull).await?))
+}
+
+/// Whether the body is JSON (a pull), not a plugin.
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// A pull's JSON body: a reference and two texts of a few lines.
+async fn read_pull_body(body: Body) -> Result<json::PullBody, Error> {
+    let limit = 3 * MAX_PART_BYTES as usize;
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(bytes) => bytes,
+        Err(e) if exceeded(&e) => {
+            return Err(Error::TooLarge(format!(
+                "the request body is larger than a pull's ({} KiB)",
+                limit >> 10
+            )));
+        }
+        Err(e) => return Err(Error::BadRequest(format!("the request broke off: {e}"))),
+    };
+    serde_json::from_slice(&bytes).map_err(|e| {
+        Error::BadRequest(format!(
+            "the request body is not acceptable: give {{\"oci\": \"oci://REGISTRY/REPOSITORY:TAG\"}}, \
+             with \"manifest\" and \"signature\" texts if it has them: {e}"
+        ))
+    })
 }
 
 /// Removes a deployer stored over the API, with all its versions, from

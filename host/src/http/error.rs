@@ -27,6 +27,9 @@ pub enum Error {
     Conflict(String),
     /// 413
     TooLarge(String),
+    /// 502: a server berth asked on the request's behalf (a registry)
+    /// did not give what was asked for.
+    BadGateway(String),
     /// 503, with `Retry-After`: not yet, soon.
     Unavailable(String),
     /// 500
@@ -50,6 +53,7 @@ impl IntoResponse for Error {
             Error::NotFound(m) => (StatusCode::NOT_FOUND, m),
             Error::Conflict(m) => (StatusCode::CONFLICT, m),
             Error::TooLarge(m) => (StatusCode::PAYLOAD_TOO_LARGE, m),
+            Error::BadGateway(m) => (StatusCode::BAD_GATEWAY, m),
             Error::Unavailable(m) => {
                 let body = Json(ErrorBody { error: m });
                 let retry = [(header::RETRY_AFTER, "5")];
@@ -95,7 +99,9 @@ impl From<catalog::Error> for Error {
     fn from(e: catalog::Error) -> Self {
         use catalog::Error as E;
         match e {
-            E::Invalid { .. } => Error::BadRequest(e.to_string()),
+            E::Invalid { .. } | E::NotComponent { .. } => Error::BadRequest(e.to_string()),
+            E::Unpulled { .. } => Error::BadGateway(e.to_string()),
+            E::PullTooLarge { .. } => Error::TooLarge(e.to_string()),
             E::Unknown(_) | E::NoSuchVersion { .. } => Error::NotFound(e.to_string()),
             E::Declared(_) | E::Folder { .. } | E::TooMany(_) | E::NoEarlier { .. } => {
                 Error::Conflict(e.to_string())

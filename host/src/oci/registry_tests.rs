@@ -162,8 +162,7 @@ async fn a_refused_or_missing_login_is_named_without_its_secret() {
     );
 }
 
-#[path = "../../../tests/registry/registry.rs"]
-mod real;
+use super::test_registry as real;
 
 /// Against the CNCF registry: an artifact pushed by hand is read back as
 /// files, by tag and by digest, with and without a login.

@@ -142,6 +142,12 @@ impl Pipeline {
         tokio::spawn(self.clone().fence().in_current_span());
     }
 
+    /// The fetcher: its sources' clients serve other readers of a
+    /// registry (a deployer pulled over the API).
+    pub(crate) fn fetcher(&self) -> &Fetcher {
+        &self.fetcher
+    }
+
     /// Waits (at most `limit`) until every deployment task has ended: at
     /// shutdown, so interrupted deployments get to record how they ended.
     pub async fn drain(&self, limit: Duration) {

@@ -122,6 +122,15 @@ impl Api {
         self.answer(Method::POST, path, request).await
     }
 
+    pub async fn put<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<Answer<T>, Error> {
+        let request = self.http.put(format!("{}{path}", self.server)).json(body);
+        self.answer(Method::PUT, path, request).await
+    }
+
     /// For an answer without a body (204).
     pub async fn delete(&self, path: &str) -> Result<(), Error> {
         let request = self.http.delete(format!("{}{path}", self.server));

@@ -1,5 +1,6 @@
 //! `berth deployers push | rm | versions | rollback`: the deployers stored
-//! over a server's API, shared by every server on its database.
+//! over a server's API, shared by every server on its database; a push
+//! uploads a file, or has the server pull an `oci://` reference.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,17 +10,26 @@ use clap::Subcommand;
 use super::api::{Api, Error};
 use super::text::{Table, timestamp};
 use super::{Common, print_json};
-use crate::http::json::{Deployer, DeployerVersions, RollbackBody};
+use crate::http::json::{Deployer, DeployerVersions, PullBody, RollbackBody};
+use crate::oci::Reference;
 
 #[derive(Debug, Subcommand)]
 pub enum CatalogCommand {
     /// Pushes a plugin as a deployer stored on the server (a new deployer,
     /// or a new version of one pushed before), for every server on its
     /// database. NAME.toml and NAME.wasm.sig beside FILE go with it.
+    ///
+    /// With oci://REGISTRY/REPOSITORY:TAG (or @sha256:DIGEST) instead of a
+    /// file, the server pulls the component from the registry (the wasm OCI
+    /// artifact layout, as `wkg oci push` writes it) with the login its
+    /// sources file gives that repository, and keeps the manifest's digest
+    /// as the version's source. --manifest and --signature go with it.
     Push {
-        /// The plugin's `.wasm`.
+        /// The plugin's `.wasm`, or `oci://REGISTRY/REPOSITORY:TAG`.
+        #[arg(value_name = "FILE|OCI")]
         file: PathBuf,
-        /// The deployer's name (default: the file's name without `.wasm`).
+        /// The deployer's name (default: the file's name without `.wasm`,
+        /// or the repository's last component).
         #[arg(long)]
         name: Option<String>,
         /// Its manifest (default: the `.toml` beside FILE, if there is one).
@@ -71,7 +81,15 @@ pub async fn run(command: CatalogCommand) -> Result<ExitCode, Error> {
             manifest,
             signature,
             ..
-        } => push(&api, file, name.as_deref(), manifest, signature, json).await?,
+        } => match file
+            .to_str()
+            .and_then(|f| f.strip_prefix("oci://").map(|_| f))
+        {
+            Some(reference) => {
+                pull(&api, reference, name.as_deref(), manifest, signature, json).await?
+            }
+            None => push(&api, file, name.as_deref(), manifest, signature, json).await?,
+        },
         CatalogCommand::Rm { name, .. } => {
             api.delete(&path(name, "")).await?;
             println!(
@@ -160,6 +178,50 @@ async fn push(
     Ok(())
 }
 
+/// `berth deployers push oci://…`: the server pulls the component.
+async fn pull(
+    api: &Api,
+    reference: &str,
+    name: Option<&str>,
+    manifest: &Option<PathBuf>,
+    signature: &Option<PathBuf>,
+    json: bool,
+) -> Result<(), Error> {
+    let name = match name {
+        Some(name) => name.to_string(),
+        None => {
+            let parsed = Reference::parse(reference).map_err(Error::Invalid)?;
+            let last = parsed.repository.rsplit('/').next();
+            last.unwrap_or(&parsed.repository).to_string()
+        }
+    };
+    let text = |path: &Option<PathBuf>| -> Result<Option<String>, Error> {
+        let Some(path) = path else { return Ok(None) };
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", path.display())))?;
+        String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| Error::Invalid(format!("{} is not UTF-8 text", path.display())))
+    };
+    let body = PullBody {
+        manifest: text(manifest)?,
+        oci: reference.to_string(),
+        signature: text(signature)?,
+    };
+    let answer = api.put::<Deployer>(&path(&name, ""), &body).await?;
+    if json {
+        print_json(&answer.raw);
+        return Ok(());
+    }
+    let from = answer.body.source.as_deref().unwrap_or(reference);
+    println!(
+        "deployer {name} now serves {} on {}, pulled from {from}",
+        serves(&answer.body),
+        api.server()
+    );
+    Ok(())
+}
+
 /// `FILE.sig`.
 fn sig_path(file: &Path) -> PathBuf {
     let mut path = file.as_os_str().to_owned();
@@ -201,6 +263,7 @@ async fn versions(api: &Api, name: &str, json: bool) -> Result<(), Error> {
         "ADDED (UTC)",
         "BY",
         "SIGNED",
+        "SOURCE",
     ])
     .right_align(&[1, 3]);
     for version in answer.body.versions {
@@ -212,6 +275,7 @@ async fn versions(api: &Api, name: &str, json: bool) -> Result<(), Error> {
             timestamp(&version.added_at),
             version.added_by.unwrap_or_default(),
             if version.signed { "yes" } else { "no" }.to_string(),
+            version.source.unwrap_or_else(|| "upload".into()),
         ]);
     }
     print!("{}", table.render());

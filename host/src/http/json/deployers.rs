@@ -1,6 +1,6 @@
 //! `/v1/deployers`' shapes: a deployer as it serves (with the targets it
 //! is granted, names and URLs only), a refused plugin, the versions stored
-//! over the API; a rollback's body in.
+//! over the API; a pull's and a rollback's bodies in.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -73,6 +73,13 @@ pub struct Deployer {
         example = "C3A9D84E0B7F1265"
     )]
     pub signed_by: Option<String>,
+    /// The registry manifest the version it serves was pulled from, pinned
+    /// by digest; null for an upload or a folder deployer.
+    #[schema(
+        required = true,
+        example = "oci://registry.example.com/team/archive@sha256:…"
+    )]
+    pub source: Option<String>,
     /// The publishing targets its manifest grants, in its order.
     pub targets: Vec<GrantedTarget>,
     pub tier: Tier,
@@ -133,6 +140,7 @@ impl Deployer {
             out_mib: p.limits.out_mib,
             sha256: p.sha256.clone(),
             signed_by: p.signed_by.clone(),
+            source: stored.and_then(|v| v.source.clone()),
             targets: p
                 .manifest
                 .targets
@@ -198,6 +206,13 @@ pub struct DeployerVersion {
     pub signed: bool,
     /// Of the `.wasm`, in bytes.
     pub size: i64,
+    /// The registry manifest it was pulled from, pinned by digest
+    /// (`oci://REGISTRY/REPOSITORY@sha256:…`); null for an upload.
+    #[schema(
+        required = true,
+        example = "oci://registry.example.com/team/archive@sha256:…"
+    )]
+    pub source: Option<String>,
 }
 
 impl DeployerVersion {
@@ -211,6 +226,7 @@ impl DeployerVersion {
             sha256: v.sha256.clone(),
             signed: v.signature.is_some(),
             size: v.size,
+            source: v.source.clone(),
         }
     }
 }
@@ -220,6 +236,24 @@ pub struct DeployerVersions {
     pub name: String,
     /// Oldest first.
     pub versions: Vec<DeployerVersion>,
+}
+
+/// `PUT /v1/deployers/{name}` with a JSON body: the component to pull
+/// from a registry, and what goes with it.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PullBody {
+    /// The manifest's TOML text (what `NAME.toml` holds beside a folder
+    /// plugin); absent: the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
+    /// The component in a registry, in the wasm OCI artifact layout.
+    #[schema(example = "oci://registry.example.com/team/archive:1.2.0")]
+    pub oci: String,
+    /// The detached signature's text over the component's bytes
+    /// (minisign's format, what `berth plugin sign` writes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
 }
 
 /// `POST /v1/deployers/{name}/rollback`: which version to serve again.
@@ -263,6 +297,7 @@ mod tests {
                     out_mib: 1024,
                     sha256: sha256(),
                     signed_by: None,
+                    source: Some(format!("oci://r.example/team/archive@sha256:{}", sha256())),
                     targets: vec![
                         GrantedTarget {
                             name: "releases".into(),
@@ -286,7 +321,7 @@ mod tests {
                     sha256: None,
                 }],
             },
-            r#"{"deployers":[{"added_at":"2026-12-01T10:00:00.000Z","added_by":"ci","allowed_hosts":["api.example.com"],"description":"Packs the files","env":["TOKEN"],"memory_mib":64,"name":"archive","options_schema":{"type":"object"},"origin":"api","out_mib":1024,"sha256":"efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef","signed_by":null,"targets":[{"name":"releases","url":"s3://team-releases/models/"},{"name":"elsewhere","url":null}],"tier":"optimized","timeout_s":600,"version":2,"wit_version":"0.1.0"}],"loading":["slow.wasm"],"rejected":[{"file":"broken.wasm","origin":"folder","reason":"not a component","sha256":null}]}"#,
+            r#"{"deployers":[{"added_at":"2026-12-01T10:00:00.000Z","added_by":"ci","allowed_hosts":["api.example.com"],"description":"Packs the files","env":["TOKEN"],"memory_mib":64,"name":"archive","options_schema":{"type":"object"},"origin":"api","out_mib":1024,"sha256":"efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef","signed_by":null,"source":"oci://r.example/team/archive@sha256:efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef","targets":[{"name":"releases","url":"s3://team-releases/models/"},{"name":"elsewhere","url":null}],"tier":"optimized","timeout_s":600,"version":2,"wit_version":"0.1.0"}],"loading":["slow.wasm"],"rejected":[{"file":"broken.wasm","origin":"folder","reason":"not a component","sha256":null}]}"#,
         );
         check(
             DeployerVersions {
@@ -300,9 +335,18 @@ mod tests {
                     sha256: sha256(),
                     signed: true,
                     size: 1000,
+                    source: None,
                 }],
             },
-            r#"{"name":"archive","versions":[{"added_at":"2026-12-01T10:00:00.000Z","added_by":null,"current":true,"manifest":false,"number":1,"sha256":"efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef","signed":true,"size":1000}]}"#,
+            r#"{"name":"archive","versions":[{"added_at":"2026-12-01T10:00:00.000Z","added_by":null,"current":true,"manifest":false,"number":1,"sha256":"efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef","signed":true,"size":1000,"source":null}]}"#,
+        );
+        check(
+            PullBody {
+                manifest: None,
+                oci: "oci://r.example/team/archive:1.2.0".into(),
+                signature: Some("untrusted comment: …".into()),
+            },
+            r#"{"oci":"oci://r.example/team/archive:1.2.0","signature":"untrusted comment: …"}"#,
         );
     }
 }

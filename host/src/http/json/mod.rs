@@ -24,8 +24,8 @@ use utoipa::ToSchema;
 
 pub use artifacts::{Artifact, Artifacts};
 pub use deployers::{
-    Deployer, DeployerVersion, DeployerVersions, Deployers, GrantedTarget, Origin, Rejected,
-    RollbackBody, Tier,
+    Deployer, DeployerVersion, DeployerVersions, Deployers, GrantedTarget, Origin, PullBody,
+    Rejected, RollbackBody, Tier,
 };
 pub use deployments::{
     DeployBody, DeployParams, DeployerProgress, Deployment, Deployments, ListParams, Phase,

@@ -29,11 +29,13 @@ export function deployersBlock() {
 }
 
 // Where a deployer comes from: the plugins folder, or a version stored
-// over the API (who pushed it, and when).
+// over the API (who pushed it, and when; the registry manifest it was
+// pulled from, pinned by digest).
 function origin(d) {
   if (d.origin !== "api") return "plugins folder";
   const by = d.added_by ? ` by ${d.added_by}` : "";
-  return `stored over the API: version ${d.version}, pushed${by} ${when(d.added_at)}`;
+  const from = d.source ? `, pulled from ${d.source}` : "";
+  return `stored over the API: version ${d.version}, pushed${by} ${when(d.added_at)}${from}`;
 }
 
 // The publishing targets its manifest grants: each name with where it
