@@ -195,9 +195,11 @@ pub(crate) struct Sources {
     access: Arc<Access>,
     trust: Trust,
     stores: Arc<Stores>,
-    /// One client per registry and sources-file prefix.
-    registries: Arc<Mutex<HashMap<(String, Option<String>), Arc<crate::oci::Registry>>>>,
+    registries: Arc<Registries>,
 }
+
+/// One client per registry and sources-file prefix (whose login it has).
+type Registries = Mutex<HashMap<(String, Option<String>), Arc<crate::oci::Registry>>>;
 
 impl Sources {
     /// Sources over HTTPS trusting the public roots and `trust`'s
