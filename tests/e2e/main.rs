@@ -25,6 +25,7 @@ mod live;
 mod logs;
 mod metrics;
 mod network;
+mod oci_publish;
 mod openapi;
 mod outputs;
 mod page;
