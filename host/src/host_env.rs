@@ -2,13 +2,17 @@
 //! resolved against the environment given when the file is loaded, so a
 //! missing secret is a load error, never a surprise in the middle of a
 //! deployment; and the credentials the sources file's `[[source]]`s and
-//! `[[target]]`s resolve alike (a header, an S3 option), and the one rule of
-//! where such a credential may go (`under`). Does no I/O of its own.
+//! `[[target]]`s resolve alike (a header, an S3 option, a registry login),
+//! and the one rule of where such a credential may go (`under`). Does no
+//! I/O of its own.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use object_store::aws::AmazonS3ConfigKey;
 use reqwest::header::{HeaderName, HeaderValue};
+
+use crate::oci::Login;
 
 /// Replaces each `${NAME}` with the host's value; `$$` is a literal `$`.
 pub(crate) fn expand(
@@ -86,6 +90,33 @@ pub(crate) fn s3_option(
     };
     let value = expand(template, lookup).map_err(|e| format!("options.{option}: {e}"))?;
     Ok((key, value))
+}
+
+/// An `oci://` prefix's or target's options: `username` and `password`,
+/// both or neither (a registry that needs no login needs no entry).
+pub(crate) fn registry_login(
+    options: &BTreeMap<String, String>,
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<Login>, String> {
+    if let Some(other) = options
+        .keys()
+        .find(|k| !matches!(k.as_str(), "username" | "password"))
+    {
+        return Err(format!(
+            "options.{other} is not a registry option (username, password)"
+        ));
+    }
+    let value = |key: &str| {
+        options
+            .get(key)
+            .map(|template| expand(template, lookup).map_err(|e| format!("options.{key}: {e}")))
+            .transpose()
+    };
+    match (value("username")?, value("password")?) {
+        (Some(username), Some(password)) => Ok(Some(Login { username, password })),
+        (None, None) => Ok(None),
+        _ => Err("a registry login needs both options.username and options.password".into()),
+    }
 }
 
 /// Whether `url` is under `prefix`, where the prefix's credentials may go:

@@ -1,13 +1,15 @@
 //! Publishing targets: named destinations a deployer may put models into
-//! (a bucket, an HTTP mirror, a local folder), with their credentials, held
+//! (a bucket, an HTTP mirror, an OCI registry, a local folder), with their
+//! credentials, held
 //! by the server and never by a plugin. They are `[[target]]` entries of
 //! the operator's sources file (`berth serve --sources-file`), beside its
 //! `[[source]]`s and under the same rules: `${VAR}` from berth's
 //! environment, every unknown key and missing variable stops `serve` with
 //! the file and line, and the values are never logged (`Debug` and
 //! `describe` show names only), stored or returned. One file because an
-//! `oci://` registry will be both a source and a target with one
-//! credentials entry, and an operator keeps one file of secrets, not two.
+//! `oci://` registry is both a source and a target with the same kind of
+//! login (`registry_login`), and an operator keeps one file of secrets,
+//! not two.
 //!
 //! A plugin's manifest grants targets by name (`targets = ["releases"]`);
 //! the grant is recorded as written and checked when the target is opened
@@ -25,7 +27,8 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use toml::Spanned;
 
-use crate::host_env::{header_value, s3_option};
+use crate::host_env::{header_value, registry_login, s3_option};
+use crate::oci::Login;
 
 /// A target name is at most this long.
 const MAX_NAME_LEN: usize = 64;
@@ -62,6 +65,17 @@ pub enum Kind {
     },
     /// A mirror that takes `PUT`; the values are marked sensitive.
     Http { headers: HeaderMap },
+    /// An OCI registry (`oci://REGISTRY/NAMESPACE/`): keys are
+    /// `REPO:TAG/PATH`, repositories under the namespace; the login, if
+    /// any, from the options `username` and `password`.
+    Oci {
+        /// `host[:port]`, lowercased.
+        registry: String,
+        /// The repositories' common prefix, without `/` at either end;
+        /// empty for the registry's top level.
+        namespace: String,
+        login: Option<Login>,
+    },
     /// A folder on this server.
     File,
 }
@@ -200,7 +214,7 @@ impl Targets {
             lines.push(format!("url = {}", quoted(t.url.as_str())));
             if !t.credential_names.is_empty() {
                 let table = match t.kind {
-                    Kind::S3 { .. } => "options",
+                    Kind::S3 { .. } | Kind::Oci { .. } => "options",
                     Kind::Http { .. } | Kind::File => "headers",
                 };
                 lines.push(format!("{table} = {}", redacted(&t.credential_names)));
@@ -235,17 +249,26 @@ impl Target {
             "s3" => Kind::S3 {
                 options: Vec::new(),
             },
+            "oci" => Kind::Oci {
+                registry: registry_of(&url),
+                namespace: url.path().trim_matches('/').to_string(),
+                login: None,
+            },
             "http" | "https" => Kind::Http {
                 headers: HeaderMap::new(),
             },
             _ => Kind::File,
         };
-        if let (Kind::S3 { .. } | Kind::File, Some((header, _))) =
+        if let (Kind::S3 { .. } | Kind::Oci { .. } | Kind::File, Some((header, _))) =
             (&kind, raw.headers.first_key_value())
         {
+            let takes = match kind {
+                Kind::Oci { .. } => "an oci target takes options username and password".into(),
+                _ => format!("a {kind_name} target takes none"),
+            };
             problems.push((
                 at(header),
-                format!("{subject}: headers are for http and https targets; a {kind_name} target takes none"),
+                format!("{subject}: headers are for http and https targets; {takes}"),
             ));
         }
         if let (Kind::Http { .. } | Kind::File, Some((option, _))) =
@@ -253,7 +276,9 @@ impl Target {
         {
             problems.push((
                 at(option),
-                format!("{subject}: options are for s3 targets; a {kind_name} target takes none"),
+                format!(
+                    "{subject}: options are for s3 and oci targets; a {kind_name} target takes none"
+                ),
             ));
         }
         match &mut kind {
@@ -272,6 +297,20 @@ impl Target {
                     match s3_option(option.get_ref(), template, "the target's url", lookup) {
                         Ok(pair) => options.push(pair),
                         Err(e) => problems.push((at(option), format!("{subject}: {e}"))),
+                    }
+                }
+            }
+            Kind::Oci { login, .. } => {
+                let options: BTreeMap<String, String> = raw
+                    .options
+                    .iter()
+                    .map(|(k, v)| (k.get_ref().clone(), v.clone()))
+                    .collect();
+                match registry_login(&options, lookup) {
+                    Ok(found) => *login = found,
+                    Err(e) => {
+                        let line = raw.options.keys().next().map_or(line, at);
+                        problems.push((line, format!("{subject}: {e}")));
                     }
                 }
             }
@@ -297,7 +336,7 @@ impl Target {
             return Err(problems);
         }
         let credential_names = match kind {
-            Kind::S3 { .. } => raw.options.keys(),
+            Kind::S3 { .. } | Kind::Oci { .. } => raw.options.keys(),
             Kind::Http { .. } | Kind::File => raw.headers.keys(),
         }
         .map(|k| k.get_ref().clone())
@@ -362,19 +401,14 @@ pub fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A target's `url`: s3, http(s) or file, naming where keys land.
+/// A target's `url`: s3, http(s), oci or file, naming where keys land.
 fn parse_url(text: &str) -> Result<url::Url, String> {
     let url = url::Url::parse(text).map_err(|e| format!("url {text:?} is not a URL: {e}"))?;
     match url.scheme() {
-        "s3" | "http" | "https" | "file" => {}
-        "oci" => {
-            return Err(format!(
-                "url {text:?}: oci:// targets are not supported yet; use s3://, https://, http:// or file://"
-            ));
-        }
+        "s3" | "http" | "https" | "oci" | "file" => {}
         other => {
             return Err(format!(
-                "url {text:?}: scheme {other} is not a target kind (use s3://, https://, http:// or file://)"
+                "url {text:?}: scheme {other} is not a target kind (use s3://, https://, http://, oci:// or file://)"
             ));
         }
     }
@@ -401,7 +435,24 @@ fn parse_url(text: &str) -> Result<url::Url, String> {
     if !url.path().ends_with('/') {
         return Err(format!("url {text:?} must end with /: keys land under it"));
     }
+    if url.scheme() == "oci" {
+        let namespace = url.path().trim_matches('/');
+        if !namespace.is_empty() {
+            crate::oci::reference::check_repository(namespace).map_err(|e| {
+                format!("url {text:?}: its namespace is a repository prefix, and {e}")
+            })?;
+        }
+    }
     Ok(url)
+}
+
+/// An `oci://` url's `host[:port]`, lowercased, as references name it.
+fn registry_of(url: &url::Url) -> String {
+    let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+    match url.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host,
+    }
 }
 
 fn listed(names: &[String]) -> String {

@@ -4,6 +4,7 @@ fn env(name: &str) -> Option<String> {
     match name {
         "MIRROR_TOKEN" => Some("mirror-s3cret".to_string()),
         "RELEASES_SECRET" => Some("bucket-s3cret".to_string()),
+        "REGISTRY_PASSWORD" => Some("registry-s3cret".to_string()),
         _ => None,
     }
 }
@@ -26,6 +27,11 @@ headers = { Authorization = "Bearer ${MIRROR_TOKEN}" }
 [[target]]
 name = "scratch"
 url = "file:///srv/published/"
+
+[[target]]
+name = "registry"
+url = "oci://Registry.Internal:5000/team/models/"
+options = { username = "ci", password = "${REGISTRY_PASSWORD}" }
 "#;
 
 #[test]
@@ -50,6 +56,36 @@ fn targets_are_resolved_by_kind() {
     let scratch = targets.get("scratch").unwrap();
     assert!(matches!(scratch.kind(), Kind::File));
     assert_eq!(scratch.max_bytes(), None);
+    let registry = targets.get("registry").unwrap();
+    let Kind::Oci {
+        registry: host,
+        namespace,
+        login: Some(login),
+    } = registry.kind()
+    else {
+        panic!("{registry:?}")
+    };
+    assert_eq!(
+        (host.as_str(), namespace.as_str()),
+        ("registry.internal:5000", "team/models")
+    );
+    assert_eq!(
+        (login.username.as_str(), login.password.as_str()),
+        ("ci", "registry-s3cret")
+    );
+    let top = Targets::parse(
+        "[[target]]\nname = \"top\"\nurl = \"oci://127.0.0.1:5000/\"",
+        "f",
+        env,
+    )
+    .unwrap();
+    let Kind::Oci {
+        namespace, login, ..
+    } = top.get("top").unwrap().kind()
+    else {
+        panic!()
+    };
+    assert_eq!((namespace.as_str(), login.is_none()), ("", true));
     assert!(targets.get("other").is_none());
     // No file, or one of sources only: no target.
     assert!(Targets::parse("", "f", env).unwrap().is_empty());
@@ -69,6 +105,7 @@ fn values_are_never_shown() {
         for secret in [
             "mirror-s3cret",
             "bucket-s3cret",
+            "registry-s3cret",
             "127.0.0.1:9000",
             "us-east-1",
         ] {
@@ -93,6 +130,10 @@ fn values_are_never_shown() {
             format!("{:<48} # file ops.toml:16", "[[target]]").as_str(),
             "name = \"scratch\"",
             "url = \"file:///srv/published/\"",
+            format!("{:<48} # file ops.toml:20", "[[target]]").as_str(),
+            "name = \"registry\"",
+            "url = \"oci://Registry.Internal:5000/team/models/\"",
+            "options = { password = \"(redacted)\", username = \"(redacted)\" }",
         ]
     );
 }
@@ -115,8 +156,17 @@ fn each_bad_target_is_refused_with_its_file_and_line() {
         ("[[target]]\nname = \"a.b\"\nurl = \"https://h/\"".to_string(), "target name \"a.b\" is not a plain name"),
         (format!("[[target]]\nname = \"{}\"\nurl = \"https://h/\"", "a".repeat(65)), "at most 64 characters"),
         (target("url = \"mirror.internal/\""), "f.toml:3: target \"t\": url \"mirror.internal/\" is not a URL"),
-        (target("url = \"oci://registry.internal/models/\""),
-         "f.toml:3: target \"t\": url \"oci://registry.internal/models/\": oci:// targets are not supported yet"),
+        (target("url = \"oci://registry.internal/Models/\""),
+         "f.toml:3: target \"t\": url \"oci://registry.internal/Models/\": its namespace is a repository prefix, and the repository \"Models\" must be lowercase"),
+        (target("url = \"oci://registry.internal/models\""), "must end with /"),
+        (target("url = \"oci://r.io/\"\nheaders = { A = \"b\" }"),
+         "f.toml:4: target \"t\": headers are for http and https targets; an oci target takes options username and password"),
+        (target("url = \"oci://r.io/\"\noptions = { username = \"u\" }"),
+         "f.toml:4: target \"t\": a registry login needs both options.username and options.password"),
+        (target("url = \"oci://r.io/\"\noptions = { region = \"r\" }"),
+         "options.region is not a registry option (username, password)"),
+        (target("url = \"oci://r.io/\"\noptions = { username = \"u\", password = \"${MISSING}\" }"),
+         "f.toml:4: target \"t\": options.password: the host environment variable MISSING is not set"),
         (target("url = \"ftp://h/\""), "scheme ftp is not a target kind"),
         (target("url = \"s3:///\""), "f.toml:3: target \"t\": url \"s3:///\" names no host (or bucket)"),
         (target("url = \"file://host/dir/\""), "a file target is a folder on this server, written file:///abs/dir/"),
@@ -124,7 +174,7 @@ fn each_bad_target_is_refused_with_its_file_and_line() {
         (target("url = \"https://h/?a=b\""), "must not have a query"),
         (target("url = \"https://u:p@h/\""), "must not have a query, fragment or user name"),
         (target("url = \"https://h/\"\noptions = { region = \"r\" }"),
-         "f.toml:4: target \"t\": options are for s3 targets; a https target takes none"),
+         "f.toml:4: target \"t\": options are for s3 and oci targets; a https target takes none"),
         (target("url = \"file:///d/\"\noptions = { region = \"r\" }"), "a file target takes none"),
         (target("url = \"s3://b/\"\nheaders = { A = \"b\" }"),
          "f.toml:4: target \"t\": headers are for http and https targets; a s3 target takes none"),
@@ -172,7 +222,7 @@ fn opening_a_target_needs_a_grant_and_the_servers_configuration() {
         (&["mirror"], "releases",
          Err("plugin pub: target \"releases\" is not granted to it (its manifest's targets: mirror)")),
         (&["elsewhere"], "elsewhere",
-         Err("plugin pub: target \"elsewhere\" is granted but this server does not configure it (its targets: releases, mirror, scratch)")),
+         Err("plugin pub: target \"elsewhere\" is granted but this server does not configure it (its targets: releases, mirror, scratch, registry)")),
     ];
     for (grants, name, expected) in cases {
         let opened = targets

@@ -27,6 +27,7 @@ mod metrics;
 mod network;
 mod oci;
 mod oci_deployers;
+mod oci_publish;
 mod openapi;
 mod outputs;
 mod page;

@@ -1,7 +1,8 @@
 //! A real OCI registry for tests: Debian's `docker-registry` (the CNCF
 //! distribution registry 2.8) on a free loopback port, over a storage
 //! folder of its own, anonymous or behind htpasswd basic auth; and a push
-//! by hand over its HTTP API (blobs, then a manifest), as any client does.
+//! by hand over its HTTP API (blobs, then a manifest), as any client does;
+//! and the requests it served, from its access log (`requests`).
 //! Included with `#[path]` by the unit tests of `host/src/oci` and
 //! `host/src/publish`, the end-to-end tests and the benchmark.
 
@@ -66,19 +67,20 @@ impl Registry {
             );
         }
         let config = format!(
-            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\n\
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: false\n\
              storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
              http:\n  addr: 127.0.0.1:{port}\n{auth}",
             dir.path().join("storage").display()
         );
         std::fs::write(dir.path().join("config.yml"), config).unwrap();
-        // Its log (refused logins are logged as errors) goes to a file,
-        // shown if it does not start.
+        // Its access log goes to stdout, its own log (refused logins are
+        // logged as errors) to a file, shown if it does not start.
+        let access = std::fs::File::create(dir.path().join("access.log")).unwrap();
         let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
         let child = Command::new("docker-registry")
             .arg("serve")
             .arg(dir.path().join("config.yml"))
-            .stdout(Stdio::null())
+            .stdout(Stdio::from(access))
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start docker-registry: {e}; {missing}"));
@@ -117,6 +119,48 @@ impl Registry {
 
     pub fn storage(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Every request it answered before this call, in order, as `METHOD
+    /// PATH STATUS` (the path with its query), from its access log. The
+    /// log is written as each answer ends: a marker request made now is
+    /// waited for, so that every answer the caller already had is in it.
+    pub async fn requests(&self) -> Vec<String> {
+        static MARKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mark = format!(
+            "/v2/?mark={}",
+            MARKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        reqwest::get(format!("http://{}{mark}", self.host))
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap();
+            let lines: Vec<String> = log
+                .lines()
+                .filter_map(|line| {
+                    // `… "POST /v2/a/blobs/uploads/ HTTP/1.1" 202 0 "" "agent"`
+                    let (_, rest) = line.split_once('"')?;
+                    let (request, rest) = rest.split_once('"')?;
+                    let status = rest.split_whitespace().next()?;
+                    let mut words = request.split_whitespace();
+                    Some(format!("{} {} {status}", words.next()?, words.next()?))
+                })
+                .collect();
+            if let Some(at) = lines.iter().position(|l| l.contains(&mark)) {
+                return lines[..at]
+                    .iter()
+                    .filter(|l| !l.contains("/v2/?mark="))
+                    .cloned()
+                    .collect();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the registry's access log has no line for {mark}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     fn request(

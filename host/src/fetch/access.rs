@@ -18,7 +18,7 @@ use object_store::aws::AmazonS3ConfigKey;
 use reqwest::header::HeaderMap;
 use serde::Deserialize;
 
-use crate::host_env::{expand, header_value, s3_option, under};
+use crate::host_env::{header_value, registry_login, s3_option, under};
 use crate::oci::Login;
 
 /// The parsed sources file; `Default` is no file: no source gets
@@ -222,33 +222,6 @@ impl Credentials {
 
     pub(crate) fn login(&self) -> Option<&Login> {
         self.login.as_ref()
-    }
-}
-
-/// An `oci://` prefix's options: `username` and `password`, both or
-/// neither (a registry that needs no login needs no entry).
-fn registry_login(
-    options: &BTreeMap<String, String>,
-    lookup: &impl Fn(&str) -> Option<String>,
-) -> Result<Option<Login>, String> {
-    if let Some(other) = options
-        .keys()
-        .find(|k| !matches!(k.as_str(), "username" | "password"))
-    {
-        return Err(format!(
-            "options.{other} is not a registry option (username, password)"
-        ));
-    }
-    let value = |key: &str| {
-        options
-            .get(key)
-            .map(|template| expand(template, lookup).map_err(|e| format!("options.{key}: {e}")))
-            .transpose()
-    };
-    match (value("username")?, value("password")?) {
-        (Some(username), Some(password)) => Ok(Some(Login { username, password })),
-        (None, None) => Ok(None),
-        _ => Err("a registry login needs both options.username and options.password".into()),
     }
 }
 

@@ -138,7 +138,7 @@ fn check_registry(registry: &str) -> Result<(), String> {
 }
 
 /// Path components of `[a-z0-9]+` joined by `.`, `_`, `__` or `-`s.
-fn check_repository(repository: &str) -> Result<(), String> {
+pub(crate) fn check_repository(repository: &str) -> Result<(), String> {
     let component_ok = |c: &str| {
         !c.is_empty()
             && c.bytes()
@@ -159,7 +159,7 @@ fn check_repository(repository: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_tag(tag: &str) -> Result<(), String> {
+pub(crate) fn check_tag(tag: &str) -> Result<(), String> {
     let ok = (1..=128).contains(&tag.len())
         && tag
             .bytes()

@@ -67,6 +67,9 @@ pub struct Registry {
     /// Where the login comes from ("the sources file's prefix oci://…"),
     /// for "refused" messages.
     origin: Option<String>,
+    /// Where a login would be configured, when none is and one is asked
+    /// for; by default a `[[source]]` of the sources file.
+    login_hint: Option<String>,
     /// An `Authorization` earned per scope (`repository:NAME:pull`).
     earned: Mutex<HashMap<String, HeaderValue>>,
 }
@@ -87,8 +90,17 @@ impl Registry {
             name: registry.to_string(),
             login,
             origin,
+            login_hint: None,
             earned: Mutex::default(),
         }
+    }
+
+    /// Says `hint` (e.g. "the target's options username and password")
+    /// instead of a `[[source]]` when the registry asks for a login none
+    /// is configured for.
+    pub fn with_login_hint(mut self, hint: impl Into<String>) -> Self {
+        self.login_hint = Some(hint.into());
+        self
     }
 
     /// `host[:port]`.
@@ -255,9 +267,24 @@ impl Registry {
         repo: &str,
         reference: &str,
     ) -> Result<(String, Manifest, Vec<u8>), String> {
+        self.manifest_if_any(repo, reference).await?.ok_or_else(|| {
+            format!(
+                "the registry {} has no manifest {}",
+                self.name,
+                self.named(repo, reference)
+            )
+        })
+    }
+
+    /// As `manifest`, with `None` when the registry has no such manifest
+    /// (for a publisher that looks before it writes).
+    pub async fn manifest_if_any(
+        &self,
+        repo: &str,
+        reference: &str,
+    ) -> Result<Option<(String, Manifest, Vec<u8>)>, String> {
         let url = self.url(repo, &format!("manifests/{reference}"));
-        let named =
-            format!("oci://{}/{repo}:{reference}", self.name).replace(":sha256:", "@sha256:");
+        let named = self.named(repo, reference);
         let response = self
             .send(repo, Access::Pull, |http| {
                 http.get(url.clone())
@@ -265,12 +292,7 @@ impl Registry {
             })
             .await?;
         match response.status() {
-            StatusCode::NOT_FOUND => {
-                return Err(format!(
-                    "the registry {} has no manifest {named}",
-                    self.name
-                ));
-            }
+            StatusCode::NOT_FOUND => return Ok(None),
             StatusCode::FORBIDDEN => return Err(self.refused(repo)),
             status if !status.is_success() => {
                 return Err(format!(
@@ -299,7 +321,12 @@ impl Registry {
         }
         let manifest =
             Manifest::parse(&body, media_type.as_deref()).map_err(|e| format!("{named}: {e}"))?;
-        Ok((digest, manifest, body))
+        Ok(Some((digest, manifest, body)))
+    }
+
+    /// `oci://HOST/REPO:TAG` or `…@sha256:…`, for messages.
+    fn named(&self, repo: &str, reference: &str) -> String {
+        format!("oci://{}/{repo}:{reference}", self.name).replace(":sha256:", "@sha256:")
     }
 
     /// GETs the blob `sha256:HEX` of `repo` with `range` (an HTTP `Range`
@@ -387,10 +414,15 @@ impl Registry {
     }
 
     fn needs_login(&self, repo: &str) -> String {
+        let hint = self.login_hint.clone().unwrap_or_else(|| {
+            format!(
+                "the sources file (a [[source]] with prefix \"oci://{}/\" and options username and password)",
+                self.name
+            )
+        });
         format!(
-            "the registry {} asks for a login for {repo} and none is configured: give one in \
-             the sources file (a [[source]] with prefix \"oci://{}/\" and options username and password)",
-            self.name, self.name
+            "the registry {} asks for a login for {repo} and none is configured: give one in {hint}",
+            self.name
         )
     }
 

@@ -1,7 +1,8 @@
 //! Publishing: puts bytes at a key under one of the operator's targets
 //! (`crate::targets`) — an S3 bucket (`s3`), an HTTP mirror that takes
-//! `PUT` (`http`), a folder (`file`) — and says what landed where (a
-//! `Receipt`). The bytes are streamed from disk a few chunks at a time
+//! `PUT` (`http`), an OCI registry (`oci`: blobs, and the manifests a
+//! `Pending` collects until `finish`), a folder (`file`) — and says what
+//! landed where (a `Receipt`). The bytes are streamed from disk a few chunks at a time
 //! (`read`), checked against the digest they were verified with, and the
 //! destination is given that digest to check in turn; a put that fails or
 //! is cancelled leaves nothing behind (no partial file, no unfinished
@@ -14,6 +15,7 @@
 mod file;
 mod http;
 mod key;
+mod oci;
 mod read;
 mod s3;
 
@@ -24,9 +26,12 @@ mod tests_file;
 #[cfg(test)]
 mod tests_http;
 #[cfg(test)]
+mod tests_oci;
+#[cfg(test)]
 mod tests_s3;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,6 +39,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 pub use key::{Key, MAX_KEY_BYTES};
+pub use oci::{ARTIFACT_TYPE, Pending};
 
 use crate::targets::{Kind, Targets};
 use crate::trust::Trust;
@@ -71,6 +77,10 @@ pub enum Body {
 pub enum Error {
     #[error("target {name:?} is not configured on this server")]
     NotConfigured { name: String },
+    /// The key is not one this kind of target takes (an oci target's are
+    /// `REPO:TAG/PATH`).
+    #[error("target {target:?}: {reason}")]
+    Key { target: String, reason: String },
     /// Its client could not be built from its settings.
     #[error("target {target:?} ({url}) cannot be set up: {reason}")]
     Setup {
@@ -111,7 +121,8 @@ pub enum Error {
 /// part). Their S3 parts share the bucket's `parts_in_flight`.
 pub const FILES_AT_ONCE: usize = 3;
 
-/// Settings of S3 multipart uploads, chosen by the host.
+/// Settings of S3 multipart uploads and OCI chunked uploads, chosen by
+/// the host.
 #[derive(Debug, Clone, Copy)]
 struct Tuning {
     /// Bytes per part, and the size up to which a file goes in one PUT.
@@ -119,6 +130,9 @@ struct Tuning {
     /// Parts in flight at once, all puts to a bucket together; with two
     /// per file being read, what they hold in memory.
     parts_in_flight: usize,
+    /// Bytes per `PATCH` of an OCI blob upload, and the size up to which
+    /// a blob goes in one `PUT`; one chunk is in memory per file.
+    chunk_bytes: u64,
 }
 
 impl Default for Tuning {
@@ -126,6 +140,7 @@ impl Default for Tuning {
         Self {
             part_bytes: 6 << 20,
             parts_in_flight: 8,
+            chunk_bytes: 16 << 20,
         }
     }
 }
@@ -164,9 +179,11 @@ impl Publishers {
     }
 
     /// Parts of `bytes` (at least S3's 5 MiB) instead of the host's
-    /// choice, so tests and benchmarks reach multipart with small files.
+    /// choice, so tests and benchmarks reach multipart with small files;
+    /// OCI chunks of as many.
     pub fn with_part_bytes(mut self, bytes: u64) -> Self {
         self.tuning.part_bytes = bytes.max(MIN_PART_BYTES);
+        self.tuning.chunk_bytes = self.tuning.part_bytes;
         self
     }
 
@@ -193,6 +210,21 @@ impl Publishers {
             Kind::Http { headers } => {
                 Backend::Http(http::Mirror::build(headers.clone(), &self.trust).map_err(setup)?)
             }
+            Kind::Oci {
+                registry,
+                namespace,
+                login,
+            } => Backend::Oci(
+                oci::Registry::build(
+                    name,
+                    registry,
+                    namespace,
+                    login.clone(),
+                    &self.trust,
+                    self.tuning,
+                )
+                .map_err(setup)?,
+            ),
             Kind::File => Backend::File(file::Folder::new(target.url()).map_err(setup)?),
         };
         let publisher = Publisher {
@@ -223,6 +255,7 @@ struct Inner {
 enum Backend {
     S3(s3::Bucket),
     Http(http::Mirror),
+    Oci(oci::Registry),
     File(file::Folder),
 }
 
@@ -231,17 +264,25 @@ impl Publisher {
         &self.inner.subject.target
     }
 
-    /// The target's url joined with the key, for people (never
-    /// credentials: a target's url has none). Each segment is appended to
-    /// the url's path, so the key stays under it whatever it holds (`a:b`
-    /// is no scheme, a space is escaped).
-    pub fn url(&self, key: &Key) -> String {
-        self.inner.subject.join(key).to_string()
+    /// Where `key` lands, for people (never credentials: a target's url
+    /// has none): the target's url joined with the key, each segment
+    /// appended to the url's path, so the key stays under it whatever it
+    /// holds (`a:b` is no scheme, a space is escaped). On an oci target,
+    /// `oci://REGISTRY/NAMESPACE/REPO:TAG#PATH`, and a key not of that
+    /// shape is refused.
+    pub fn url(&self, key: &Key) -> Result<String, Error> {
+        let subject = &self.inner.subject;
+        match &self.inner.backend {
+            Backend::Oci(registry) => Ok(registry.url(&registry.place(subject, key)?)),
+            _ => Ok(subject.join(key).to_string()),
+        }
     }
 
     /// Puts `body` at `key`; `progress(n)` is told of each `n` more bytes
     /// sent (bytes sent again by a retry are not told twice). Stops within
-    /// a second of `cancel`, leaving nothing behind, as does a failure.
+    /// a second of `cancel`, leaving nothing behind, as does a failure. On
+    /// an oci target the blob is pushed and no manifest names it: see
+    /// `put_into`.
     pub async fn put(
         &self,
         key: &Key,
@@ -249,43 +290,118 @@ impl Publisher {
         progress: &(dyn Fn(u64) + Send + Sync),
         cancel: &CancellationToken,
     ) -> Result<Receipt, Error> {
-        if cancel.is_cancelled() {
-            return Err(Error::Cancelled);
-        }
-        let subject = &self.inner.subject;
-        if let Body::Bytes { content_type, .. } = &body
-            && ::http::HeaderValue::from_str(content_type).is_err()
-        {
-            return Err(subject.source(
-                key,
-                format!("the content type {content_type:?} is not a valid header value"),
-            ));
-        }
-        let url = subject.join(key);
-        let tally = Tally::new(progress);
-        let put = match &self.inner.backend {
-            Backend::S3(bucket) => bucket.put(subject, key, &url, body, &tally, cancel).await,
-            Backend::Http(mirror) => mirror.put(subject, key, &url, body, &tally, cancel).await,
-            Backend::File(folder) => folder.put(subject, key, &url, body, &tally, cancel).await,
-        }?;
-        tally.reached(put.bytes);
-        Ok(Receipt {
-            target: subject.target.clone(),
-            key: key.as_str().to_string(),
-            url: url.to_string(),
-            bytes: put.bytes,
-            sha256: put.sha256,
-            etag: put.etag,
-        })
+        let alone = Pending::default();
+        self.put_into(&alone, key, body, progress, cancel).await
     }
 
-    /// The object at `key`, if there is one.
+    /// Puts `body` at `key` as `put` does; on an oci target, also records
+    /// its layer in `pending`, for `finish`. The layer's place among its
+    /// manifest's is taken when this is called, not when the future is
+    /// first polled or ends: puts made in an order and run at once keep
+    /// that order in the manifest.
+    pub fn put_into<'a>(
+        &'a self,
+        pending: &'a Pending,
+        key: &'a Key,
+        body: Body,
+        progress: &'a (dyn Fn(u64) + Send + Sync),
+        cancel: &'a CancellationToken,
+    ) -> impl Future<Output = Result<Receipt, Error>> + Send + 'a {
+        let subject = &self.inner.subject;
+        let reserved = match &self.inner.backend {
+            Backend::Oci(registry) => registry.reserve(subject, pending, key).map(Some),
+            _ => Ok(None),
+        };
+        async move {
+            let reserved = reserved?;
+            if cancel.is_cancelled() {
+                return Err(Error::Cancelled);
+            }
+            if let Body::Bytes { content_type, .. } = &body
+                && ::http::HeaderValue::from_str(content_type).is_err()
+            {
+                return Err(subject.source(
+                    key,
+                    format!("the content type {content_type:?} is not a valid header value"),
+                ));
+            }
+            let tally = Tally::new(progress);
+            let (url, put) = match &self.inner.backend {
+                Backend::S3(bucket) => {
+                    let url = subject.join(key);
+                    let put = bucket.put(subject, key, &url, body, &tally, cancel).await?;
+                    (url.to_string(), put)
+                }
+                Backend::Http(mirror) => {
+                    let url = subject.join(key);
+                    let put = mirror.put(subject, key, &url, body, &tally, cancel).await?;
+                    (url.to_string(), put)
+                }
+                Backend::File(folder) => {
+                    let url = subject.join(key);
+                    let put = folder.put(subject, key, &url, body, &tally, cancel).await?;
+                    (url.to_string(), put)
+                }
+                Backend::Oci(registry) => {
+                    let reserved = reserved.expect("an oci put reserves its layer");
+                    registry
+                        .put(subject, key, reserved, pending, body, &tally, cancel)
+                        .await?
+                }
+            };
+            tally.reached(put.bytes);
+            Ok(Receipt {
+                target: subject.target.clone(),
+                key: key.as_str().to_string(),
+                url,
+                bytes: put.bytes,
+                sha256: put.sha256,
+                etag: put.etag,
+            })
+        }
+    }
+
+    /// Writes what `pending` holds: on an oci target, one image manifest
+    /// per `REPO:TAG` put to (its layers the puts', in their order), each
+    /// with a receipt (key `REPO:TAG`, url `oci://…/REPO:TAG@sha256:…`,
+    /// the manifest's size and sha256). Nothing on other targets. What is
+    /// written is no longer pending; after a failure the rest still is.
+    pub async fn finish(
+        &self,
+        pending: &Pending,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<Receipt>, Error> {
+        let subject = &self.inner.subject;
+        let Backend::Oci(registry) = &self.inner.backend else {
+            return Ok(Vec::new());
+        };
+        let written = registry.finish(subject, pending, cancel).await?;
+        Ok(written
+            .into_iter()
+            .map(|(key, url, put)| Receipt {
+                target: subject.target.clone(),
+                key,
+                url,
+                bytes: put.bytes,
+                sha256: put.sha256,
+                etag: put.etag,
+            })
+            .collect())
+    }
+
+    /// The object at `key`, if there is one; on an oci target, the layer
+    /// titled PATH in the manifest `REPO:TAG` as the registry has it
+    /// (`etag`: its digest), not one still pending.
     pub async fn stat(&self, key: &Key) -> Result<Option<ObjectInfo>, Error> {
         let subject = &self.inner.subject;
         let url = subject.join(key);
         match &self.inner.backend {
             Backend::S3(bucket) => bucket.stat(subject, key, &url).await,
             Backend::Http(mirror) => mirror.stat(subject, key, &url).await,
+            Backend::Oci(registry) => {
+                let place = registry.place(subject, key)?;
+                registry.stat(subject, key, &place).await
+            }
             Backend::File(folder) => folder.stat(subject, key, &url).await,
         }
     }
@@ -417,7 +533,11 @@ mod tests {
         ];
         for (target, text, expected) in cases {
             let publisher = publishers.get(target).unwrap();
-            assert_eq!(publisher.url(&key(text)), expected, "{target} {text}");
+            assert_eq!(
+                publisher.url(&key(text)).unwrap(),
+                expected,
+                "{target} {text}"
+            );
         }
         assert_eq!(
             publishers.get("absent").err().unwrap().to_string(),

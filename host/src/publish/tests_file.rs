@@ -68,7 +68,7 @@ async fn a_file_and_bytes_land_whole_under_the_folder() {
         receipt.url,
         format!("file://{}/job-1/deploy-2/model.bin", root.display())
     );
-    assert_eq!(receipt.url, publisher.url(&k));
+    assert_eq!(receipt.url, publisher.url(&k).unwrap());
     assert_eq!(
         (receipt.bytes, receipt.sha256.as_str()),
         (contents.len() as u64, sha256.as_str())

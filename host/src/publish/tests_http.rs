@@ -160,7 +160,7 @@ async fn a_file_and_bytes_land_whole_on_the_mirror() {
         "under the base, the key's segments escaped, a:b no scheme"
     );
     assert_eq!(receipt.url, format!("{base}/base/job%201/a:b/model.bin"));
-    assert_eq!(receipt.url, publisher.url(&k));
+    assert_eq!(receipt.url, publisher.url(&k).unwrap());
     assert_eq!(
         (receipt.bytes, receipt.sha256.as_str()),
         (contents.len() as u64, sha256.as_str())

@@ -149,7 +149,7 @@ async fn a_small_file_and_bytes_go_up_in_one_put_with_their_checksum() {
         receipt.url,
         format!("s3://{BUCKET}/small/job%201/model.bin")
     );
-    assert_eq!(receipt.url, publisher.url(&k));
+    assert_eq!(receipt.url, publisher.url(&k).unwrap());
     assert_eq!(
         (receipt.bytes, receipt.sha256.as_str()),
         (contents.len() as u64, sha256.as_str())

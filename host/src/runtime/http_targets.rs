@@ -48,7 +48,7 @@ impl HttpTargets {
                     url: target.url().clone(),
                     headers: headers.clone(),
                 })),
-                Kind::S3 { .. } | Kind::File => None,
+                Kind::S3 { .. } | Kind::Oci { .. } | Kind::File => None,
             })
             .collect();
         entries.sort_by_key(|t| std::cmp::Reverse(t.url.path().len()));

@@ -4,11 +4,14 @@
 //! file is put by its recorded path (with its verified sha256), an out
 //! file only from under the deployment's out-dir; what a deployment
 //! publishes to a target stays within the target's `max_gib`. Every put is
-//! reported (`Reporter::published`) before the guest sees its receipt.
+//! reported (`Reporter::published`) before the guest sees its receipt; so
+//! is every manifest `finish` writes (an oci target's puts wait in the
+//! deployment's `Pending` of that target until then).
 //! Never moves bytes itself (`crate::publish` does) and never reads a
 //! credential.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -18,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 use crate::fetch::Stamps;
 use crate::human;
 use crate::model::TrainedModel;
-use crate::publish::{Body, FILES_AT_ONCE, Key, ObjectInfo, Publisher, Publishers, Receipt};
+use crate::publish::{
+    Body, FILES_AT_ONCE, Key, ObjectInfo, Pending, Publisher, Publishers, Receipt,
+};
 use crate::targets::Targets;
 
 use super::OUT_DIR;
@@ -59,6 +64,13 @@ pub(crate) struct Publishing {
     cancel: CancellationToken,
     /// Bytes put so far, by target, against each target's `max_gib`.
     sent: HashMap<String, u64>,
+    /// What this call's puts left for `finish`, by target: every handle
+    /// of a target shares it.
+    pending: HashMap<String, Arc<Pending>>,
+    /// Told of the bytes the puts send (the reporter's progress).
+    progress: Box<dyn Fn(u64) + Send + Sync>,
+    /// The model's `source`: an oci target may mount blobs from it.
+    model_source: Option<String>,
 }
 
 /// What a deployment's puts read from.
@@ -84,6 +96,7 @@ pub(crate) struct Sources<'a> {
 /// An opened target, as the guest's handle holds it.
 pub struct Opened {
     publisher: Publisher,
+    pending: Arc<Pending>,
 }
 
 impl Opened {
@@ -101,6 +114,7 @@ impl Publishing {
         reporter: Arc<dyn Reporter>,
         cancel: CancellationToken,
     ) -> Self {
+        let model_source = sources.as_ref().map(|s| s.model.source.clone());
         let deployment = sources.map(|s| Deployment {
             model_dir: s.model_dir.to_path_buf(),
             files: s
@@ -119,9 +133,15 @@ impl Publishing {
             targets,
             publishers,
             deployment,
+            progress: Box::new({
+                let reporter = reporter.clone();
+                move |bytes| reporter.publishing(bytes)
+            }),
             reporter,
             cancel,
             sent: HashMap::new(),
+            pending: HashMap::new(),
+            model_source,
         }
     }
 
@@ -131,15 +151,35 @@ impl Publishing {
     }
 
     /// Opens the target `name`: deny by default.
-    pub(crate) fn open(&self, name: &str) -> Result<Opened, String> {
+    pub(crate) fn open(&mut self, name: &str) -> Result<Opened, String> {
         self.targets.open(&self.plugin, &self.granted, name)?;
         let publisher = self.publishers.get(name).map_err(|e| e.to_string())?;
-        Ok(Opened { publisher })
+        let source = self.model_source.as_deref().unwrap_or_default();
+        let pending = self
+            .pending
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::new(Pending::new(source)))
+            .clone();
+        Ok(Opened { publisher, pending })
     }
 
     pub(crate) fn url(&self, target: &Opened, key: &str) -> Result<String, String> {
         let key = self.key(target, key)?;
-        Ok(target.publisher.url(&key))
+        target.publisher.url(&key).map_err(|e| e.to_string())
+    }
+
+    /// Writes what the target's puts left pending (an oci target's
+    /// manifests), reporting each; nothing for other targets.
+    pub(crate) async fn finish(&self, target: &Opened) -> Result<Vec<Receipt>, String> {
+        let receipts = target
+            .publisher
+            .finish(&target.pending, &self.cancel)
+            .await
+            .map_err(|e| e.to_string())?;
+        for receipt in &receipts {
+            self.reporter.published(receipt);
+        }
+        Ok(receipts)
     }
 
     pub(crate) async fn stat(
@@ -177,14 +217,15 @@ impl Publishing {
         };
         let name = target.name();
         let mut results: Vec<Option<Result<Receipt, String>>> = vec![None; files.len()];
+        let mut keys = Vec::new();
         let mut puts = Vec::new();
-        let mut keys = HashSet::new();
+        let mut given = HashSet::new();
         let mut reserved = self.sent.get(name).copied().unwrap_or(0);
         for (index, (path, key)) in files.iter().enumerate() {
             let put = self
                 .model_file(target, stamps.as_deref(), path, key)
                 .and_then(|(key, body, bytes)| {
-                    if !keys.insert(key.as_str().to_string()) {
+                    if !given.insert(key.as_str().to_string()) {
                         return Err(format!(
                             "put-model-files: the key {:?} is given twice; only its first \
                              file is put",
@@ -196,14 +237,23 @@ impl Publishing {
                     Ok((key, body))
                 });
             match put {
-                Ok(put) => puts.push((index, put)),
+                Ok((key, body)) => {
+                    keys.push(key);
+                    puts.push((index, body));
+                }
                 Err(e) => results[index] = Some(Err(e)),
             }
         }
         let this = &*self;
-        let mut sending = futures::stream::iter(puts)
-            .map(|(index, (key, body))| async move { (index, this.send(target, &key, body).await) })
-            .buffer_unordered(FILES_AT_ONCE);
+        // Every put is made here, in the order given (an oci target's
+        // layers keep that order, whichever lands first); they run
+        // `FILES_AT_ONCE` at a time.
+        let mut sends = Vec::with_capacity(puts.len());
+        for (key, (index, body)) in keys.iter().zip(puts) {
+            let sent = this.send(target, key, body);
+            sends.push(async move { (index, sent.await) });
+        }
+        let mut sending = futures::stream::iter(sends).buffer_unordered(FILES_AT_ONCE);
         while let Some((index, put)) = sending.next().await {
             results[index] = Some(put);
         }
@@ -340,17 +390,24 @@ impl Publishing {
         }
     }
 
-    /// Sends `body` to `key`, reporting its progress and its receipt.
-    async fn send(&self, target: &Opened, key: &Key, body: Body) -> Result<Receipt, String> {
-        let reporter = self.reporter.clone();
-        let progress = move |bytes: u64| reporter.publishing(bytes);
-        let receipt = target
-            .publisher
-            .put(key, body, &progress, &self.cancel)
-            .await
-            .map_err(|e| e.to_string())?;
-        self.reporter.published(&receipt);
-        Ok(receipt)
+    /// Sends `body` to `key`, reporting its progress and its receipt. The
+    /// put starts (takes its place in an oci manifest) when this is
+    /// called.
+    fn send<'a>(
+        &'a self,
+        target: &'a Opened,
+        key: &'a Key,
+        body: Body,
+    ) -> impl Future<Output = Result<Receipt, String>> + Send + 'a {
+        let put =
+            target
+                .publisher
+                .put_into(&target.pending, key, body, &*self.progress, &self.cancel);
+        async move {
+            let receipt = put.await.map_err(|e| e.to_string())?;
+            self.reporter.published(&receipt);
+            Ok(receipt)
+        }
     }
 
     /// The deployment's verification record, read once.

@@ -152,6 +152,17 @@ impl publish::HostTarget for State {
         Ok(self.publishing.url(opened, &key).map_err(caps::error))
     }
 
+    async fn finish(
+        &mut self,
+        target: Resource<Opened>,
+    ) -> wasmtime::Result<Result<Vec<Receipt>, String>> {
+        let opened = self.table.get(&target)?;
+        let written = self.publishing.finish(opened).await;
+        Ok(written
+            .map(|receipts| receipts.into_iter().map(Receipt::from).collect())
+            .map_err(caps::error))
+    }
+
     async fn drop(&mut self, target: Resource<Opened>) -> wasmtime::Result<()> {
         self.table.delete(target)?;
         Ok(())
