@@ -4,7 +4,7 @@
 //! tests (`tests/e2e/support`) and the benchmark
 //! (`benches/perf/store.rs`).
 
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
@@ -62,5 +62,42 @@ impl Moto {
             _stdin: child.stdin.take().expect("piped"),
             _child: child,
         }
+    }
+
+    /// Puts `contents` at `key` of `bucket` with boto3, which the server
+    /// came with: for a folder marker, a key ending in `/`, which
+    /// object_store cannot name; and for an object whose sha256 the store
+    /// keeps (`sha256`): moto keeps a checksum only when
+    /// `x-amz-sdk-checksum-algorithm` names it, as AWS's SDKs send it,
+    /// while object_store's `Checksum::SHA256` sends the checksum alone.
+    #[allow(dead_code)] // The benchmark puts with object_store only.
+    pub fn put_by_boto3(&self, bucket: &str, key: &str, contents: &[u8], sha256: bool) {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut child = Command::new(root.join(".venv/bin/python"))
+            .arg("-c")
+            .arg(
+                "import sys, boto3\n\
+                 endpoint, region, key_id, secret, bucket, key, sha256 = sys.argv[1:]\n\
+                 boto3.client('s3', endpoint_url=endpoint, region_name=region,\n\
+                     aws_access_key_id=key_id, aws_secret_access_key=secret,\n\
+                 ).put_object(Bucket=bucket, Key=key, Body=sys.stdin.buffer.read(),\n\
+                     **({'ChecksumAlgorithm': 'SHA256'} if sha256 == 'yes' else {}))",
+            )
+            .args([
+                self.endpoint.as_str(),
+                &self.region,
+                &self.access_key_id,
+                &self.secret_access_key,
+                bucket,
+                key,
+                if sha256 { "yes" } else { "no" },
+            ])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("the server's python runs");
+        let mut stdin = child.stdin.take().expect("piped");
+        stdin.write_all(contents).unwrap();
+        drop(stdin);
+        assert!(child.wait().unwrap().success(), "boto3 could not put {key}");
     }
 }

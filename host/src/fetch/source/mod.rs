@@ -3,12 +3,17 @@
 //! an HTTP server (`http`), an object store (`s3`) or a local file (`file`),
 //! each with the credentials of the sources-file prefix covering it
 //! (`access`). The backends share `Body` and `Span` from here and know
-//! nothing of each other. Knows nothing of verification.
+//! nothing of each other. A registration that leaves its files out has
+//! them listed at its source (`Sources::discover`, `discover`). Knows
+//! nothing of verification.
 
+mod discover;
 mod file;
 mod http;
 mod oci;
 pub(crate) mod s3;
+#[cfg(test)]
+mod s3_list_tests;
 #[cfg(test)]
 mod s3_tests;
 

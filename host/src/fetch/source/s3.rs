@@ -1,9 +1,13 @@
 //! Object stores as sources (`s3://bucket/key`), read through the
-//! object_store crate, streamed and ranged like an HTTP source. A store's
-//! settings are the environment's (`AmazonS3Builder::from_env`: the
-//! standard AWS variables and credential chain) with the sources-file
-//! options of the prefix covering the URL on top; one store is built per
-//! bucket and options, and shared by every file and connection.
+//! object_store crate, streamed and ranged like an HTTP source, and listed
+//! under a prefix for a registration that leaves its files out (`list`).
+//! A store's settings are the environment's
+//! (`AmazonS3Builder::from_env`: the standard AWS variables and credential
+//! chain) with the sources-file options of the prefix covering the URL on
+//! top; one store is built per bucket and options, and shared by every
+//! file and connection.
+
+mod list;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -38,6 +42,12 @@ struct StoreId {
 /// One bucket's client, and what messages say about it.
 struct Store {
     s3: AmazonS3,
+    /// The same settings, for the HEADs of a listing: each asks for the
+    /// object's checksum (`x-amz-checksum-mode: ENABLED`, signed with the
+    /// request) and has the answer's headers put where it says
+    /// (`list::Answers`), since object_store reads no checksum from an
+    /// answer.
+    heads: AmazonS3,
     /// Where requests go, for "cannot reach" messages.
     endpoint: String,
     /// Where the credentials come from, for "refused" messages.
@@ -137,12 +147,16 @@ impl Store {
         trust: &Trust,
     ) -> Result<Self, String> {
         let options = credentials.map_or(&[][..], |c| c.options());
-        let builder = configured(trust, options).map_err(|e| {
+        let unusable = |e: object_store::Error| {
             format!(
                 "the store for s3://{bucket}/ cannot be set up: {}",
                 innermost(&e)
             )
-        })?;
+        };
+        let builder = configured(trust, options).map_err(unusable)?;
+        let heads = configured_over(list::asking_for_checksums(), trust, options)
+            .map_err(unusable)?
+            .with_http_connector(list::Answers);
         let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
         let credentials = match (
             builder.get_config_value(&AmazonS3ConfigKey::AccessKeyId),
@@ -158,24 +172,22 @@ impl Store {
                           so object_store's credential chain: web identity, container or instance metadata"
                 .to_string(),
         };
-        let s3 = builder
-            .with_bucket_name(bucket)
-            // A few quick retries: an unreachable endpoint is reported in
-            // seconds, not after object_store's default ten.
-            .with_retry(RetryConfig {
-                max_retries: 4,
-                retry_timeout: Duration::from_secs(180),
-                ..RetryConfig::default()
-            })
-            .build()
-            .map_err(|e| {
-                format!(
-                    "the store for s3://{bucket}/ cannot be set up: {}",
-                    innermost(&e)
-                )
-            })?;
+        let finish = |builder: AmazonS3Builder| {
+            builder
+                .with_bucket_name(bucket)
+                // A few quick retries: an unreachable endpoint is reported
+                // in seconds, not after object_store's default ten.
+                .with_retry(RetryConfig {
+                    max_retries: 4,
+                    retry_timeout: Duration::from_secs(180),
+                    ..RetryConfig::default()
+                })
+                .build()
+                .map_err(unusable)
+        };
         Ok(Self {
-            s3,
+            s3: finish(builder)?,
+            heads: finish(heads)?,
             endpoint: endpoint.unwrap_or_else(|| "AWS S3".to_string()),
             credentials,
         })
@@ -222,7 +234,16 @@ pub(crate) fn configured(
     trust: &Trust,
     options: &[(AmazonS3ConfigKey, String)],
 ) -> object_store::Result<AmazonS3Builder> {
-    let mut builder = from_env(trust)?;
+    configured_over(ClientOptions::new(), trust, options)
+}
+
+/// `configured`, on the client options `client` rather than the defaults.
+fn configured_over(
+    client: ClientOptions,
+    trust: &Trust,
+    options: &[(AmazonS3ConfigKey, String)],
+) -> object_store::Result<AmazonS3Builder> {
+    let mut builder = from_env(client, trust)?;
     for (key, value) in options {
         builder = builder.with_config(*key, value);
     }
@@ -252,14 +273,14 @@ pub(crate) fn configured(
     Ok(builder)
 }
 
-/// `AmazonS3Builder::from_env`, on client options that trust `trust`'s
+/// `AmazonS3Builder::from_env`, on `client` options that trust `trust`'s
 /// certificates: the builder has no way to add one to options it holds, and
 /// giving it options replaces them whole, so they come first and the
 /// environment is read over them as `from_env` reads it. Proxies are left
 /// to reqwest, which reads `HTTPS_PROXY`/`NO_PROXY` itself unless a
 /// `proxy_url` option is set.
-fn from_env(trust: &Trust) -> object_store::Result<AmazonS3Builder> {
-    let options = trust.object_store(ClientOptions::new())?;
+fn from_env(client: ClientOptions, trust: &Trust) -> object_store::Result<AmazonS3Builder> {
+    let options = trust.object_store(client)?;
     let mut builder = AmazonS3Builder::new().with_client_options(options);
     for (name, value) in std::env::vars() {
         if name.starts_with("AWS_")

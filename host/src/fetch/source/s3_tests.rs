@@ -2,7 +2,8 @@
 //! for this test binary by `tests/moto/serve.py` on a free loopback port.
 //! Ranged reads, a verified fetch, a missing object or bucket, refused
 //! credentials, an unreachable endpoint, and a download cut short and
-//! continued.
+//! continued. The listing of a prefix has its own tests
+//! (`s3_list_tests`), on the same server.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -25,16 +26,21 @@ mod moto;
 use moto::Moto;
 
 /// The bucket `tests/moto/serve.py` creates; each test has its own job id.
-const BUCKET: &str = "berth-test";
+pub(super) const BUCKET: &str = "berth-test";
 
-fn moto() -> &'static Moto {
+pub(super) fn moto() -> &'static Moto {
     static MOTO: OnceLock<Moto> = OnceLock::new();
     MOTO.get_or_init(|| Moto::start(&[BUCKET]))
 }
 
 impl Moto {
     /// A sources file giving the bucket this endpoint and these keys.
-    fn access(&self, endpoint: &str, access_key_id: &str, secret_access_key: &str) -> Access {
+    pub(super) fn access(
+        &self,
+        endpoint: &str,
+        access_key_id: &str,
+        secret_access_key: &str,
+    ) -> Access {
         let text = format!(
             "[[source]]\nprefix = \"s3://{BUCKET}/\"\noptions = {{ endpoint = \"{endpoint}\", \
              region = \"{}\", access_key_id = \"{access_key_id}\", \
@@ -44,12 +50,12 @@ impl Moto {
         Access::parse(&text, |_| None).unwrap()
     }
 
-    fn good_access(&self) -> Access {
+    pub(super) fn good_access(&self) -> Access {
         self.access(&self.endpoint, &self.access_key_id, &self.secret_access_key)
     }
 
     /// Puts `files` under `job/` in the bucket.
-    async fn put(&self, job: &str, files: &[(&str, Vec<u8>)]) {
+    pub(super) async fn put(&self, job: &str, files: &[(&str, Vec<u8>)]) {
         let store = AmazonS3Builder::new()
             .with_endpoint(&self.endpoint)
             .with_allow_http(true)
@@ -95,13 +101,13 @@ async fn setup(
     (models, fetcher, model)
 }
 
-async fn fetch(fetcher: &Fetcher, model: &TrainedModel) -> Result<PathBuf, Error> {
+pub(super) async fn fetch(fetcher: &Fetcher, model: &TrainedModel) -> Result<PathBuf, Error> {
     fetcher
         .fetch(model, Arc::new(Quiet), &CancellationToken::new())
         .await
 }
 
-fn contents(seed: u8, len: usize) -> Vec<u8> {
+pub(super) fn contents(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(37).wrapping_add(seed) ^ (i >> 11) as u8)
         .collect()

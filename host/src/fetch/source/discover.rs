@@ -1,0 +1,211 @@
+//! A registration's files found at its source rather than given: what
+//! `POST /v1/models` does when a body leaves `files` out. Dispatches on
+//! the source's scheme; only schemes whose sources can be listed answer
+//! (`s3`: an object store's prefix, listed by `s3.rs`). Never reads a
+//! file's bytes, and knows nothing of the registration rules: what it
+//! finds is checked by them afterwards, as given files are.
+
+use super::{Location, Sources, fill};
+
+/// What a source holds: the files found and the template to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Discovered {
+    /// The source as a model records it: a template ending in `{path}`,
+    /// with `{job_id}` where the registration wrote it.
+    pub(crate) source: String,
+    /// Sorted by path.
+    pub(crate) files: Vec<Found>,
+}
+
+/// One file found at a source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Found {
+    /// Relative to the listed prefix, `/`-separated.
+    pub(crate) path: String,
+    pub(crate) size_bytes: u64,
+    /// Lowercase hex, when the source keeps the digest of the whole file.
+    pub(crate) sha256: Option<String>,
+}
+
+/// What the refusal for a scheme that cannot be listed names.
+const LISTABLE: &str = "s3:// prefixes";
+
+impl Sources {
+    /// The files at `source` (filled in for `job_id` as a file's location
+    /// is), and the template that finds each of them again. The error is
+    /// a sentence for the person registering.
+    pub(crate) async fn discover(&self, source: &str, job_id: &str) -> Result<Discovered, String> {
+        match scheme(source).as_deref() {
+            Some("s3") => {
+                let (stored, url, bucket, key) = s3_prefix(source, job_id)?;
+                let credentials = self.access.covering(&url);
+                let files = self.stores.list(&url, &bucket, &key, credentials).await?;
+                Ok(Discovered {
+                    source: stored,
+                    files,
+                })
+            }
+            Some(other) => Err(format!(
+                "source {source:?}: the files of a {other}: source must be given in the \
+                 registration (berth lists files itself only at {LISTABLE})"
+            )),
+            None => Err(format!(
+                "source {source:?} is not a URL: write s3://BUCKET/PREFIX/ to have the files \
+                 listed, or give the files in the registration"
+            )),
+        }
+    }
+}
+
+/// The scheme of a URL template, lowercase, if it starts with one.
+fn scheme(source: &str) -> Option<String> {
+    let (scheme, _) = source.split_once(':')?;
+    let mut chars = scheme.chars();
+    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    valid.then(|| scheme.to_ascii_lowercase())
+}
+
+/// An `s3://` source as listed: `s3://BUCKET/PREFIX/` or
+/// `s3://BUCKET/PREFIX/{path}` (`{job_id}` allowed in the prefix). Gives
+/// the template to record (`…/{path}`), the prefix's URL with the job id
+/// filled in, its bucket and its key (empty for the bucket's root).
+fn s3_prefix(
+    source: &str,
+    job_id: &str,
+) -> Result<(String, url::Url, String, object_store::path::Path), String> {
+    let stored = if source.ends_with('/') {
+        format!("{source}{{path}}")
+    } else {
+        source.to_string()
+    };
+    let listed = stored.strip_suffix("{path}").filter(|prefix| {
+        prefix.ends_with('/') && !prefix.contains("{path}") && prefix.len() > "s3://".len()
+    });
+    if listed.is_none() {
+        return Err(format!(
+            "source {source:?} is not a prefix berth can list: write s3://BUCKET/PREFIX/ or \
+             s3://BUCKET/PREFIX/{{path}} ({{path}} last, after a /), or give the files in the \
+             registration"
+        ));
+    }
+    // The prefix is where `{path}` goes, filled in as for a file.
+    match fill(&stored, job_id, "")? {
+        Location::Store { url, .. } if url.query().is_some() || url.fragment().is_some() => {
+            Err(format!(
+                "source {source:?}: an s3 URL is a bucket and a key, with no query or fragment"
+            ))
+        }
+        Location::Store { url, bucket, key } => Ok((stored, url, bucket, key)),
+        other => unreachable!("an s3: template located {other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_s3_source_names_the_prefix_listed_and_the_template_recorded() {
+        // Source, job id: template recorded, prefix URL, bucket, key.
+        let cases = [
+            (
+                "s3://models/runs/",
+                "j",
+                "s3://models/runs/{path}",
+                "s3://models/runs/",
+                "models",
+                "runs",
+            ),
+            (
+                "s3://models/runs/{job_id}/{path}",
+                "job-1",
+                "s3://models/runs/{job_id}/{path}",
+                "s3://models/runs/job-1/",
+                "models",
+                "runs/job-1",
+            ),
+            (
+                "s3://models/{job_id}/",
+                "job.2",
+                "s3://models/{job_id}/{path}",
+                "s3://models/job.2/",
+                "models",
+                "job.2",
+            ),
+            (
+                "s3://models/",
+                "j",
+                "s3://models/{path}",
+                "s3://models/",
+                "models",
+                "",
+            ),
+            (
+                "s3://models/w%20x/",
+                "j",
+                "s3://models/w%20x/{path}",
+                "s3://models/w%20x/",
+                "models",
+                "w x",
+            ),
+        ];
+        for (source, job, stored, url, bucket, key) in cases {
+            let (s, u, b, k) = s3_prefix(source, job).unwrap();
+            assert_eq!(
+                (s.as_str(), u.as_str(), b.as_str(), k.as_ref()),
+                (stored, url, bucket, key),
+                "{source}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_s3_source_that_is_no_prefix_is_refused() {
+        for source in [
+            "s3://models/runs",
+            "s3://models/runs/model-{path}",
+            "s3://models/{path}/x/{path}",
+            "s3://",
+            "s3:///",
+        ] {
+            let error = s3_prefix(source, "j").unwrap_err();
+            assert!(
+                error.contains("is not a prefix berth can list")
+                    || error.contains("names no bucket"),
+                "{source}: {error}"
+            );
+        }
+        let error = s3_prefix("s3://models/runs/?x=1#/", "j").unwrap_err();
+        assert!(error.contains("no query or fragment"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_source_of_another_scheme_needs_its_files() {
+        let sources = Sources::new(crate::trust::Trust::default()).unwrap();
+        let cases = [
+            (
+                "https://files.local/{job_id}/{path}",
+                "source \"https://files.local/{job_id}/{path}\": the files of a https: source \
+                 must be given in the registration (berth lists files itself only at s3:// prefixes)",
+            ),
+            (
+                "file:///srv/models/",
+                "source \"file:///srv/models/\": the files of a file: source must be given in \
+                 the registration (berth lists files itself only at s3:// prefixes)",
+            ),
+            (
+                "models/{path}",
+                "source \"models/{path}\" is not a URL: write s3://BUCKET/PREFIX/ to have the \
+                 files listed, or give the files in the registration",
+            ),
+        ];
+        for (source, expected) in cases {
+            assert_eq!(
+                sources.discover(source, "j").await.unwrap_err(),
+                expected,
+                "{source}"
+            );
+        }
+    }
+}
