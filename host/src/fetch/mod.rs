@@ -179,6 +179,11 @@ impl Fetcher {
         self.sources.registry(reference)
     }
 
+    /// Where files are read from, with the server's credentials.
+    pub(crate) fn sources(&self) -> &source::Sources {
+        &self.sources
+    }
+
     /// The host directory a model's files go to.
     pub fn dir_of(&self, job_id: &str) -> PathBuf {
         self.models_dir.join(job_id)

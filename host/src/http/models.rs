@@ -12,7 +12,7 @@ use super::extract::{Body, Id};
 use super::json::{self, ErrorBody, ProblemsBody, RegisterBody};
 use crate::auth::Caller;
 use crate::model::TrainedModel;
-use crate::validate::{self, FileDraft, ModelDraft};
+use crate::validate::{self, FileDraft, ModelDraft, Problem, Problems};
 
 pub fn router() -> OpenApiRouter<ApiContext> {
     OpenApiRouter::new()
@@ -21,11 +21,15 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 }
 
 /// Registers a model: its files and where they come from.
+///
+/// A body without `files` has them listed at its source, an `s3://`
+/// prefix: each object's size, and its sha256 where the store keeps one
+/// (`x-amz-checksum-sha256`); no object is read.
 #[utoipa::path(post, path = "/v1/models", operation_id = "register_model", tag = "models",
     request_body = RegisterBody,
     responses(
         (status = CREATED, description = "The stored model", body = json::Model),
-        (status = BAD_REQUEST, description = "The body is not a registration (then `error` alone says why), or every problem of the registration, each also with its field in `problems`", body = ProblemsBody),
+        (status = BAD_REQUEST, description = "The body is not a registration (then `error` alone says why), or every problem of the registration, each also with its field in `problems`; or, without `files`, its source could not be listed (then `error` alone says why: a scheme that cannot be listed, no objects or more than 10000 under the prefix, no bucket, refused credentials, an unreachable store)", body = ProblemsBody),
         (status = CONFLICT, description = "The job id is registered already", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
     ))]
@@ -34,15 +38,59 @@ async fn register(
     caller: Option<Extension<Caller>>,
     Body(body): Body<RegisterBody>,
 ) -> Result<(StatusCode, Json<json::Model>), Error> {
-    let mut model = validate::model(draft(body)).map_err(Error::InvalidModel)?;
+    let listed = body.files.is_none();
+    let mut draft = draft(body);
+    if listed {
+        draft = discovered(&ctx, draft).await?;
+    }
+    let mut model = validate::model(draft).map_err(Error::InvalidModel)?;
     model.created_by = caller.map(|Extension(c)| c.name);
     let stored = ctx.db.insert_model(&model).await?;
     tracing::info!(model_id = stored.id, job_id = %stored.job_id, files = stored.files.len(), "model registered");
     Ok((StatusCode::CREATED, Json(stored.into())))
 }
 
+/// A registration that left its files out, with the files its source
+/// holds and the template that finds each. Its other fields are checked
+/// first, so that only a valid job id fills in a prefix; what is wrong
+/// with a source is said by discovery, and the whole registration is
+/// checked again once the files are in.
+async fn discovered(ctx: &ApiContext, mut draft: ModelDraft) -> Result<ModelDraft, Error> {
+    let source = draft.source.clone().unwrap_or_default();
+    if let Err(Problems(problems)) = validate::model(draft.clone()) {
+        let others: Vec<Problem> = problems
+            .into_iter()
+            .filter(|p| p.field != "source" || source.is_empty())
+            .collect();
+        if !others.is_empty() {
+            return Err(Error::InvalidModel(Problems(others)));
+        }
+    }
+    let job_id = draft.job_id.as_deref().unwrap_or_default();
+    let found = ctx
+        .pipeline
+        .fetcher()
+        .sources()
+        .discover(&source, job_id)
+        .await
+        .map_err(Error::BadRequest)?;
+    draft.source = Some(found.source);
+    draft.files = found
+        .files
+        .into_iter()
+        .map(|f| FileDraft {
+            path: Some(f.path),
+            size_bytes: Some(f.size_bytes),
+            sha256: f.sha256,
+        })
+        .collect();
+    Ok(draft)
+}
+
 /// A registration body checked by the registration rules: the model, or
-/// the sentence a 400 answers with.
+/// the sentence a 400 answers with. Lists nothing: a body without `files`
+/// has none here (`berth plugin run --model` finds its files in a folder,
+/// with no server's credentials).
 pub(super) fn checked(body: RegisterBody) -> Result<TrainedModel, String> {
     validate::model(draft(body)).map_err(|p| json::invalid_model(&p))
 }

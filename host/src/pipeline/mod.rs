@@ -143,7 +143,8 @@ impl Pipeline {
     }
 
     /// The fetcher: its sources' clients serve other readers of a
-    /// registry (a deployer pulled over the API).
+    /// registry (a deployer pulled over the API) or of a store (a
+    /// registration whose files are listed).
     pub(crate) fn fetcher(&self) -> &Fetcher {
         &self.fetcher
     }

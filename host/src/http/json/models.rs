@@ -47,13 +47,18 @@ pub struct RegisterBody {
     #[schema(value_type = Option<Object>)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub params: Option<Value>,
-    /// An `http`, `https` or `file` URL template: `{path}` is replaced by
-    /// each file's path, `{job_id}` by the job id.
-    #[schema(value_type = String, required = true, pattern = r"\{path\}", example = "http://files.internal/{job_id}/{path}")]
+    /// An `http`, `https`, `s3` or `file` URL template: `{path}` is
+    /// replaced by each file's path, `{job_id}` by the job id. Without
+    /// `files`, an `s3://BUCKET/PREFIX/` prefix (`{job_id}` allowed in
+    /// it), recorded as `s3://BUCKET/PREFIX/{path}`.
+    #[schema(value_type = String, required = true, pattern = r"\{path\}|/$", example = "http://files.internal/{job_id}/{path}")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
     /// Left out, the server lists them itself where the source can list
-    /// them (`s3://` prefixes); given (even empty), they are the files.
+    /// them (`s3://` prefixes: every object under the prefix, at most
+    /// 10000, folder markers skipped; each one's size, and its sha256 only
+    /// where the store keeps one, `x-amz-checksum-sha256`); given (even
+    /// empty), they are the files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<Vec<FileBody>>,
 }
