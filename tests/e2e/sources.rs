@@ -1,8 +1,8 @@
 //! Sources that need credentials, through the real server: a model in an
 //! S3-compatible store (moto's, `tests/moto/`) deployed with the keys of
 //! the server's sources file, which appear in no answer and no log line;
-//! and a sources file or a CA file that cannot be used, which stops the
-//! start.
+//! a model registered without files, which are listed at its prefix; and
+//! a sources file or a CA file that cannot be used, which stops the start.
 
 use object_store::ObjectStoreExt;
 use object_store::aws::AmazonS3Builder;
@@ -92,6 +92,118 @@ async fn a_model_in_an_object_store_is_deployed_with_the_servers_credentials() {
         "{}",
         berth.log()
     );
+}
+
+/// A server whose sources file gives `bucket` moto's endpoint and keys
+/// (the secret through the environment), and the folder holding the file.
+async fn serving(moto: &moto::Moto, bucket: &str) -> (tempfile::TempDir, Berth) {
+    let temp = tempfile::tempdir().unwrap();
+    let sources_file = temp.path().join("sources.toml");
+    std::fs::write(
+        &sources_file,
+        format!(
+            "[[source]]\nprefix = \"s3://{bucket}/\"\noptions = {{ endpoint = \"{}\", \
+             region = \"{}\", access_key_id = \"{}\", secret_access_key = \"${{MOTO_SECRET}}\" }}",
+            moto.endpoint, moto.region, moto.access_key_id
+        ),
+    )
+    .unwrap();
+    let berth = Berth::options(Backend::Sqlite)
+        .arg("--sources-file")
+        .arg(sources_file.to_str().unwrap())
+        .env("MOTO_SECRET", &moto.secret_access_key)
+        .start()
+        .await;
+    (temp, berth)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_registered_without_files_has_them_listed_at_its_prefix_and_deploys() {
+    let moto = moto::Moto::start(&["e2e-listed"]);
+    let kept = ("adapter_model.safetensors", bytes(41, 2 * 1024 * 1024 + 3));
+    let unkept = ("config/adapter_config.json", bytes(42, 400));
+    let put = |path: &str, contents: &[u8], sha256| {
+        moto.put_by_boto3(
+            "e2e-listed",
+            &format!("runs/job-listed/{path}"),
+            contents,
+            sha256,
+        )
+    };
+    put(kept.0, &kept.1, true);
+    put(unkept.0, &unkept.1, false);
+    // A folder marker, as a console leaves one: no file.
+    put("config/", b"", false);
+    let (_temp, berth) = serving(&moto, "e2e-listed").await;
+
+    let (status, model) = berth
+        .post(
+            "/v1/models",
+            &json!({
+                "name": "listed", "job_id": "job-listed",
+                "source": "s3://e2e-listed/runs/{job_id}/",
+            }),
+        )
+        .await;
+
+    assert_eq!(status, StatusCode::CREATED, "{model}");
+    assert_eq!(model["source"], "s3://e2e-listed/runs/{job_id}/{path}");
+    assert_eq!(
+        model["files"],
+        json!([
+            { "path": kept.0, "sha256": sha256_hex(&kept.1), "size_bytes": kept.1.len() },
+            { "path": unkept.0, "sha256": null, "size_bytes": unkept.1.len() },
+        ]),
+        "each object's size, and the sha256 only where the store keeps one"
+    );
+    let id = model["id"].as_i64().unwrap();
+    let (status, body) = berth.deploy(id, "archive", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for (path, contents) in [&kept, &unkept] {
+        assert!(
+            std::fs::read(berth.model_dir("job-listed").join(path)).unwrap() == *contents,
+            "{path} is the store's"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_without_files_at_an_empty_prefix_is_refused_and_records_nothing() {
+    let moto = moto::Moto::start(&["e2e-empty"]);
+    let (_temp, berth) = serving(&moto, "e2e-empty").await;
+    // Given, even empty, the files are the registration's: nothing is
+    // listed (here a listing would be refused).
+    let (status, given) = berth
+        .post(
+            "/v1/models",
+            &json!({
+                "name": "given", "job_id": "job-given",
+                "source": "s3://e2e-empty/runs/{job_id}/{path}", "files": [],
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{given}");
+    assert_eq!(given["files"], json!([]));
+    let (_, before) = berth.get("/v1/models").await;
+
+    let (status, refused) = berth
+        .post(
+            "/v1/models",
+            &json!({
+                "name": "none", "job_id": "job-none",
+                "source": "s3://e2e-empty/runs/{job_id}/",
+            }),
+        )
+        .await;
+
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert_eq!(
+        refused,
+        json!({ "error": "the store has no objects under s3://e2e-empty/runs/job-none/: \
+                          check the prefix, or give the files in the registration" })
+    );
+    let (_, after) = berth.get("/v1/models").await;
+    assert_eq!(after, before, "nothing is recorded");
 }
 
 #[test]
