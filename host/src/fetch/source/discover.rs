@@ -27,8 +27,12 @@ pub(crate) struct Found {
     pub(crate) sha256: Option<String>,
 }
 
+/// The most files a listing may find: a model of more is refused rather
+/// than registered in part.
+pub(crate) const MAX_FILES: usize = 10_000;
+
 /// What the refusal for a scheme that cannot be listed names.
-const LISTABLE: &str = "s3:// prefixes";
+const LISTABLE: &str = "s3:// prefixes and oci:// references";
 
 impl Sources {
     /// The files at `source` (filled in for `job_id` as a file's location
@@ -45,13 +49,36 @@ impl Sources {
                     files,
                 })
             }
+            Some("oci") => {
+                let reference = crate::oci::Reference::parse(source)?;
+                let listed = self.list_manifest(&reference).await?;
+                if listed.files.len() > MAX_FILES {
+                    return Err(format!(
+                        "{reference} has {} files, more than the {MAX_FILES} a model may have",
+                        listed.files.len()
+                    ));
+                }
+                Ok(Discovered {
+                    source: listed.pinned.to_string(),
+                    files: listed
+                        .files
+                        .into_iter()
+                        .map(|f| Found {
+                            path: f.path,
+                            size_bytes: f.size,
+                            sha256: Some(f.sha256),
+                        })
+                        .collect(),
+                })
+            }
             Some(other) => Err(format!(
                 "source {source:?}: the files of a {other}: source must be given in the \
                  registration (berth lists files itself only at {LISTABLE})"
             )),
             None => Err(format!(
-                "source {source:?} is not a URL: write s3://BUCKET/PREFIX/ to have the files \
-                 listed, or give the files in the registration"
+                "source {source:?} is not a URL: write s3://BUCKET/PREFIX/ or \
+                 oci://REGISTRY/REPOSITORY:TAG to have the files listed, or give the files in \
+                 the registration"
             )),
         }
     }

@@ -18,11 +18,7 @@ use object_store::{ClientOptions, Extensions, GetOptions, HeaderMap, HeaderValue
 
 use super::{Store, Stores, innermost, store_said, unreachable};
 use crate::fetch::access::Credentials;
-use crate::fetch::source::discover::Found;
-
-/// The most objects a listing takes: a registration names each file, and
-/// a prefix holding more is not one model's files.
-pub(crate) const MAX_LISTED: usize = 10_000;
+use crate::fetch::source::discover::{Found, MAX_FILES};
 
 /// How many objects a listing asks about (HEAD) at once.
 const HEADS_AT_ONCE: usize = 16;
@@ -32,7 +28,7 @@ impl Stores {
     /// ending in `/`), with the settings `credentials` add to the
     /// environment's: its path below the prefix, its size as listed and
     /// the sha256 the store keeps of it, if any. Folder markers (keys
-    /// ending in `/`) are left out; none left, or more than `MAX_LISTED`,
+    /// ending in `/`) are left out; none left, or more than `MAX_FILES`,
     /// is refused.
     pub(crate) async fn list(
         &self,
@@ -41,7 +37,7 @@ impl Stores {
         key: &Key,
         credentials: Option<&Credentials>,
     ) -> Result<Vec<Found>, String> {
-        self.list_at_most(url, bucket, key, credentials, MAX_LISTED)
+        self.list_at_most(url, bucket, key, credentials, MAX_FILES)
             .await
     }
 
