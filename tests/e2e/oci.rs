@@ -1,7 +1,10 @@
 //! Models in an OCI registry (Debian's CNCF distribution registry,
-//! `tests/registry/`), through the real server: files fetched as blobs by
-//! digest over several connections, with the sources file's login; a
-//! damaged blob fails its verification; a wrong login is named.
+//! `tests/registry/`), through the real server: registered by tag with
+//! their files read from the manifest and the source pinned (a tag moved
+//! later changes nothing); files fetched as blobs by digest over several
+//! connections, with the sources file's login; a damaged blob fails its
+//! verification; a wrong login, a bad reference, a missing tag and a
+//! manifest naming no file are each refused with a sentence.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -148,4 +151,130 @@ async fn a_damaged_blob_fails_verification_and_a_wrong_login_is_named() {
         "{error}"
     );
     assert!(!error.contains("not-the-password"));
+}
+
+/// A registration by reference, without files.
+fn by_reference(job_id: &str, source: &str) -> Value {
+    json!({
+        "name": "oci", "job_id": job_id, "base_model": "b", "source": source,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_registered_by_tag_is_pinned_and_deploys_its_bytes_after_the_tag_moves() {
+    let s = setup(PASSWORD).await;
+    let files = files();
+    let (digest, pushed) = s.registry.push_model(REPO, "latest-run", &files).await;
+    let host = s.proxy.addr;
+    let (status, model) = s
+        .berth
+        .post(
+            "/v1/models",
+            &by_reference("job-tag", &format!("oci://{host}/{REPO}:latest-run")),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{model}");
+    assert_eq!(
+        model["source"],
+        format!("oci://{host}/{REPO}@sha256:{digest}")
+    );
+    let listed: Vec<(String, u64, String)> = model["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().into(),
+                f["size_bytes"].as_u64().unwrap(),
+                f["sha256"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, u64, String)> = pushed
+        .iter()
+        .map(|p| (p.path.clone(), p.size, p.sha256.clone()))
+        .collect();
+    assert_eq!(listed, want);
+
+    // The tag now names another model; the registered one keeps its own.
+    let other = vec![("adapter_config.json", bytes(91, 300))];
+    s.registry.push_model(REPO, "latest-run", &other).await;
+    let (status, body) = s
+        .berth
+        .deploy(model["id"].as_i64().unwrap(), "archive", json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for (path, contents) in &files {
+        assert!(
+            std::fs::read(s.berth.model_dir("job-tag").join(path)).unwrap() == *contents,
+            "{path}: the pinned bytes"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_a_registry_cannot_list_are_refused_with_a_sentence() {
+    let s = setup(PASSWORD).await;
+    let host = s.proxy.addr;
+    s.registry.push_model(REPO, "job-1", &files()).await;
+    // A manifest whose layers name no file.
+    let blob = s.registry.push_blob(REPO, b"raw".to_vec()).await;
+    let config = s.registry.push_blob(REPO, b"{}".to_vec()).await;
+    s.registry
+        .push_manifest(
+            REPO,
+            "untitled",
+            &json!({
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": format!("sha256:{config}"), "size": 2},
+                "layers": [{"mediaType": "application/octet-stream", "digest": format!("sha256:{blob}"), "size": 3}],
+            }),
+        )
+        .await;
+    let cases = [
+        (
+            format!("oci://{host}/Team/x:1"),
+            "the repository \"Team/x\" must be lowercase".to_string(),
+        ),
+        (
+            format!("oci://{host}/{REPO}:job-2"),
+            format!("the registry {host} has no manifest oci://{host}/{REPO}:job-2"),
+        ),
+        (
+            format!("oci://{host}/{REPO}:untitled"),
+            format!("oci://{host}/{REPO}:untitled: none of the manifest's 1 layers names a file"),
+        ),
+    ];
+    for (source, wanted) in cases {
+        let answer = s
+            .berth
+            .post("/v1/models", &by_reference("job-no", &source))
+            .await;
+        crate::support::assert_error(&answer, StatusCode::BAD_REQUEST, &wanted);
+    }
+
+    let wrong = setup("not-the-password").await;
+    wrong.registry.push_model(REPO, "job-1", &files()).await;
+    let source = format!("oci://{}/{REPO}:job-1", wrong.proxy.addr);
+    let answer = wrong
+        .berth
+        .post("/v1/models", &by_reference("job-no", &source))
+        .await;
+    crate::support::assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        &format!(
+            "the registry {0} refused the login of the sources file's prefix oci://{0}/team/",
+            wrong.proxy.addr
+        ),
+    );
+    for berth in [&s.berth, &wrong.berth] {
+        let (_, models) = berth.get("/v1/models").await;
+        assert_eq!(
+            models["models"],
+            json!([]),
+            "a refused registration stored a model"
+        );
+    }
 }

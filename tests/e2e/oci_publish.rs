@@ -3,20 +3,17 @@
 //! grants: the deployment's `ref` is the manifest by digest, whose layers
 //! are the model's files (titles, sizes, sha256, in order) and readable
 //! as a model's files by berth's registry client; every put and the
-//! manifest are recorded; the same model pushed again uploads no blob; the
+//! manifest are recorded; registered from the pushed reference, the model
+//! deploys with the bytes pushed; the same model pushed again uploads no blob; the
 //! login appears in no answer and no log line.
 
 use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::support::files::FileServer;
+use crate::support::registry;
 use crate::support::server::{Backend, Berth};
 use crate::support::{adapter_files, assert_error, model, plugins, sha256_hex};
-
-// The fetch tests may include the harness too.
-#[allow(clippy::duplicate_mod)]
-#[path = "../registry/registry.rs"]
-mod registry;
 
 /// berth's own registry client, logged in.
 fn reader(registry: &registry::Registry) -> berth::oci::Registry {
@@ -39,8 +36,10 @@ async fn oci_publish_pushes_a_model_as_one_artifact_and_no_blob_twice() {
     std::fs::write(
         &sources,
         format!(
-            "[[target]]\nname = \"registry\"\nurl = \"oci://{}/models/\"\n\
-             options = {{ username = \"{}\", password = \"${{REGISTRY_PASSWORD}}\" }}\n",
+            "[[target]]\nname = \"registry\"\nurl = \"oci://{0}/models/\"\n\
+             options = {{ username = \"{1}\", password = \"${{REGISTRY_PASSWORD}}\" }}\n\
+             [[source]]\nprefix = \"oci://{0}/models/\"\n\
+             options = {{ username = \"{1}\", password = \"${{REGISTRY_PASSWORD}}\" }}\n",
             registry.host,
             registry::USER
         ),
@@ -161,6 +160,44 @@ async fn oci_publish_pushes_a_model_as_one_artifact_and_no_blob_twice() {
             &json!(digest)
         )
     );
+
+    // The round trip: the pushed reference registered by tag, its files
+    // read from the manifest, deployed with the very bytes pushed.
+    let pulled = berth
+        .register(&json!({
+            "name": "pulled", "job_id": "job-oci-pulled", "base_model": "b",
+            "source": format!("oci://{}/models/job-oci-adapter:job-oci", registry.host),
+        }))
+        .await;
+    let (_, registered) = berth.get(&format!("/v1/models/{pulled}")).await;
+    assert_eq!(
+        registered["source"],
+        format!(
+            "oci://{}/models/job-oci-adapter@sha256:{digest}",
+            registry.host
+        )
+    );
+    let listed: Vec<(String, u64, String)> = registered["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().to_string(),
+                f["size_bytes"].as_u64().unwrap(),
+                f["sha256"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(listed, expected);
+    let (status, body) = berth.deploy(pulled, "archive", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for (path, bytes) in &contents {
+        assert!(
+            std::fs::read(berth.model_dir("job-oci-pulled").join(path)).unwrap() == *bytes,
+            "{path} came back with other bytes"
+        );
+    }
 
     // Again, under another tag and repository path: the blobs are there,
     // so none is uploaded; only the manifest is written. Into another
