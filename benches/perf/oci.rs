@@ -16,12 +16,15 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Instant;
 
 use anyhow::{Context, ensure};
 use berth::model::{ModelFile, TrainedModel};
 
 use crate::Ctx;
+use crate::api::Server;
 use crate::data::{DataFile, MIB};
+use crate::dropin::{drop_in, plugins_dir, served};
 use crate::fetch::{fetch, files, fresh_dir, fresh_fetcher, shell_quote};
 use crate::registry::Registry;
 use crate::report::{Table, cpu_seconds, gbps, median, secs, settle, sh, speed_vs};
@@ -34,6 +37,10 @@ const SKOPEO: &str = "skopeo copy dir: + sha256sum";
 const ORAS_PULL: &str = "oras SDK pull";
 const PULLERS: [&str; 3] = [BERTH, SKOPEO, ORAS_PULL];
 
+const BERTH_PUSH: &str = "berth, oci-publish";
+const ORAS_PUSH: &str = "oras SDK push";
+const PUSHERS: [&str; 2] = [BERTH_PUSH, ORAS_PUSH];
+
 pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let specs: Vec<(String, u64)> = (0..FILES)
         .map(|i| (format!("shard-{i}.bin"), ctx.publish_mib * MIB))
@@ -42,15 +49,50 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let bytes: u64 = model.iter().map(|f| f.size).sum();
     let registry = Registry::start();
 
-    // The SDK's push, each round to a tag of its own in a new repository
-    // (a registry skips blobs it has: only the first push of a repository
-    // sends every byte).
-    let mut pushes = Vec::new();
+    // Each round pushes into new repositories (a registry skips the blobs
+    // a repository has: only a first push sends every byte).
+    let sources = ctx.data_dir.join("oci-sources.toml");
+    std::fs::write(
+        &sources,
+        format!(
+            "[[target]]\nname = \"registry\"\nurl = \"oci://{}/berth/\"\n",
+            registry.host
+        ),
+    )?;
+    let server = Server::start(
+        ctx,
+        "oci",
+        &[
+            "--sources-file",
+            &sources.display().to_string(),
+            "--compiler",
+            "optimized",
+        ],
+    )?;
+    let model_id = server.register(ctx, "oci", &model).await?;
+    // The first deployment fetches the model; the timed ones find it.
+    server.deploy(model_id).await?;
+    let plugins = plugins_dir(ctx, "oci");
+    std::fs::write(
+        plugins.join("oci-publish.toml"),
+        "targets = [\"registry\"]\ntimeout_s = 3600\n",
+    )?;
+    drop_in(&plugins, "oci-publish")?;
+    served(&server, "oci-publish", Some("optimized"), Instant::now()).await?;
+    let mut pushes: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for round in 0..ctx.rounds {
-        settle();
-        let took = oras_push(ctx, &registry, &format!("{REPO}-{round}"), &model)?;
-        pushes.push(took);
+        for k in 0..PUSHERS.len() {
+            let pusher = PUSHERS[(k + round) % PUSHERS.len()];
+            settle();
+            let took = if pusher == BERTH_PUSH {
+                publish(&server, model_id, &format!("run-{round}"), &model).await?
+            } else {
+                oras_push(ctx, &registry, &format!("{REPO}-{round}"), &model)?
+            };
+            pushes.entry(pusher).or_default().push(took);
+        }
     }
+    drop(server);
     let digest = manifest_digest(&registry, &format!("{REPO}-0")).await?;
 
     let mut times: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
@@ -94,17 +136,61 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
         "15b. push a model of {FILES} × {} MiB to an OCI registry (loopback)",
         ctx.publish_mib
     ));
-    table.row(
-        "oras SDK push",
-        format!(
-            "{} ({})",
-            secs(median(&pushes)),
-            gbps(bytes, median(&pushes))
-        ),
-        "baseline".into(),
-    );
+    let ours = median(&pushes[BERTH_PUSH]);
+    for pusher in PUSHERS {
+        let took = median(&pushes[pusher]);
+        let versus = if pusher == BERTH_PUSH {
+            "baseline".to_string()
+        } else {
+            format!("berth: {}", speed_vs(ours, took, pusher))
+        };
+        table.row(
+            pusher,
+            format!("{} ({})", secs(took), gbps(bytes, took)),
+            versus,
+        );
+    }
     table.print();
     Ok(())
+}
+
+/// One synchronous `oci-publish` deployment into the repository
+/// `berth/REPO`, checked against the model; its wall time.
+async fn publish(
+    server: &Server,
+    model_id: i64,
+    repo: &str,
+    model: &[DataFile],
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let response = server
+        .client
+        .post(format!("{}/v1/models/{model_id}/deployments", server.url))
+        .json(&serde_json::json!({ "deployer": "oci-publish", "options": { "repo": repo, "tag": "v1" } }))
+        .send()
+        .await?;
+    let took = started.elapsed().as_secs_f64();
+    let status = response.status();
+    let deployment: serde_json::Value = response.json().await?;
+    ensure!(
+        status.is_success() && deployment["status"] == "completed",
+        "oci-publish did not publish ({status}): {deployment}"
+    );
+    for file in model {
+        let put = deployment["published"].as_array().and_then(|all| {
+            all.iter().find(|p| {
+                p["key"]
+                    .as_str()
+                    .is_some_and(|k| k.ends_with(&format!("/{}", file.path)))
+            })
+        });
+        ensure!(
+            put.is_some_and(|p| p["sha256"] == file.sha256.as_str() && p["bytes"] == file.size),
+            "oci-publish's receipt for {} does not match: {deployment}",
+            file.path
+        );
+    }
+    Ok(took)
 }
 
 /// The ORAS Python SDK pushes the model's files (titled with their names)
