@@ -10,7 +10,6 @@
 //! again after a wait (`crate::backoff`).
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,11 +21,10 @@ use reqwest::header::{CONTENT_LENGTH, CONTENT_TYPE, ETAG, HeaderMap, LOCATION};
 use reqwest::{Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
-use super::read::{Piece, ReadError, Reading, digest_of};
-use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of};
+use super::read::{Piece, ReadError, Reading};
+use super::{Body, Content, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of};
 use crate::backoff::Backoff;
 use crate::causes::innermost;
-use crate::fetch::Stamp;
 use crate::trust::Trust;
 
 /// Tries of one request, the first included.
@@ -43,12 +41,6 @@ pub(super) struct Mirror {
     client: reqwest::Client,
     /// Sensitive: never logged, never in a message.
     headers: HeaderMap,
-}
-
-/// What is sent, once per try.
-enum Content {
-    Bytes(Bytes),
-    File(PathBuf, Option<Stamp>),
 }
 
 impl Mirror {
@@ -74,46 +66,14 @@ impl Mirror {
         cancel: &CancellationToken,
     ) -> Result<Put, Error> {
         let what = upload_of(key);
-        let (bytes, sha256, content_type, content) = match body {
-            Body::Bytes {
-                bytes,
-                content_type,
-            } => (
-                bytes.len() as u64,
-                super::sha256_hex(&bytes),
-                content_type,
-                Content::Bytes(bytes),
-            ),
-            Body::File {
-                path,
-                bytes,
-                sha256,
-                vouched,
-            } => {
-                let sha256 = match sha256 {
-                    Some(sha256) => sha256.to_ascii_lowercase(),
-                    // The digest goes in a header, before the body: read
-                    // the file once to learn it. The second read checks
-                    // the file did not change in between.
-                    None => match digest_of(path.clone(), bytes, cancel.clone()).await {
-                        Ok(Some(sha256)) => sha256,
-                        Ok(None) => return Err(Error::Cancelled),
-                        Err(e) => return Err(subject.source(key, e)),
-                    },
-                };
-                let content_type = "application/octet-stream".to_string();
-                (bytes, sha256, content_type, Content::File(path, vouched))
-            }
-        };
-        let digest = hex::decode(&sha256)
-            .ok()
-            .filter(|d| d.len() == 32)
-            .ok_or_else(|| {
-                subject.source(
-                    key,
-                    format!("the expected sha256 {sha256:?} is not 64 hex digits"),
-                )
-            })?;
+        let super::Digested {
+            bytes,
+            sha256,
+            content_type,
+            content,
+        } = body.digested(subject, key, cancel).await?;
+        let content_type = content_type.unwrap_or_else(|| "application/octet-stream".to_string());
+        let digest = hex::decode(&sha256).expect("digested: 64 hex digits");
         let field = format!("sha-256=:{}:", BASE64.encode(digest));
 
         let attempt = || {

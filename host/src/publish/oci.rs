@@ -15,7 +15,6 @@
 //! answer, starts the blob again after a wait, up to `TRIES` times.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -25,11 +24,12 @@ use reqwest::header::{CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, LOCATION};
 use reqwest::{Method, Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
-use super::read::{Piece, ReadError, Reading, digest_of};
-use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, Tuning, look_up_of, upload_of};
+use super::read::{Piece, ReadError, Reading};
+use super::{
+    Body, Content, Error, Key, ObjectInfo, Put, Subject, Tally, Tuning, look_up_of, upload_of,
+};
 use crate::backoff::Backoff;
 use crate::causes::innermost;
-use crate::fetch::Stamp;
 use crate::oci::manifest::{
     Descriptor, EMPTY_CONFIG, EMPTY_JSON, MODELPACK_PATH, Manifest, OCI_MANIFEST, TITLE,
 };
@@ -242,12 +242,6 @@ pub(super) struct Registry {
     chunk: u64,
 }
 
-/// What a blob put is made of.
-enum Content {
-    Bytes(Bytes),
-    File(PathBuf, Option<Stamp>),
-}
-
 /// How one try of an upload ended, when not with the blob in place.
 enum Failed {
     /// Worth another try: the connection broke, or the registry answered
@@ -342,47 +336,13 @@ impl Registry {
         tally: &Tally<'_>,
         cancel: &CancellationToken,
     ) -> Result<(String, Put), Error> {
-        let (bytes, sha256, media_type, content) = match body {
-            Body::Bytes {
-                bytes,
-                content_type,
-            } => (
-                bytes.len() as u64,
-                super::sha256_hex(&bytes),
-                media_type(&content_type),
-                Content::Bytes(bytes),
-            ),
-            Body::File {
-                path,
-                bytes,
-                sha256,
-                vouched,
-            } => {
-                let sha256 = match sha256 {
-                    Some(sha256) => sha256.to_ascii_lowercase(),
-                    // Blobs are named by their digest: it must be known
-                    // before the registry is asked for the blob. The
-                    // upload's reading checks the file did not change since.
-                    None => match digest_of(path.clone(), bytes, cancel.clone()).await {
-                        Ok(Some(sha256)) => sha256,
-                        Ok(None) => return Err(Error::Cancelled),
-                        Err(e) => return Err(subject.source(key, e)),
-                    },
-                };
-                (
-                    bytes,
-                    sha256,
-                    OCTET_STREAM.to_string(),
-                    Content::File(path, vouched),
-                )
-            }
-        };
-        if crate::oci::reference::checked_hex(&sha256).is_err() {
-            return Err(subject.source(
-                key,
-                format!("the expected sha256 {sha256:?} is not 64 hex digits"),
-            ));
-        }
+        let super::Digested {
+            bytes,
+            sha256,
+            content_type,
+            content,
+        } = body.digested(subject, key, cancel).await?;
+        let media_type = content_type.map_or_else(|| OCTET_STREAM.to_string(), |t| media_type(&t));
         let what = upload_of(key);
         self.push_blob(
             subject,
