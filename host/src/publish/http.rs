@@ -208,17 +208,7 @@ impl Mirror {
                 }
                 Err(e) => innermost(&e),
             };
-            let wait = backoff.next_wait();
-            tracing::info!(
-                target_name = %subject.target,
-                "{what}: trying again in {} ms ({why})",
-                wait.as_millis()
-            );
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Err(Error::Cancelled),
-                _ = tokio::time::sleep(wait) => {}
-            }
+            super::wait_to_try_again(subject, what, &why, &mut backoff, cancel).await?;
         }
     }
 

@@ -481,6 +481,28 @@ impl Body {
     }
 }
 
+/// Waits the backoff's next wait before another try at `what`, saying
+/// why in the log; `Error::Cancelled` if the put is cancelled meanwhile.
+async fn wait_to_try_again(
+    subject: &Subject,
+    what: &str,
+    why: &str,
+    backoff: &mut crate::backoff::Backoff,
+    cancel: &CancellationToken,
+) -> Result<(), Error> {
+    let wait = backoff.next_wait();
+    tracing::info!(
+        target_name = %subject.target,
+        "{what}: trying again in {} ms ({why})",
+        wait.as_millis()
+    );
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Err(Error::Cancelled),
+        _ = tokio::time::sleep(wait) => Ok(()),
+    }
+}
+
 /// What a backend's put did.
 struct Put {
     bytes: u64,

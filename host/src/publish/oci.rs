@@ -428,17 +428,7 @@ impl Registry {
                 Err(Failed::Again(why)) if tries == TRIES => return Err(said(subject, what, why)),
                 Err(Failed::Again(why)) => why,
             };
-            let wait = backoff.next_wait();
-            tracing::info!(
-                target_name = %subject.target,
-                "{what}: trying again in {} ms ({why})",
-                wait.as_millis()
-            );
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Err(Error::Cancelled),
-                _ = tokio::time::sleep(wait) => {}
-            }
+            super::wait_to_try_again(subject, what, &why, &mut backoff, cancel).await?;
         }
     }
 
