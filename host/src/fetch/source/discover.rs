@@ -214,17 +214,20 @@ mod tests {
             (
                 "https://files.local/{job_id}/{path}",
                 "source \"https://files.local/{job_id}/{path}\": the files of a https: source \
-                 must be given in the registration (berth lists files itself only at s3:// prefixes)",
+                 must be given in the registration (berth lists files itself only at s3:// \
+                 prefixes and oci:// references)",
             ),
             (
                 "file:///srv/models/",
                 "source \"file:///srv/models/\": the files of a file: source must be given in \
-                 the registration (berth lists files itself only at s3:// prefixes)",
+                 the registration (berth lists files itself only at s3:// prefixes and oci:// \
+                 references)",
             ),
             (
                 "models/{path}",
-                "source \"models/{path}\" is not a URL: write s3://BUCKET/PREFIX/ to have the \
-                 files listed, or give the files in the registration",
+                "source \"models/{path}\" is not a URL: write s3://BUCKET/PREFIX/ or \
+                 oci://REGISTRY/REPOSITORY:TAG to have the files listed, or give the files in \
+                 the registration",
             ),
         ];
         for (source, expected) in cases {
