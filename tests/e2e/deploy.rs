@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use crate::support::files::{Fault, FileServer};
 use crate::support::server::{Backend, Berth};
 use crate::support::{
-    adapter_files, bytes, eventually, files_under, model, on_both_backends, sha256_hex,
+    adapter_files, assert_error, bytes, eventually, files_under, model, on_both_backends,
+    sha256_hex,
 };
 
 on_both_backends!(
@@ -21,7 +22,8 @@ on_both_backends!(
     a_deployer_failure_is_a_502_with_the_row_stored,
     a_client_that_disconnects_cancels_its_deployment,
     a_server_killed_during_a_fetch_recovers_on_restart,
-    deleting_a_model_deletes_its_deployments_but_not_its_files,
+    deleting_a_model_deletes_its_deployments_and_its_files,
+    a_models_files_are_dropped_only_when_no_deployment_uses_them,
     a_fetch_that_takes_too_long_is_stopped,
 );
 
@@ -424,7 +426,7 @@ async fn a_server_killed_during_a_fetch_recovers_on_restart(backend: Backend) {
     );
 }
 
-async fn deleting_a_model_deletes_its_deployments_but_not_its_files(backend: Backend) {
+async fn deleting_a_model_deletes_its_deployments_and_its_files(backend: Backend) {
     let files = FileServer::start().await;
     let berth = Berth::start(backend).await;
     let id = berth
@@ -445,14 +447,80 @@ async fn deleting_a_model_deletes_its_deployments_but_not_its_files(backend: Bac
             .0,
         StatusCode::NOT_FOUND
     );
-    assert_eq!(
-        files_under(&berth.model_dir("job-delete")).len(),
-        3,
-        "files are never deleted"
+    assert!(
+        !berth.model_dir("job-delete").exists(),
+        "the local copy goes with the model"
     );
     let (status, body) = berth.delete(&format!("/v1/models/{id}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(body["error"], format!("model {id} does not exist"));
+}
+
+/// A model's local copy is dropped on request, and fetched again by its
+/// next deployment; never while a deployment of it is queued or running
+/// (nor is the model deleted then).
+async fn a_models_files_are_dropped_only_when_no_deployment_uses_them(backend: Backend) {
+    let files = FileServer::start().await;
+    let berth = Berth::start(backend).await;
+    let contents = adapter_files();
+    let id = berth.register(&model(&files, "job-drop", &contents)).await;
+    let (status, body) = berth.deploy(id, "archive", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let dir = berth.model_dir("job-drop");
+    assert_eq!(files_under(&dir).len(), contents.len());
+
+    let (status, body) = berth.delete(&format!("/v1/models/{id}/files")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    assert!(!dir.exists(), "the copy is gone");
+    assert_eq!(
+        berth.get(&format!("/v1/models/{id}")).await.0,
+        StatusCode::OK
+    );
+    // Dropping nothing is no error.
+    let (status, _) = berth.delete(&format!("/v1/models/{id}/files")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    // Fetched again, every file, by the next deployment.
+    let before = files.total_hits();
+    let (status, body) = berth.deploy(id, "archive", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        files.total_hits() >= before + contents.len(),
+        "not fetched again"
+    );
+    assert_eq!(files_under(&dir).len(), contents.len());
+
+    // In use: neither the files nor the model go.
+    let running = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 600_000 }))
+        .await;
+    let busy = format!(
+        "model {id} is in use by deployment {} (queued or running); its files stay until it ends",
+        running["id"]
+    );
+    for path in [format!("/v1/models/{id}/files"), format!("/v1/models/{id}")] {
+        let answer = berth.delete(&path).await;
+        assert_error(&answer, StatusCode::CONFLICT, &busy);
+    }
+    assert_eq!(
+        files_under(&dir).len(),
+        contents.len(),
+        "files dropped in use"
+    );
+    let (status, _) = berth
+        .post(
+            &format!("/v1/deployments/{}/cancel", running["id"]),
+            &json!({}),
+        )
+        .await;
+    assert!(status.is_success(), "{status}");
+    let (status, body) = berth.delete(&format!("/v1/models/{id}")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    assert!(!dir.exists());
+    assert_eq!(
+        berth.delete(&format!("/v1/models/{id}/files")).await.0,
+        StatusCode::NOT_FOUND
+    );
 }
 
 async fn a_fetch_that_takes_too_long_is_stopped(backend: Backend) {

@@ -230,6 +230,22 @@ impl Db {
         row.as_ref().map(deployment_row).transpose()
     }
 
+    /// The ids of `model_id`'s deployments that are queued or running,
+    /// on any server: those that use, or will use, its local copy.
+    pub async fn unfinished_of(&self, model_id: i64) -> Result<Vec<i64>> {
+        let rows = sqlx::query(
+            "SELECT id FROM deployments WHERE model_id = $1 AND status IN ($2, $3) ORDER BY id",
+        )
+        .bind(model_id)
+        .bind(Status::Queued.as_str())
+        .bind(Status::Running.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| Ok(row.try_get::<i64, _>(0)?))
+            .collect()
+    }
+
     /// Newest first.
     pub async fn deployments_of(&self, model_id: i64, limit: u32) -> Result<Vec<Deployment>> {
         let rows = sqlx::query(&format!(

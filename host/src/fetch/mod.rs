@@ -17,6 +17,7 @@
 //! the bytes' way in, `source`, `partial` and `pieces`.
 
 mod access;
+mod copy;
 mod disk;
 mod file;
 mod local;
@@ -42,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use crate::model::{ModelFile, TrainedModel};
 use crate::trust::Trust;
 pub use access::Access;
+pub use copy::HeldCopy;
 use disk::disk_error;
 pub use local::check_local;
 use lock::DirLock;

@@ -11,6 +11,7 @@ use super::error::Error;
 use super::extract::{Body, Id};
 use super::json::{self, ErrorBody, ProblemsBody, RegisterBody};
 use crate::auth::Caller;
+use crate::fetch::HeldCopy;
 use crate::model::TrainedModel;
 use crate::validate::{self, FileDraft, ModelDraft, Problem, Problems};
 
@@ -18,6 +19,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
     OpenApiRouter::new()
         .routes(routes!(list, register))
         .routes(routes!(show, remove))
+        .routes(routes!(drop_files))
 }
 
 /// Registers a model: its files and where they come from.
@@ -147,22 +149,103 @@ async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<json::Mo
     }
 }
 
-/// Deletes a model's record and its deployments'.
+/// Deletes a model: its record, its deployments' records and its local
+/// copy of the files.
 ///
-/// Only the records: the files on disk are never deleted by berth.
+/// Refused (409) while a deployment of it is queued or running.
 #[utoipa::path(delete, path = "/v1/models/{id}", operation_id = "delete_model", tag = "models",
     params(("id" = i64, Path, minimum = 1, example = 1, description = "The model's id")),
     responses(
-        (status = NO_CONTENT, description = "The model and its deployments' records are deleted"),
+        (status = NO_CONTENT, description = "The model, its deployments' records and its files are deleted"),
         (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),
         (status = NOT_FOUND, description = "No such model", body = ErrorBody),
-        (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
+        (status = CONFLICT, description = "A deployment of the model is queued or running: nothing is deleted", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The records or the files could not be deleted", body = ErrorBody),
     ))]
 async fn remove(State(ctx): State<ApiContext>, Id(id): Id) -> Result<StatusCode, Error> {
-    if ctx.db.delete_model(id).await? {
-        tracing::info!(model_id = id, "model deleted (its files stay on disk)");
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(Error::no_model(id))
+    let model = ctx.db.model(id).await?.ok_or_else(|| Error::no_model(id))?;
+    let held = unused_copy(&ctx, &model).await?;
+    if !ctx.db.delete_model(id).await? {
+        return Err(Error::no_model(id));
     }
+    let freed = drop_copy(held, &model).await?;
+    tracing::info!(
+        model_id = id,
+        freed_bytes = freed,
+        "model deleted, with its local copy"
+    );
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Drops a model's local copy of its files; the model stays registered
+/// and its next deployment fetches them again.
+#[utoipa::path(delete, path = "/v1/models/{id}/files", operation_id = "drop_model_files", tag = "models",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The model's id")),
+    responses(
+        (status = NO_CONTENT, description = "The local copy is gone (or there was none)"),
+        (status = BAD_REQUEST, description = "The id is not a positive integer", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such model", body = ErrorBody),
+        (status = CONFLICT, description = "A deployment of the model is queued or running: the files stay", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The files could not be deleted", body = ErrorBody),
+    ))]
+async fn drop_files(State(ctx): State<ApiContext>, Id(id): Id) -> Result<StatusCode, Error> {
+    let model = ctx.db.model(id).await?.ok_or_else(|| Error::no_model(id))?;
+    let held = unused_copy(&ctx, &model).await?;
+    let freed = drop_copy(held, &model).await?;
+    tracing::info!(
+        model_id = id,
+        freed_bytes = freed,
+        "model's local copy dropped"
+    );
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The model's copy, held so that no fetch fills it, once no deployment
+/// of it is queued or running — asked before its verification record is
+/// forgotten and again after, so a deployment that started between the
+/// two either is seen or cannot trust the record and waits for the lock.
+async fn unused_copy(ctx: &ApiContext, model: &TrainedModel) -> Result<HeldCopy, Error> {
+    let held = ctx
+        .pipeline
+        .fetcher()
+        .hold_copy(&model.job_id)
+        .await
+        .map_err(|e| Error::Internal(format!("locking the files of model {}: {e}", model.id)))?;
+    in_use(ctx, model.id).await?;
+    held.forget().await.map_err(|e| {
+        Error::Internal(format!(
+            "forgetting the verification record of model {}: {e}",
+            model.id
+        ))
+    })?;
+    in_use(ctx, model.id).await?;
+    Ok(held)
+}
+
+/// 409 naming the deployments that use the model's files.
+async fn in_use(ctx: &ApiContext, id: i64) -> Result<(), Error> {
+    let users = ctx.db.unfinished_of(id).await?;
+    if users.is_empty() {
+        return Ok(());
+    }
+    let (noun, pronoun) = if users.len() == 1 {
+        ("deployment", "it ends")
+    } else {
+        ("deployments", "they end")
+    };
+    let ids: Vec<String> = users.iter().map(i64::to_string).collect();
+    Err(Error::Conflict(format!(
+        "model {id} is in use by {noun} {} (queued or running); its files stay until {pronoun}: \
+         wait, or cancel (POST /v1/deployments/ID/cancel)",
+        ids.join(", ")
+    )))
+}
+
+async fn drop_copy(held: HeldCopy, model: &TrainedModel) -> Result<u64, Error> {
+    held.remove().await.map_err(|e| {
+        Error::Internal(format!(
+            "deleting the files of model {} ({}): {e}",
+            model.id, model.job_id
+        ))
+    })
 }
