@@ -152,6 +152,17 @@ async fn a_training_folder_is_registered_shown_deployed_and_removed() {
         assert!(shown.contains(fragment), "{fragment}: {shown}");
     }
 
+    let dropped = expect_success(&berth(&server.url, &["models", "rm", "--files", "run-1"]));
+    assert!(
+        dropped.contains(&format!(
+            "dropped the copy of model {id} (job run-1)'s files"
+        )),
+        "{dropped}"
+    );
+    assert_eq!(
+        server.get(&format!("/v1/models/{id}")).await.0,
+        StatusCode::OK
+    );
     let removed = expect_success(&berth(&server.url, &["models", "rm", "run-1"]));
     assert!(
         removed.contains(&format!("deleted model {id} (job run-1)")),

@@ -25,10 +25,16 @@ pub enum ModelsCommand {
         #[command(flatten)]
         common: Common,
     },
-    /// Deletes a model's record and its deployments' records.
+    /// Deletes a model: its record, its deployments' records and the
+    /// server's copy of its files (refused while a deployment of it is
+    /// queued or running).
     Rm {
         /// The model: its id or its job id.
         model: String,
+        /// Drop only the server's copy of the files; the model stays
+        /// registered and its next deployment fetches them again.
+        #[arg(long)]
+        files: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -48,16 +54,31 @@ pub async fn run(command: ModelsCommand) -> Result<(), Error> {
             }
             Ok(())
         }
-        ModelsCommand::Rm { model, common } => {
+        ModelsCommand::Rm {
+            model,
+            files,
+            common,
+        } => {
             let api = Api::new(&common.server, common.token.as_deref())?;
             let model = find_model(&api, &model).await?;
-            api.delete(&format!("/v1/models/{}", model.id)).await?;
-            println!(
-                "deleted model {} (job {}) and its deployments' records from {}",
-                model.id,
-                model.job_id,
-                api.server()
-            );
+            if files {
+                api.delete(&format!("/v1/models/{}/files", model.id))
+                    .await?;
+                println!(
+                    "dropped the copy of model {} (job {})'s files on {}; its next deployment fetches them again",
+                    model.id,
+                    model.job_id,
+                    api.server()
+                );
+            } else {
+                api.delete(&format!("/v1/models/{}", model.id)).await?;
+                println!(
+                    "deleted model {} (job {}), its deployments' records and its files from {}",
+                    model.id,
+                    model.job_id,
+                    api.server()
+                );
+            }
             Ok(())
         }
     }
