@@ -45,14 +45,8 @@ pub(super) struct Mirror {
 
 impl Mirror {
     pub(super) fn build(headers: HeaderMap, trust: &Trust) -> Result<Self, String> {
-        let builder = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(30))
-            // Never followed: the answer is an error (`redirected`).
-            .redirect(reqwest::redirect::Policy::none());
-        let client = trust
-            .reqwest(builder)
-            .and_then(|b| b.build())
-            .map_err(|e| innermost(&e))?;
+        // Redirects are never followed: the answer is an error (`redirected`).
+        let client = super::client(trust)?;
         Ok(Self { client, headers })
     }
 

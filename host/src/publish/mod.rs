@@ -413,6 +413,18 @@ async fn wait_to_try_again(
     }
 }
 
+/// An HTTP client for a target: trusting `trust` too, following no
+/// redirect (a backend decides what one means).
+fn client(trust: &Trust) -> Result<reqwest::Client, String> {
+    let builder = reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(30))
+        .redirect(reqwest::redirect::Policy::none());
+    trust
+        .reqwest(builder)
+        .and_then(|b| b.build())
+        .map_err(|e| crate::causes::innermost(&e))
+}
+
 /// What a backend's put did.
 struct Put {
     bytes: u64,

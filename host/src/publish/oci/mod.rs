@@ -30,7 +30,6 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Body, Content, Error, Key, ObjectInfo, Put, Subject, Tally, Tuning, look_up_of, upload_of,
 };
-use crate::causes::innermost;
 use crate::oci::manifest::{
     Descriptor, EMPTY_CONFIG, EMPTY_JSON, MODELPACK_PATH, Manifest, OCI_MANIFEST, TITLE,
 };
@@ -87,14 +86,8 @@ impl Registry {
         trust: &Trust,
         tuning: Tuning,
     ) -> Result<Self, String> {
-        let builder = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(30))
-            // The client follows redirects itself, without credentials.
-            .redirect(reqwest::redirect::Policy::none());
-        let http = trust
-            .reqwest(builder)
-            .and_then(|b| b.build())
-            .map_err(|e| innermost(&e))?;
+        // The registry client follows redirects itself, without credentials.
+        let http = super::client(trust)?;
         let origin = login
             .is_some()
             .then(|| format!("the target {target:?} (its options username and password)"));
