@@ -8,15 +8,19 @@
 //! from the checkpoint the interruption left if the file is untouched since,
 //! else the kept bytes are hashed again. A model whose verification record
 //! vouches for every file is ready without reading a byte or taking the
-//! lock. Never deletes a model file; knows nothing of deployers or the
-//! database.
+//! lock. A file with a recorded sha256 is kept once for every model, in the
+//! blob store (`blobs`), and linked in rather than downloaded when any
+//! model already holds it. Deletes a model's file only when its bytes are
+//! found wrong, or when asked to drop a copy (`copy`); knows nothing of
+//! deployers or the database.
 //!
 //! This file is the whole model's order: vouched for, locked, checked in
-//! place, room, downloads, settled. One file's download is `file`; the
-//! disk work around the downloads, run off the runtime's threads, `disk`;
-//! the bytes' way in, `source`, `partial` and `pieces`.
+//! place, room, linked or downloaded, settled. One file's download is
+//! `file`; the disk work around the downloads, run off the runtime's
+//! threads, `disk`; the bytes' way in, `source`, `partial` and `pieces`.
 
 mod access;
+mod blobs;
 mod copy;
 mod disk;
 mod file;
@@ -123,6 +127,8 @@ pub struct Fetcher {
     /// Taken with each model directory's file lock, by servers on several
     /// machines.
     shared_locks: Option<Arc<dyn SharedLocks>>,
+    /// Where verified files are kept once, by digest.
+    blobs: blobs::Blobs,
 }
 
 /// Where berth keeps its own bookkeeping of the models dir: locks,
@@ -134,6 +140,7 @@ impl Fetcher {
     pub fn new(models_dir: PathBuf, timeout: Duration) -> anyhow::Result<Self> {
         Ok(Self {
             sources: source::Sources::new(Trust::default())?,
+            blobs: blobs::Blobs::new(&models_dir),
             models_dir,
             timeout,
             parallel: 4,
@@ -198,7 +205,7 @@ impl Fetcher {
     pub fn verified(&self, model: &TrainedModel) -> Option<PathBuf> {
         let dir = self.dir_of(&model.job_id);
         let stamps = self.bookkeeping(&model.job_id).stamps;
-        disk::vouched(&stamps, &dir, &model.files).then_some(dir)
+        disk::vouched(&stamps, &dir, &model.files, &self.blobs).then_some(dir)
     }
 
     /// Makes the model's directory hold exactly-verified copies of all its
@@ -237,7 +244,8 @@ impl Fetcher {
         // of any byte.
         let vouched = disk::blocking({
             let (stamps, dir, files) = (books.stamps.clone(), dir.clone(), files.clone());
-            move || disk::vouched(&stamps, &dir, &files)
+            let blobs = self.blobs.clone();
+            move || disk::vouched(&stamps, &dir, &files, &blobs)
         })
         .await;
         if vouched {
@@ -267,10 +275,16 @@ impl Fetcher {
         .await?;
         let missing = self.check_in_place(&dir, &files, &mut stamps, &tally).await;
         let missing = disk::holding(&lock, {
-            let (dir, reserve) = (dir.clone(), self.reserve);
+            let (dir, reserve, blobs) = (dir.clone(), self.reserve, self.blobs.clone());
             move || {
                 disk::remove_leftovers(&dir, &missing);
-                disk::check_room(&dir, &missing, reserve).map(|()| missing)
+                // A file the store holds is linked in, not downloaded.
+                let to_download: Vec<ModelFile> = missing
+                    .iter()
+                    .filter(|file| !file.sha256.as_deref().is_some_and(|hex| blobs.has(hex)))
+                    .cloned()
+                    .collect();
+                disk::check_room(&dir, &to_download, reserve).map(|()| missing)
             }
         })
         .await?;
@@ -313,7 +327,8 @@ impl Fetcher {
             .map(|file| {
                 let stamp = stamps.get(&file.path).cloned();
                 let path = dir.join(&file.path);
-                disk::blocking(move || disk::verified_in_place(&path, &file, stamp))
+                let blobs = self.blobs.clone();
+                disk::blocking(move || disk::verified_in_place(&path, &file, stamp, &blobs))
             })
             .buffered(self.parallel)
             .collect()
@@ -347,7 +362,7 @@ impl Fetcher {
                 let (tally, lock) = (tally.clone(), lock.clone());
                 async move {
                     let stamp = self
-                        .download(model, &file, dir, &tally, lock)
+                        .put(model, &file, dir, &tally, lock)
                         .await
                         .map_err(|reason| Error::File {
                             path: file.path.clone(),
@@ -375,6 +390,52 @@ impl Fetcher {
         // Returning drops the other downloads; each keeps what it has for
         // next time.
         downloaded
+    }
+}
+
+impl Fetcher {
+    /// Puts one missing file in place: linked from the blob store if it
+    /// holds the file's digest, else downloaded and then kept there. Under
+    /// the digest's lock, so no two fetches on the volume download one
+    /// digest at once: the second finds the first's blob and links it.
+    async fn put(
+        &self,
+        model: &TrainedModel,
+        file: &ModelFile,
+        dir: &Path,
+        tally: &Tally,
+        lock: Arc<DirLock>,
+    ) -> Result<Stamp, String> {
+        let Some(hex) = file.sha256.clone() else {
+            return self.download(model, file, dir, tally, lock).await;
+        };
+        let digest = Arc::new(
+            DirLock::acquire(&self.blobs.lock_path(&hex), self.shared_locks.as_deref())
+                .await
+                .map_err(|e| format!("cannot take the lock of sha256 {hex}: {e}"))?,
+        );
+        let target = dir.join(&file.path);
+        let linked = disk::holding(&lock, {
+            let (blobs, digest, hex, target) = (self.blobs.clone(), digest.clone(), hex.clone(), target.clone());
+            let size = file.size_bytes;
+            move || {
+                let _digest = digest;
+                blobs.link_into(&hex, size, &target)
+            }
+        })
+        .await;
+        if let Some(stamp) = linked {
+            tally.bytes(file.size_bytes);
+            return Ok(stamp);
+        }
+        let downloaded = self.download(model, file, dir, tally, lock.clone()).await?;
+        let blobs = self.blobs.clone();
+        let kept = disk::holding(&lock, move || {
+            let _digest = digest;
+            blobs.keep(&hex, &target)
+        })
+        .await;
+        Ok(kept.unwrap_or(downloaded))
     }
 }
 

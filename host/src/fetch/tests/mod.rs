@@ -4,6 +4,7 @@
 //! file per concern: resuming, the verification record, pieces, refusals,
 //! credentials, TLS.
 
+mod blobs;
 mod credentials;
 mod pieces;
 mod record;
