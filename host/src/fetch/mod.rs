@@ -31,6 +31,7 @@ mod stamp;
 mod tally;
 #[cfg(test)]
 mod tests;
+pub mod usage;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
