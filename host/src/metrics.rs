@@ -79,6 +79,9 @@ struct Metrics {
     webhook_given_up: Counter,
     webhook_delivering: Gauge,
     webhook_failing: Gauge,
+    models_stored: Gauge,
+    models_saved: Gauge,
+    copies_evicted: Counter,
 }
 
 impl Metrics {
@@ -191,6 +194,26 @@ impl Metrics {
             "1 while this server is retrying an event the webhook did not take",
             webhook_failing.clone(),
         );
+        let models_stored = Gauge::default();
+        registry.register_with_unit(
+            "berth_models_stored",
+            "Bytes the models dir holds on disk (model directories and blobs, each file once), as last scanned",
+            Unit::Bytes,
+            models_stored.clone(),
+        );
+        let models_saved = Gauge::default();
+        registry.register_with_unit(
+            "berth_models_saved",
+            "Bytes the model directories would take beyond what is on disk, were their shared (hard-linked) files separate copies, as last scanned",
+            Unit::Bytes,
+            models_saved.clone(),
+        );
+        let copies_evicted = Counter::default();
+        registry.register(
+            "berth_model_copies_evicted",
+            "Models whose local copy was dropped to keep the models dir within its budget (--models-max-gib)",
+            copies_evicted.clone(),
+        );
         Self {
             registry,
             deployments,
@@ -210,6 +233,9 @@ impl Metrics {
             webhook_given_up,
             webhook_delivering,
             webhook_failing,
+            models_stored,
+            models_saved,
+            copies_evicted,
         }
     }
 }
@@ -354,6 +380,21 @@ pub fn webhook_failing(failing: bool) {
     }
 }
 
+/// What the models dir holds on disk and what sharing saves, as a scan
+/// of it (`fetch::Fetcher::usage`) found.
+pub fn models_storage(stored: u64, saved: u64) {
+    let Some(m) = METRICS.get() else { return };
+    m.models_stored.set(stored.try_into().unwrap_or(i64::MAX));
+    m.models_saved.set(saved.try_into().unwrap_or(i64::MAX));
+}
+
+/// One model's local copy dropped to keep within the budget.
+pub fn model_copy_evicted() {
+    if let Some(m) = METRICS.get() {
+        m.copies_evicted.inc();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,6 +431,9 @@ mod tests {
             ("berth_webhook_given_up_total", "counter"),
             ("berth_webhook_delivering", "gauge"),
             ("berth_webhook_failing", "gauge"),
+            ("berth_models_stored_bytes", "gauge"),
+            ("berth_models_saved_bytes", "gauge"),
+            ("berth_model_copies_evicted_total", "counter"),
         ];
         let text = render().unwrap();
         let declared: Vec<(&str, &str)> = text

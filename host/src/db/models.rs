@@ -8,6 +8,16 @@ use sqlx::{AnyConnection, Row};
 use super::{Db, Error, Result, now};
 use crate::model::{ModelFile, TrainedModel};
 
+/// When a model was last deployed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastDeployed {
+    pub model_id: i64,
+    pub job_id: String,
+    /// The newest deployment's `created_at` (RFC 3339, UTC); none if the
+    /// model was never deployed.
+    pub last_deployed: Option<String>,
+}
+
 const MODEL_COLUMNS: &str = "id, name, job_id, base_model, model_size, dataset, num_examples, \
      num_train_steps, final_loss, params, source, created_at, created_by";
 
@@ -57,6 +67,34 @@ impl Db {
         .await?;
         model.files = files.iter().map(file_row).collect::<Result<_>>()?;
         Ok(Some(model))
+    }
+
+    /// Every model with the time its newest deployment was made (of any
+    /// status), least recently deployed first: never-deployed models
+    /// first, then by that time, then by id. The order copies are dropped
+    /// in to keep the models dir within its budget.
+    pub async fn models_by_last_deployed(&self) -> Result<Vec<LastDeployed>> {
+        // A subquery per model, on the index by model: no GROUP BY whose
+        // output PostgreSQL would refuse to order by an expression of.
+        let rows = sqlx::query(
+            "SELECT id, job_id, last_deployed FROM (\
+               SELECT m.id, m.job_id, \
+                 (SELECT MAX(d.created_at) FROM deployments d WHERE d.model_id = m.id) \
+                   AS last_deployed \
+               FROM models m) AS t \
+             ORDER BY CASE WHEN last_deployed IS NULL THEN 0 ELSE 1 END, last_deployed, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LastDeployed {
+                    model_id: row.try_get("id")?,
+                    job_id: row.try_get("job_id")?,
+                    last_deployed: row.try_get("last_deployed")?,
+                })
+            })
+            .collect()
     }
 
     /// Deletes a model with its files' records and its deployments. Returns
@@ -162,4 +200,41 @@ fn file_row(row: &AnyRow) -> Result<ModelFile> {
         size_bytes: to_u64(row.try_get("size_bytes")?, "size_bytes")?,
         sha256: row.try_get("sha256")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::db::testing::{model, open, queue};
+
+    #[tokio::test]
+    async fn models_come_least_recently_deployed_first() {
+        let (_dir, db) = open().await;
+        let mut ids = Vec::new();
+        for job in ["old", "never", "new", "also-never"] {
+            ids.push(db.insert_model(&model(job)).await.unwrap().id);
+        }
+        let [old, never, new, also_never] = ids[..] else {
+            unreachable!()
+        };
+        queue(&db, new, "a", "1").await;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let first_of_old = queue(&db, old, "a", "1").await;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let newest = queue(&db, new, "a", "1").await;
+
+        let order = db.models_by_last_deployed().await.unwrap();
+        let seen: Vec<(i64, &str, Option<&str>)> = order
+            .iter()
+            .map(|m| (m.model_id, m.job_id.as_str(), m.last_deployed.as_deref()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (never, "never", None),
+                (also_never, "also-never", None),
+                (old, "old", Some(first_of_old.created_at.as_str())),
+                (new, "new", Some(newest.created_at.as_str())),
+            ]
+        );
+    }
 }

@@ -35,6 +35,7 @@ mod stamp;
 mod tally;
 #[cfg(test)]
 mod tests;
+pub mod usage;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
