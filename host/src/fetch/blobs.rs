@@ -129,6 +129,27 @@ impl Blobs {
         self.restamp(hex)
     }
 
+    /// Under the digest's lock: puts `file`, verified as `hex`, in the
+    /// store: when the store has the digest already, the blob's link
+    /// replaces the file (freeing its bytes), else the file becomes the
+    /// blob. Answers the file's stamp after and the bytes freed.
+    pub(super) fn adopt(&self, hex: &str, file: &Path) -> Option<(Stamp, u64)> {
+        let ours = std::fs::symlink_metadata(file).ok()?;
+        match std::fs::symlink_metadata(self.path(hex)) {
+            Ok(theirs) if same_inode(&ours, &theirs) => {
+                return Some((Stamp::of(&ours, Some(hex)), 0));
+            }
+            Ok(_) => {
+                if let Some(stamp) = self.link_into(hex, ours.len(), file) {
+                    let freed = if ours.nlink() == 1 { ours.len() } else { 0 };
+                    return Some((stamp, freed));
+                }
+            }
+            Err(_) => {}
+        }
+        self.keep(hex, file).map(|stamp| (stamp, 0))
+    }
+
     /// Under the digest's lock: removes `path`, a model's file recorded as
     /// `hex`, keeping the blob's stamp true, and the blob itself once no
     /// model links it. Answers the bytes this frees on disk.
@@ -155,9 +176,9 @@ impl Blobs {
         Ok(0)
     }
 
-    /// The blobs no model links (the store's name is their only one), with
-    /// their sizes: what `sweep` may remove.
-    pub(super) fn unreferenced(&self) -> Vec<(String, u64)> {
+    /// The blobs no model links (the store's name is their only one): what
+    /// `sweep` may remove.
+    pub(super) fn unreferenced(&self) -> Vec<String> {
         let mut found = Vec::new();
         for prefix in read_dir(&self.files) {
             for entry in read_dir(&prefix.path()) {
@@ -166,7 +187,7 @@ impl Blobs {
                 };
                 let name = entry.file_name().to_string_lossy().to_string();
                 if meta.is_file() && meta.nlink() == 1 && !name.starts_with('.') {
-                    found.push((name, meta.len()));
+                    found.push(name);
                 }
             }
         }

@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use super::blobs::Blobs;
 use super::lock::DirLock;
 use super::partial::{TEMP_PREFIX, partial_path};
-use super::blobs::Blobs;
 use super::stamp::{self, Stamp, Stamps};
 use super::{Bookkeeping, Downloaded, Error};
 use crate::model::ModelFile;
@@ -64,11 +64,11 @@ pub(super) fn vouched(stamps: &Path, dir: &Path, files: &[ModelFile], blobs: &Bl
     true
 }
 
-/// Refuses before downloading what would not fit: the missing files'
-/// bytes, less what their kept partials already hold, plus `reserve`.
-pub(super) fn check_room(dir: &Path, missing: &[ModelFile], reserve: u64) -> Result<(), Error> {
+/// The bytes downloading the `missing` files adds to the disk: their
+/// sizes, less what their kept partials already hold.
+pub(super) fn needed(dir: &Path, missing: &[ModelFile]) -> u64 {
     use std::os::unix::fs::MetadataExt;
-    let needed: u64 = missing
+    missing
         .iter()
         .map(|file| {
             // Blocks, not length: a download in pieces is sparse.
@@ -76,7 +76,12 @@ pub(super) fn check_room(dir: &Path, missing: &[ModelFile], reserve: u64) -> Res
                 .map_or(0, |m| m.len().min(m.blocks() * 512));
             file.size_bytes.saturating_sub(kept)
         })
-        .sum();
+        .sum()
+}
+
+/// Refuses before downloading what would not fit: the `needed` bytes
+/// plus `reserve`.
+pub(super) fn check_room(dir: &Path, needed: u64, reserve: u64) -> Result<(), Error> {
     if needed == 0 {
         return Ok(());
     }

@@ -20,7 +20,9 @@
 //! threads, `disk`; the bytes' way in, `source`, `partial` and `pieces`.
 
 mod access;
+mod adopt;
 mod blobs;
+mod budget;
 mod copy;
 mod disk;
 mod file;
@@ -48,6 +50,8 @@ use tokio_util::sync::CancellationToken;
 use crate::model::{ModelFile, TrainedModel};
 use crate::trust::Trust;
 pub use access::Access;
+pub use adopt::Adopted;
+pub use budget::Reclaim;
 pub use copy::HeldCopy;
 use disk::disk_error;
 pub use local::check_local;
@@ -77,6 +81,16 @@ pub enum Error {
         needed: u64,
         free: u64,
         reserve: u64,
+    },
+    #[error(
+        "model directory {dir}: the missing files need {}, but the models dir holds {} of its budget of {} (--models-max-gib), and no other model's copy can be dropped: each is in use by a queued or running deployment; raise --models-max-gib, or deploy this model when those end",
+        crate::human::size(*.needed), crate::human::size(*.used), crate::human::size(*.budget)
+    )]
+    OverBudget {
+        dir: String,
+        needed: u64,
+        used: u64,
+        budget: u64,
     },
 }
 
@@ -130,6 +144,8 @@ pub struct Fetcher {
     shared_locks: Option<Arc<dyn SharedLocks>>,
     /// Where verified files are kept once, by digest.
     blobs: blobs::Blobs,
+    /// The most the models dir may hold (`--models-max-gib`).
+    budget: Option<budget::Budget>,
 }
 
 /// Where berth keeps its own bookkeeping of the models dir: locks,
@@ -142,6 +158,7 @@ impl Fetcher {
         Ok(Self {
             sources: source::Sources::new(Trust::default())?,
             blobs: blobs::Blobs::new(&models_dir),
+            budget: None,
             models_dir,
             timeout,
             parallel: 4,
@@ -275,8 +292,8 @@ impl Fetcher {
         })
         .await?;
         let missing = self.check_in_place(&dir, &files, &mut stamps, &tally).await;
-        let missing = disk::holding(&lock, {
-            let (dir, reserve, blobs) = (dir.clone(), self.reserve, self.blobs.clone());
+        let (missing, needed) = disk::holding(&lock, {
+            let (dir, blobs) = (dir.clone(), self.blobs.clone());
             move || {
                 disk::remove_leftovers(&dir, &missing);
                 // A file the store holds is linked in, not downloaded.
@@ -285,8 +302,15 @@ impl Fetcher {
                     .filter(|file| !file.sha256.as_deref().is_some_and(|hex| blobs.has(hex)))
                     .cloned()
                     .collect();
-                disk::check_room(&dir, &to_download, reserve).map(|()| missing)
+                let needed = disk::needed(&dir, &to_download);
+                (missing, needed)
             }
+        })
+        .await;
+        let _claim = self.claim(&model.job_id, needed).await?;
+        disk::holding(&lock, {
+            let (dir, reserve) = (dir.clone(), self.reserve);
+            move || disk::check_room(&dir, needed, reserve)
         })
         .await?;
         let downloaded = self
@@ -362,13 +386,13 @@ impl Fetcher {
             .map(|file| {
                 let (tally, lock) = (tally.clone(), lock.clone());
                 async move {
-                    let stamp = self
-                        .put(model, &file, dir, &tally, lock)
-                        .await
-                        .map_err(|reason| Error::File {
-                            path: file.path.clone(),
-                            reason,
-                        })?;
+                    let stamp =
+                        self.put(model, &file, dir, &tally, lock)
+                            .await
+                            .map_err(|reason| Error::File {
+                                path: file.path.clone(),
+                                reason,
+                            })?;
                     tally.file_done(0);
                     Ok::<_, Error>((file, stamp))
                 }
@@ -417,7 +441,12 @@ impl Fetcher {
         );
         let target = dir.join(&file.path);
         let linked = disk::holding(&lock, {
-            let (blobs, digest, hex, target) = (self.blobs.clone(), digest.clone(), hex.clone(), target.clone());
+            let (blobs, digest, hex, target) = (
+                self.blobs.clone(),
+                digest.clone(),
+                hex.clone(),
+                target.clone(),
+            );
             let size = file.size_bytes;
             move || {
                 let _digest = digest;

@@ -12,6 +12,7 @@
 
 mod admit;
 mod cancel;
+pub mod copies;
 mod fence;
 mod leases;
 mod queue;

@@ -6,6 +6,7 @@
 use std::os::unix::fs::MetadataExt;
 
 use super::*;
+use crate::fetch::Adopted;
 
 impl Setup {
     /// Another model in the same models dir, its files served by the same
@@ -14,8 +15,7 @@ impl Setup {
         let mut model_files = Vec::new();
         for (path, contents) in files {
             let key = format!("{job_id}/{path}");
-            self.source
-                .with(|s| s.files.insert(key, contents.to_vec()));
+            self.source.with(|s| s.files.insert(key, contents.to_vec()));
             model_files.push(ModelFile {
                 path: path.to_string(),
                 size_bytes: contents.len() as u64,
@@ -161,7 +161,10 @@ async fn a_models_dir_that_cannot_hard_link_keeps_a_copy_per_model() {
 
     assert_eq!(setup.requests_of("second"), ["second/weights.bin"]);
     assert_eq!(std::fs::read(dir.join("weights.bin")).unwrap(), weights);
-    assert_ne!(inode(&dir.join("weights.bin")), inode(&setup.path("weights.bin")));
+    assert_ne!(
+        inode(&dir.join("weights.bin")),
+        inode(&setup.path("weights.bin"))
+    );
     assert!(!setup.blob(&weights).exists());
     assert!(setup.fetcher.verified(&setup.model).is_some());
     assert!(setup.fetcher.verified(&second).is_some());
@@ -179,7 +182,11 @@ async fn dropping_a_copy_keeps_the_blobs_other_models_link_and_removes_the_rest(
     held.forget().await.unwrap();
     let freed = held.remove().await.unwrap();
 
-    assert_eq!(freed, own.len() as u64, "only the bytes no other model links");
+    assert_eq!(
+        freed,
+        own.len() as u64,
+        "only the bytes no other model links"
+    );
     assert!(!setup.blob(&own).exists());
     assert!(setup.blob(&shared).exists());
     assert!(
@@ -191,4 +198,47 @@ async fn dropping_a_copy_keeps_the_blobs_other_models_link_and_removes_the_rest(
     held.forget().await.unwrap();
     assert_eq!(held.remove().await.unwrap(), shared.len() as u64);
     assert!(!setup.blob(&shared).exists());
+}
+
+#[tokio::test]
+async fn adoption_links_the_verified_copies_of_a_models_dir_filled_without_the_store() {
+    let (shared, own) = (bytes(10, 50_000), bytes(11, 3000));
+    let setup = Setup::new(&[("shared.bin", shared.clone()), ("own.bin", own.clone())]).await;
+    // Filled while the store could not link: a copy per model.
+    let elsewhere = tempfile::tempdir_in("/dev/shm").unwrap();
+    let store = setup.fetcher.dir_of(".blobs");
+    std::os::unix::fs::symlink(elsewhere.path(), &store).unwrap();
+    setup.fetch().await.unwrap();
+    let second = setup.another("second", &[("copy.bin", &shared)]);
+    let dir = setup.fetch_model(&second).await.unwrap();
+    std::fs::remove_file(&store).unwrap();
+    let requests = setup.source.with(|s| s.requests.len());
+
+    let adopted = setup.fetcher.adopt().await;
+
+    assert_eq!(
+        adopted,
+        Adopted {
+            models: 2,
+            files: 3,
+            freed_bytes: shared.len() as u64,
+            busy: 0
+        }
+    );
+    assert_eq!(
+        inode(&dir.join("copy.bin")),
+        inode(&setup.path("shared.bin"))
+    );
+    assert_eq!(
+        inode(&setup.blob(&shared)),
+        inode(&setup.path("shared.bin"))
+    );
+    assert_eq!(inode(&setup.blob(&own)), inode(&setup.path("own.bin")));
+    assert!(setup.fetcher.verified(&setup.model).is_some());
+    assert!(setup.fetcher.verified(&second).is_some());
+    assert_eq!(setup.source.with(|s| s.requests.len()), requests);
+    // Done once: a second adoption finds everything in place.
+    let again = setup.fetcher.adopt().await;
+    assert_eq!(again.freed_bytes, 0);
+    assert_eq!(again.files, 3);
 }
