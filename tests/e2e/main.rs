@@ -46,5 +46,6 @@ mod signatures;
 mod soak;
 mod sources;
 mod space;
+mod storage;
 mod targets;
 mod webhook;

@@ -138,6 +138,7 @@ impl App {
             webhook: None,
             targets,
             shutdown,
+            models_max_bytes: None,
         });
         Self {
             app,
