@@ -47,5 +47,6 @@ mod soak;
 mod sources;
 mod space;
 mod storage;
+mod store;
 mod targets;
 mod webhook;

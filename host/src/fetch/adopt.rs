@@ -5,10 +5,12 @@
 //! Files the record does not vouch for are left for their next fetch,
 //! which verifies them. Run in the background when the server starts; a
 //! model directory being filled meanwhile is passed over until next time.
+//! What an interrupted drop of a copy left renamed aside is removed first.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::copy::DROPPING;
 use super::disk;
 use super::lock::DirLock;
 use super::stamp::{self, Stamps};
@@ -36,6 +38,8 @@ impl Fetcher {
     /// logs what it saved.
     pub async fn adopt(&self) -> Adopted {
         let started = Instant::now();
+        let models_dir = self.models_dir.clone();
+        disk::blocking(move || remove_drops_left(&models_dir)).await;
         let meta = self.models_dir.join(META_DIR);
         let jobs = disk::blocking(move || records_in(&meta)).await;
         let mut adopted = Adopted::default();
@@ -99,6 +103,21 @@ impl Fetcher {
             );
         }
         adopted
+    }
+}
+
+/// Removes what drops of a copy cut short left renamed aside (a kill
+/// during an eviction): no record vouches for it, nothing reads it.
+fn remove_drops_left(models_dir: &Path) {
+    for dir in [models_dir.to_path_buf(), models_dir.join(META_DIR)] {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(DROPPING) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
     }
 }
 

@@ -25,10 +25,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::META_DIR;
 use super::disk::hash_file;
 use super::partial::TEMP_PREFIX;
 use super::stamp::{Stamp, Stamps};
+use super::{BLOBS_DIR, META_DIR};
 
 /// Where the blobs of one models dir live.
 #[derive(Clone, Debug)]
@@ -44,7 +44,7 @@ impl Blobs {
     pub(super) fn new(models_dir: &Path) -> Self {
         Self {
             models_dir: models_dir.to_path_buf(),
-            files: models_dir.join(".blobs").join("sha256"),
+            files: models_dir.join(BLOBS_DIR).join("sha256"),
             books: models_dir.join(META_DIR).join("blobs"),
         }
     }

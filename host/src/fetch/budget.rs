@@ -69,8 +69,15 @@ impl Fetcher {
         if needed == 0 {
             return Ok(None);
         }
-        let _turn = budget.turn.lock().await;
         let dir = self.dir_of(job_id);
+        if needed > budget.max_bytes {
+            return Err(Error::LargerThanBudget {
+                dir: dir.display().to_string(),
+                needed,
+                budget: budget.max_bytes,
+            });
+        }
+        let _turn = budget.turn.lock().await;
         loop {
             let scan = disk::blocking({
                 let models_dir = self.models_dir.clone();

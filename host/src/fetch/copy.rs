@@ -98,11 +98,14 @@ fn remove_file_if_any(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// The start of the name a copy being dropped is renamed to.
+pub(super) const DROPPING: &str = ".dropping-";
+
 /// Renames `path` to a hidden name beside it, where no fetch or
 /// deployment looks; `None` if it was absent.
 fn rename_aside(path: &Path) -> std::io::Result<Option<PathBuf>> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let aside = path.with_file_name(format!(".dropping-{name}-{}", std::process::id()));
+    let aside = path.with_file_name(format!("{DROPPING}{name}-{}", std::process::id()));
     match std::fs::rename(path, &aside) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         other => other.map(|()| Some(aside)),

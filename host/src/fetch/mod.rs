@@ -92,6 +92,15 @@ pub enum Error {
         used: u64,
         budget: u64,
     },
+    #[error(
+        "model directory {dir}: the missing files need {}, more than the models dir's whole budget of {} (--models-max-gib); raise it to deploy this model",
+        crate::human::size(*.needed), crate::human::size(*.budget)
+    )]
+    LargerThanBudget {
+        dir: String,
+        needed: u64,
+        budget: u64,
+    },
 }
 
 /// Told how far a fetch has come. Called often (every chunk): implementations
@@ -152,6 +161,10 @@ pub struct Fetcher {
 /// verification records and resume checkpoints. Job ids cannot start with a
 /// dot, so no model directory can be called this.
 const META_DIR: &str = ".berth";
+
+/// Where the blob store keeps files by digest (`blobs`), beside the model
+/// directories.
+const BLOBS_DIR: &str = ".blobs";
 
 impl Fetcher {
     pub fn new(models_dir: PathBuf, timeout: Duration) -> anyhow::Result<Self> {

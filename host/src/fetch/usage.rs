@@ -12,11 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use super::disk::{blocking, disk_error};
-use super::{Error, Fetcher, META_DIR};
-
-/// Where the blobs live, under the models dir: files by sha256, each held
-/// by the model directories that hold it by hard link.
-const BLOBS_DIR: &str = ".blobs";
+use super::{BLOBS_DIR, Error, Fetcher, META_DIR};
 
 /// The models dir as one scan saw it.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -103,10 +103,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     pipeline.recover().await;
     pipeline.start_workers();
-    // The storage gauges start from what the models dir holds; each scan
+    // A models dir filled before the blob store (or by a server that
+    // could not link) is adopted into it, in the background. Then the
+    // storage gauges start from what the models dir holds; each scan
     // (`GET /v1/storage`) sets them again.
     let fetcher = pipeline.fetcher().clone();
     tokio::spawn(async move {
+        fetcher.adopt().await;
         if let Err(e) = fetcher.usage().await {
             tracing::warn!("scanning the models dir for the storage metrics: {e}");
         }
