@@ -28,6 +28,7 @@ mod disk;
 mod file;
 mod local;
 mod lock;
+mod pace;
 mod partial;
 mod pieces;
 mod ranges;
@@ -119,10 +120,11 @@ impl Observer for Quiet {
 /// How a large file is read over several connections at once, each asking
 /// for one piece (a range) at a time; the pieces are written in place.
 /// Object stores and CDNs cap each connection's rate, so this is what
-/// makes a large file arrive at the speed of the link.
+/// makes a large file arrive at the speed of the link. How many of them
+/// is measured as the bytes arrive (`pace`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Split {
-    /// Connections per file (1: every file in one stream).
+    /// The most connections per file (1: every file in one stream).
     pub connections: usize,
     /// The size of one piece. A file with less than two pieces' worth to
     /// download is read in one stream.
@@ -132,7 +134,7 @@ pub struct Split {
 impl Default for Split {
     fn default() -> Self {
         Self {
-            connections: 8,
+            connections: 16,
             piece_bytes: 16 << 20,
         }
     }

@@ -1,6 +1,7 @@
 //! A large file read over several connections at once, as object stores and
-//! CDNs cap each connection's rate. The bytes still missing are cut into
-//! pieces that the connections claim in file order, each written in place
+//! CDNs cap each connection's rate; how many is chosen as the bytes arrive
+//! (`pace`). The bytes still missing are cut into pieces that the
+//! connections claim in file order, each written in place
 //! in the `.fetch-*` file by one disk thread; a hash thread follows the run
 //! of written bytes from the start, reading them back as it grows, so the
 //! SHA-256 (one sequential chain) ends moments after the last byte arrives.
@@ -13,12 +14,16 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 
+use super::pace::{Pace, Step, WINDOW};
 use super::partial::{
     Checkpoint, LastHash, QUEUE, READ_BUF, Resumable, StopHash, Threads, WRITEBACK_WINDOW, Written,
     start_writeback,
@@ -68,6 +73,20 @@ pub(crate) fn cut(missing: &[(u64, u64)], piece_bytes: u64) -> Pieces {
     }
 }
 
+impl Pieces {
+    /// Puts back the bytes `start..end` that a connection claimed but did
+    /// not get: the next claim takes them.
+    fn give_back(&mut self, start: u64, end: u64) {
+        if start < end {
+            self.missing.push_front((start, end));
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.missing.is_empty()
+    }
+}
+
 impl Iterator for Pieces {
     type Item = Piece;
 
@@ -84,10 +103,12 @@ impl Iterator for Pieces {
     }
 }
 
-/// Reads `pieces` into `writer` over at most `connections` connections;
-/// `first` is the already opened answer for the first piece. Returns the
-/// hash of the whole file, or why the download stopped (the writer then
-/// leaves what it has, with a checkpoint).
+/// Reads `pieces` into `writer` over at most `connections` connections,
+/// as many as pay (`Pace`); `first` is the already opened answer for the
+/// first piece. A connection that fails while others still read gives its
+/// piece back to them. Returns the hash of the whole file, or why the
+/// download stopped (the writer then leaves what it has, with a
+/// checkpoint).
 pub(crate) async fn download(
     sources: &Sources,
     location: &Location,
@@ -100,19 +121,19 @@ pub(crate) async fn download(
     let Some(first_piece) = pieces.next() else {
         return writer.finish().await;
     };
-    // No more connections than pieces.
-    let connections = connections.clamp(1, pieces.clone().take(connections).count() + 1);
     let claims = Claims {
         sources,
         location,
         queue: Mutex::new(pieces),
         writer: &writer,
         tally,
+        received: AtomicU64::new(0),
+        retiring: AtomicUsize::new(0),
     };
-    let mut first = Some((first_piece, first));
-    let readers = (0..connections).map(|_| claims.read(first.take()));
-    match futures::future::try_join_all(readers).await {
-        Ok(_) => writer.finish().await,
+    let read = claims.read_all(first_piece, first, connections).await;
+    drop(claims);
+    match read {
+        Ok(()) => writer.finish().await,
         Err(Stop::Source(reason)) => {
             let _ = writer.abandon().await;
             Err(reason)
@@ -139,63 +160,139 @@ struct Claims<'a> {
     queue: Mutex<Pieces>,
     writer: &'a PieceWriter,
     tally: &'a Tally,
+    /// Bytes received by every connection, for `Pace`.
+    received: AtomicU64,
+    /// Connections asked to stop after their piece.
+    retiring: AtomicUsize,
 }
 
 impl Claims<'_> {
+    /// Reads every piece over the connections `Pace` asks for, starting
+    /// with one, up to `limit`.
+    async fn read_all(&self, first_piece: Piece, first: Body, limit: usize) -> Result<(), Stop> {
+        let mut pace = Pace::new(limit, Instant::now());
+        let mut readers = FuturesUnordered::new();
+        readers.push(self.read(Some((first_piece, first))));
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + WINDOW, WINDOW);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                done = readers.next() => match done {
+                    Some(Ok(())) => {}
+                    // A source that allows fewer connections (429, 503,
+                    // refused) or cut one: the others take its piece.
+                    Some(Err(Stop::Source(reason))) if !readers.is_empty() => {
+                        pace.refused(readers.len());
+                        tracing::debug!(
+                            location = %self.location,
+                            connections = pace.connections(),
+                            "one of the connections stopped, the others go on: {reason}"
+                        );
+                    }
+                    Some(Err(stop)) => return Err(stop),
+                    None if !self.queue.lock().expect("queue lock").is_empty() => {
+                        readers.push(self.read(None));
+                    }
+                    None => return Ok(()),
+                },
+                _ = ticks.tick() => match pace.tick(self.received.load(Ordering::Relaxed), Instant::now()) {
+                    Step::Add(n) => {
+                        for _ in 0..n {
+                            readers.push(self.read(None));
+                        }
+                    }
+                    Step::Drop(n) => {
+                        self.retiring.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Step::Hold => {}
+                },
+            }
+        }
+    }
+
     /// One connection: reads the pieces it claims, one after another,
-    /// until none is left.
+    /// until none is left or it is asked to retire. A piece it does not
+    /// get whole is given back.
     async fn read(&self, mut opened: Option<(Piece, Body)>) -> Result<(), Stop> {
         loop {
             let (piece, body) = match opened.take() {
                 Some(opened) => opened,
                 None => {
+                    if self.retire() {
+                        return Ok(());
+                    }
                     let Some(piece) = self.queue.lock().expect("queue lock").next() else {
                         return Ok(());
                     };
-                    let body = self
-                        .sources
-                        .open(self.location, piece.span())
-                        .await
-                        .map_err(Stop::Source)?;
-                    if !body.ranged || body.start != piece.start {
-                        return Err(Stop::Source(format!(
-                            "the source stopped answering range requests ({})",
-                            self.location
-                        )));
+                    match self.open(piece).await {
+                        Ok(body) => (piece, body),
+                        Err(stop) => {
+                            self.give_back(piece.start, piece.end);
+                            return Err(stop);
+                        }
                     }
-                    (piece, body)
                 }
             };
-            self.fill(piece, body).await?;
+            if let Err((stop, at)) = self.fill(piece, body).await {
+                self.give_back(at, piece.end);
+                return Err(stop);
+            }
         }
     }
 
-    async fn fill(&self, piece: Piece, mut body: Body) -> Result<(), Stop> {
+    /// Takes one of the retirements asked for, if any.
+    fn retire(&self) -> bool {
+        self.retiring
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    fn give_back(&self, start: u64, end: u64) {
+        self.queue.lock().expect("queue lock").give_back(start, end);
+    }
+
+    async fn open(&self, piece: Piece) -> Result<Body, Stop> {
+        let body = self
+            .sources
+            .open(self.location, piece.span())
+            .await
+            .map_err(Stop::Source)?;
+        if !body.ranged || body.start != piece.start {
+            return Err(Stop::Source(format!(
+                "the source stopped answering range requests ({})",
+                self.location
+            )));
+        }
+        Ok(body)
+    }
+
+    /// Writes the piece as it arrives; on failure, says where it stopped.
+    async fn fill(&self, piece: Piece, mut body: Body) -> Result<(), (Stop, u64)> {
         let mut at = piece.start;
         while let Some(chunk) = body.stream.next().await {
-            let chunk = chunk.map_err(|e| Stop::Source(format!("{e} at byte {at}")))?;
+            let chunk = chunk.map_err(|e| (Stop::Source(format!("{e} at byte {at}")), at))?;
             let len = chunk.len() as u64;
             crate::metrics::fetched_bytes(len);
             if at + len > piece.end {
-                return Err(Stop::Source(format!(
+                let reason = format!(
                     "the source sent more than the bytes {}-{} asked for ({})",
                     piece.start,
                     piece.end - 1,
                     self.location
-                )));
+                );
+                return Err((Stop::Source(reason), at));
             }
             self.writer
                 .write(at, chunk)
                 .await
-                .map_err(|()| Stop::Disk)?;
+                .map_err(|()| (Stop::Disk, at))?;
             self.tally.bytes(len);
+            self.received.fetch_add(len, Ordering::Relaxed);
             at += len;
         }
         if at < piece.end {
-            return Err(Stop::Source(format!(
-                "the download broke off at byte {at} ({})",
-                self.location
-            )));
+            let reason = format!("the download broke off at byte {at} ({})", self.location);
+            return Err((Stop::Source(reason), at));
         }
         Ok(())
     }

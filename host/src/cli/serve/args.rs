@@ -91,10 +91,11 @@ pub struct ServeArgs {
     /// Limit on fetching all files of one deployment, in seconds.
     #[arg(long, env = "BERTH_FETCH_TIMEOUT_S", default_value_t = 1800)]
     pub(super) fetch_timeout_s: u64,
-    /// Connections per file for large files on sources that honour ranges
-    /// (object stores and CDNs cap each connection's rate); 1 reads every
-    /// file in one stream.
-    #[arg(long, env = "BERTH_FETCH_CONNECTIONS", default_value_t = 8,
+    /// The most connections per large file on sources that honour ranges
+    /// (object stores and CDNs cap each connection's rate): a file starts
+    /// on one and adds more while they pay; 1 reads every file in one
+    /// stream.
+    #[arg(long, env = "BERTH_FETCH_CONNECTIONS", default_value_t = 16,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(super) fetch_connections: u16,
     /// The size of one piece read over one connection, in MiB; a file with
