@@ -162,7 +162,7 @@ async fn adoption(ctx: &Ctx) -> anyhow::Result<()> {
 
     settle();
     let (rehash, _) = sh(&format!(
-        "find {} -path '*/.*' -prune -o -type f -print0 | xargs -0 sha256sum > /dev/null",
+        "find {} -mindepth 1 -name '.*' -prune -o -type f -print0 | xargs -0 sha256sum > /dev/null",
         shell_quote(&models_dir)
     ))?;
     let mut table = Table::new("Blob store: adopting a models dir of 10,000 files (100 models)");

@@ -7,13 +7,16 @@
 //! model directory being filled meanwhile is passed over until next time.
 //! What an interrupted drop of a copy left renamed aside is removed first.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+
+use super::blobs::{Blobs, same_inode};
 use super::copy::DROPPING;
 use super::disk;
 use super::lock::DirLock;
-use super::stamp::{self, Stamps};
+use super::stamp::{self, Stamp, Stamps};
 use super::{Fetcher, META_DIR};
 use crate::model::ModelFile;
 
@@ -24,6 +27,8 @@ pub struct Adopted {
     pub models: usize,
     /// Files now held by the store (already or newly).
     pub files: usize,
+    /// Of those, the ones this adoption put there.
+    pub newly: usize,
     /// Bytes of copies replaced by links.
     pub freed_bytes: u64,
     /// Model directories passed over because a fetch held them.
@@ -32,6 +37,10 @@ pub struct Adopted {
 
 /// How long adoption waits for a model directory's lock.
 const LOCK_WAIT: Duration = Duration::from_millis(200);
+
+/// Files of one model put in the store at once: each is a few metadata
+/// writes, and their waits overlap.
+const ADOPTING: usize = 8;
 
 impl Fetcher {
     /// Adopts every model directory that has a verification record, and
@@ -51,38 +60,35 @@ impl Fetcher {
                 continue;
             };
             adopted.models += 1;
-            let stamps = books.stamps.clone();
-            let mut record = disk::blocking(move || Stamps::load(&stamps)).await;
-            let dir = self.dir_of(&job_id);
-            let hashed: Vec<(String, String)> = record
-                .hashed()
-                .map(|(path, hex)| (path.to_string(), hex.to_string()))
-                .collect();
-            for (path, hex) in hashed {
-                let file = dir.join(&path);
-                let kept = record.get(&path).cloned();
-                let blobs = self.blobs.clone();
-                let vouched = disk::blocking({
-                    let (file, hex) = (file.clone(), hex.clone());
-                    move || vouched_for(&file, &path, &hex, kept, &blobs).then_some(path)
+            let (blobs, stamps, dir) = (
+                self.blobs.clone(),
+                books.stamps.clone(),
+                self.dir_of(&job_id),
+            );
+            let (mut record, todo, done) =
+                disk::blocking(move || to_adopt(&blobs, &stamps, &dir)).await;
+            adopted.files += done;
+            let adopting = futures::stream::iter(todo)
+                .map(|(path, hex, file)| async move {
+                    let digest =
+                        DirLock::acquire(&self.blobs.lock_path(&hex), self.shared_locks.as_deref())
+                            .await
+                            .ok()?;
+                    let blobs = self.blobs.clone();
+                    let done = disk::blocking(move || {
+                        let _digest = digest;
+                        blobs.adopt(&hex, &file)
+                    })
+                    .await;
+                    done.map(|(stamp, freed)| (path, stamp, freed))
                 })
-                .await;
-                let Some(path) = vouched else { continue };
-                let Ok(digest) =
-                    DirLock::acquire(&self.blobs.lock_path(&hex), self.shared_locks.as_deref())
-                        .await
-                else {
-                    continue;
-                };
-                let blobs = self.blobs.clone();
-                let done = disk::blocking(move || {
-                    let _digest = digest;
-                    blobs.adopt(&hex, &file)
-                })
-                .await;
-                if let Some((stamp, freed)) = done {
+                .buffer_unordered(ADOPTING);
+            let mut adopting = std::pin::pin!(adopting);
+            while let Some(done) = adopting.next().await {
+                if let Some((path, stamp, freed)) = done {
                     record.insert(&path, stamp);
                     adopted.files += 1;
+                    adopted.newly += 1;
                     adopted.freed_bytes += freed;
                 }
             }
@@ -92,10 +98,10 @@ impl Fetcher {
             }
             drop(lock);
         }
-        if adopted.files > 0 || adopted.busy > 0 {
+        if adopted.newly > 0 || adopted.busy > 0 {
             tracing::info!(
                 models = adopted.models,
-                files = adopted.files,
+                files = adopted.newly,
                 freed_bytes = adopted.freed_bytes,
                 passed_over = adopted.busy,
                 took = %crate::human::duration(started.elapsed()),
@@ -135,21 +141,46 @@ fn records_in(meta: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The model directory's record, the files to put in the store (path,
+/// sha256, where), and how many are in it already: of the files with a
+/// sha256, those the record (or the blob's stamp) still vouches for and
+/// that are not the blob's inode yet. One `lstat` or two per file.
+fn to_adopt(
+    blobs: &Blobs,
+    stamps: &Path,
+    dir: &Path,
+) -> (Stamps, Vec<(String, String, PathBuf)>, usize) {
+    let record = Stamps::load(stamps);
+    let mut todo = Vec::new();
+    let mut done = 0;
+    for (path, hex) in record.hashed() {
+        let file = dir.join(path);
+        let Ok(meta) = std::fs::symlink_metadata(&file) else {
+            continue;
+        };
+        let linked =
+            std::fs::symlink_metadata(blobs.path(hex)).is_ok_and(|blob| same_inode(&blob, &meta));
+        if linked {
+            done += 1;
+        } else if vouched_for(&meta, path, hex, record.get(path), blobs) {
+            todo.push((path.to_string(), hex.to_string(), file));
+        }
+    }
+    (record, todo, done)
+}
+
 /// Whether the file is as its record (or its blob's stamp) last saw it.
 fn vouched_for(
-    file: &Path,
+    meta: &std::fs::Metadata,
     path: &str,
     hex: &str,
-    stamp: Option<stamp::Stamp>,
-    blobs: &super::blobs::Blobs,
+    stamp: Option<&Stamp>,
+    blobs: &Blobs,
 ) -> bool {
-    let Ok(meta) = std::fs::symlink_metadata(file) else {
-        return false;
-    };
     let recorded = ModelFile {
         path: path.to_string(),
         size_bytes: meta.len(),
         sha256: Some(hex.to_string()),
     };
-    meta.is_file() && stamp::vouched(stamp.as_ref(), &meta, &recorded, blobs)
+    meta.is_file() && stamp::vouched(stamp, meta, &recorded, blobs)
 }
