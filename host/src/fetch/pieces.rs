@@ -3,8 +3,10 @@
 //! (`pace`). The bytes still missing are cut into pieces that the
 //! connections claim in file order, each written in place
 //! in the `.fetch-*` file by one disk thread; a hash thread follows the run
-//! of written bytes from the start, reading them back as it grows, so the
-//! SHA-256 (one sequential chain) ends moments after the last byte arrives.
+//! of written bytes from the start, so the SHA-256 (one sequential chain)
+//! ends moments after the last byte arrives. It hashes a chunk from memory
+//! when the chunk lands where the hash has got to (always, on one
+//! connection), and reads the run back from the file otherwise.
 //! An interruption leaves the written pieces and a checkpoint of the hash
 //! and of which bytes are written, and the next fetch asks only for the
 //! rest. Memory stays bounded: chunks go to disk as they come, and the hash
@@ -311,6 +313,12 @@ enum Message {
 #[derive(Default)]
 struct Progress {
     have: Ranges,
+    /// How far the hash has got.
+    hashed: u64,
+    /// Written chunks at or past `hashed`, by offset, kept for the hash
+    /// so it need not read them back; at most `FRESH_MAX` bytes.
+    fresh: std::collections::BTreeMap<u64, Bytes>,
+    fresh_bytes: usize,
     /// The disk thread is done: the hash takes what is there and ends.
     ended: bool,
     /// The download is gone: the hash stops where it is.
@@ -446,7 +454,15 @@ fn write(
                 Message::Chunk { at, bytes } => {
                     file.write_all_at(&bytes, at)?;
                     let end = at + bytes.len() as u64;
-                    shared.update(|p| p.have.insert(at, end));
+                    shared.update(|p| {
+                        p.have.insert(at, end);
+                        if at >= p.hashed && p.fresh_bytes + bytes.len() <= FRESH_MAX {
+                            p.fresh_bytes += bytes.len();
+                            if let Some(again) = p.fresh.insert(at, bytes) {
+                                p.fresh_bytes -= again.len();
+                            }
+                        }
+                    });
                     unflushed.insert(at, end);
                     if unflushed.len() >= WRITEBACK_WINDOW {
                         for (start, end) in std::mem::take(&mut unflushed).iter() {
@@ -486,13 +502,17 @@ fn write(
     Err(std::io::Error::other("the download stopped"))
 }
 
-/// Follows the written run from the start, reading it back and hashing it,
-/// until the whole file is hashed, the disk thread ended, or the download
-/// stopped.
+/// The most bytes of written chunks kept in memory for the hash.
+const FRESH_MAX: usize = 8 << 20;
+
+/// Follows the written run from the start, hashing each chunk kept in
+/// memory where one starts at the hash's end and reading the run back
+/// otherwise, until the whole file is hashed, the disk thread ended, or
+/// the download stopped.
 fn hash(file: File, mut hasher: Sha256, size: u64, shared: &Shared) -> std::io::Result<Sha256> {
     let mut buf = vec![0; READ_BUF];
     loop {
-        let upto = {
+        let next = {
             let mut progress = shared.progress.lock().expect("progress lock");
             loop {
                 let written = progress.have.contiguous();
@@ -500,7 +520,7 @@ fn hash(file: File, mut hasher: Sha256, size: u64, shared: &Shared) -> std::io::
                     break None;
                 }
                 if written > hasher.len() {
-                    break Some(written);
+                    break Some((written, progress.take_fresh(hasher.len())));
                 }
                 if progress.ended || hasher.len() >= size {
                     break None;
@@ -508,14 +528,37 @@ fn hash(file: File, mut hasher: Sha256, size: u64, shared: &Shared) -> std::io::
                 progress = shared.changed.wait(progress).expect("progress lock");
             }
         };
-        let Some(upto) = upto else {
+        let Some((upto, fresh)) = next else {
             return Ok(hasher);
         };
-        let want = usize::try_from(upto - hasher.len())
-            .unwrap_or(usize::MAX)
-            .min(buf.len());
-        file.read_exact_at(&mut buf[..want], hasher.len())?;
-        hasher.update(&buf[..want]);
+        match fresh {
+            Some(chunk) => hasher.update(&chunk),
+            None => {
+                let want = usize::try_from(upto - hasher.len())
+                    .unwrap_or(usize::MAX)
+                    .min(buf.len());
+                file.read_exact_at(&mut buf[..want], hasher.len())?;
+                hasher.update(&buf[..want]);
+            }
+        }
+        let hashed = hasher.len();
+        shared.progress.lock().expect("progress lock").hashed = hashed;
+    }
+}
+
+impl Progress {
+    /// The kept chunk written at `at`, the hash's end, if there is one;
+    /// forgets the chunks the hash has passed.
+    fn take_fresh(&mut self, at: u64) -> Option<Bytes> {
+        while let Some(entry) = self.fresh.first_entry() {
+            if *entry.key() >= at {
+                break;
+            }
+            self.fresh_bytes -= entry.remove().len();
+        }
+        let chunk = self.fresh.remove(&at)?;
+        self.fresh_bytes -= chunk.len();
+        Some(chunk)
     }
 }
 
