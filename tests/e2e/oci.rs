@@ -16,7 +16,8 @@ use crate::support::{bytes, sha256_hex};
 
 const REPO: &str = "team/support-bot";
 
-/// A registry with a login, a counting proxy in front of it, and berth
+/// A registry with a login, a counting proxy in front of it that caps each
+/// connection at 6 MB/s (as a CDN would: more connections pay), and berth
 /// with a sources file giving `password` for the proxy's `oci://` prefix.
 struct Setup {
     registry: Registry,
@@ -27,7 +28,7 @@ struct Setup {
 
 async fn setup(password: &str) -> Setup {
     let registry = Registry::with_login();
-    let proxy = Proxy::start(registry.host.parse().unwrap()).await;
+    let proxy = Proxy::capped(registry.host.parse().unwrap(), Some(6_000_000)).await;
     let temp = tempfile::tempdir().unwrap();
     let sources_file = temp.path().join("sources.toml");
     std::fs::write(

@@ -55,12 +55,21 @@ async fn sources_go_through_the_environments_proxies_unless_no_proxy_names_them(
         ("job-direct", http.source(), &http, vec![]),
     ];
     for (job_id, source, files, through_proxy) in cases {
-        let mut registration = model(files, job_id, &adapter_files());
+        // Bytes of the job's own: the blob store would link a file another
+        // job holds instead of asking the source.
+        let contents: Vec<_> = adapter_files()
+            .into_iter()
+            .map(|(path, mut bytes)| {
+                bytes.extend_from_slice(job_id.as_bytes());
+                (path, bytes)
+            })
+            .collect();
+        let mut registration = model(files, job_id, &contents);
         registration["source"] = json!(source);
         let id = berth.register(&registration).await;
         let (status, deployment) = berth.deploy(id, "archive", json!({})).await;
         assert_eq!(status, StatusCode::OK, "{job_id}: {deployment}");
-        for (path, _) in adapter_files() {
+        for (path, _) in &contents {
             assert_eq!(files.hits(job_id, path), 1, "{job_id}: {path}");
         }
         let asked = proxy.take();

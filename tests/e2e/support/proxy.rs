@@ -4,13 +4,14 @@
 //! direction, and no connection is closed or refused, so the server hears
 //! nothing until it gives up by itself. Healed, connections made during the
 //! cut are closed and new ones go through. It counts the connections it
-//! accepts (a registry's, to see a blob read over several).
+//! accepts, and may cap each one's rate toward the client, as CDNs and
+//! object stores do (a registry's, to see a blob read over several).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -25,6 +26,12 @@ pub struct Proxy {
 impl Proxy {
     /// Forwards what reaches `addr` to `upstream`.
     pub async fn start(upstream: SocketAddr) -> Self {
+        Self::capped(upstream, None).await
+    }
+
+    /// Forwards what reaches `addr` to `upstream`, sending at most
+    /// `bytes_per_s` on each connection toward the client.
+    pub async fn capped(upstream: SocketAddr, bytes_per_s: Option<u64>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (cut, _) = watch::channel(false);
@@ -35,7 +42,7 @@ impl Proxy {
             async move {
                 while let Ok((client, _)) = listener.accept().await {
                     accepted.fetch_add(1, Ordering::SeqCst);
-                    tokio::spawn(forward(client, upstream, cut.subscribe()));
+                    tokio::spawn(forward(client, upstream, cut.subscribe(), bytes_per_s));
                 }
             }
         });
@@ -92,7 +99,12 @@ pub fn upstream_of(url: &str) -> SocketAddr {
 /// One connection: bytes both ways until either side closes, or a cut.
 /// Cut, it holds both sockets without a byte until healed, then closes
 /// them: the client learns of the cut only by its own timeouts.
-async fn forward(mut client: TcpStream, upstream: SocketAddr, mut cut: watch::Receiver<bool>) {
+async fn forward(
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    mut cut: watch::Receiver<bool>,
+    cap: Option<u64>,
+) {
     if *cut.borrow_and_update() {
         let _ = cut.wait_for(|cut| !cut).await;
         return;
@@ -100,12 +112,45 @@ async fn forward(mut client: TcpStream, upstream: SocketAddr, mut cut: watch::Re
     let Ok(mut server) = TcpStream::connect(upstream).await else {
         return;
     };
+    let copied = async {
+        match cap {
+            None => drop(tokio::io::copy_bidirectional(&mut client, &mut server).await),
+            Some(rate) => {
+                let (mut from_client, mut to_client) = client.split();
+                let (mut from_server, mut to_server) = server.split();
+                let up = tokio::io::copy(&mut from_client, &mut to_server);
+                let down = throttled(&mut from_server, &mut to_client, rate);
+                let _ = tokio::join!(up, down);
+            }
+        }
+    };
     let was_cut = tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
+        _ = copied => false,
         _ = cut.wait_for(|cut| *cut) => true,
     };
     if was_cut {
         let _ = cut.wait_for(|cut| !cut).await;
         let _ = client.shutdown().await;
+    }
+}
+
+/// Copies `from` to `to` at most `rate` bytes a second.
+async fn throttled(
+    from: &mut (impl AsyncReadExt + Unpin),
+    to: &mut (impl AsyncWriteExt + Unpin),
+    rate: u64,
+) -> std::io::Result<()> {
+    let started = tokio::time::Instant::now();
+    let mut sent = 0u64;
+    let mut buf = vec![0; 16 * 1024];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        to.write_all(&buf[..n]).await?;
+        sent += n as u64;
+        let due = started + std::time::Duration::from_secs_f64(sent as f64 / rate as f64);
+        tokio::time::sleep_until(due).await;
     }
 }
