@@ -27,6 +27,7 @@
 mod api;
 mod capped;
 mod cluster;
+mod coordination;
 mod data;
 mod deploys;
 mod dropin;
@@ -35,6 +36,7 @@ mod load;
 #[path = "../../tests/moto/moto.rs"]
 mod moto;
 mod oci;
+mod pgwire;
 mod plugin;
 mod publish;
 mod push;
