@@ -94,15 +94,17 @@ impl Server {
         let (tx, rx) = std::sync::mpsc::channel();
         let log_bytes = Arc::new(AtomicU64::new(0));
         let counted = log_bytes.clone();
-        // It listens first, then loads its plugins: ready once both happened.
-        // Read to the end, so a server that logs much never blocks on a full
-        // pipe.
+        // Ready once it listens and has loaded its plugins, whichever line
+        // comes first: a folder of cached code (push's servers sharing
+        // --cache-dir) loads in a millisecond, and a server from before the
+        // listening line came first said ready before it. Read to the end,
+        // so a server that logs much never blocks on a full pipe.
         std::thread::spawn(move || {
-            let (mut url, mut ready) = (None, false);
+            let (mut url, mut loaded, mut sent) = (None, false, false);
             // Split on bytes: a guest's line need not be UTF-8.
             for line in BufReader::new(stderr).split(b'\n').map_while(Result::ok) {
                 counted.fetch_add(line.len() as u64 + 1, Ordering::Relaxed);
-                if ready {
+                if sent {
                     continue;
                 }
                 let line = String::from_utf8_lossy(&line);
@@ -110,9 +112,10 @@ impl Server {
                     let rest = &line[at + "berth is listening on ".len()..];
                     url = rest.split_whitespace().next().map(str::to_string);
                 }
-                if line.contains("plugins folder loaded: ready") {
-                    ready = true;
-                    let _ = tx.send(url.clone().unwrap_or_default());
+                loaded |= line.contains("plugins folder loaded: ready");
+                if let (Some(url), true) = (&url, loaded) {
+                    sent = true;
+                    let _ = tx.send(url.clone());
                 }
             }
         });

@@ -7,6 +7,9 @@
 //! and the events per second an SSE subscriber receives through the
 //! stored log, on the server that ran them (one server) against another
 //! server (three: the subscriber's server runs a third of the work).
+//! Then the database round trips and commits of each path a deployment
+//! takes among servers (`coordination`): counts, where this machine's
+//! CPU-bound times say little.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -147,6 +150,9 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
         ),
     );
     table.print();
+    crate::coordination::counts(ctx, admin, &tiny)
+        .await?
+        .print();
     Ok(())
 }
 

@@ -21,15 +21,19 @@
 //! HTTP mirror by berth's example deployers, against boto3, the AWS CLI and
 //! curl, and berth's memory meanwhile), `oci` (the same model pulled from
 //! and pushed to an OCI registry, against skopeo and the ORAS Python SDK),
-//! `blobs` (a second model sharing 3.5 GiB of 4 GiB with one held, against
-//! fetching it into an empty models dir; adopting a models dir of 10,000
-//! files); all by default. Data goes
+//! `native` (gzip and sha256 of a `--native-mib` model natively and in
+//! the Rust and Python guests, on each tier; `--archive LABEL=PATH` adds
+//! another build of the archive example), `blobs` (a second model sharing
+//! 3.5 GiB of 4 GiB with one held, against fetching it into an empty
+//! models dir; adopting a models dir of 10,000 files); all by default.
+//! Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
 mod blobs;
 mod capped;
 mod cluster;
+mod coordination;
 mod data;
 mod deploys;
 mod dropin;
@@ -37,7 +41,9 @@ mod fetch;
 mod load;
 #[path = "../../tests/moto/moto.rs"]
 mod moto;
+mod native;
 mod oci;
+mod pgwire;
 mod plugin;
 mod publish;
 mod push;
@@ -86,11 +92,16 @@ pub struct Ctx {
     pub in_flight: Vec<usize>,
     /// Size of each of the 4 files the publishing benchmark puts, MiB.
     pub publish_mib: u64,
+    /// Size of the model the native-speed benchmark gzips and hashes, MiB.
+    pub native_mib: u64,
+    /// Builds of the archive example it runs, by label (`--archive
+    /// LABEL=PATH`, for a before and after); this build's if none.
+    pub archives: Vec<(String, PathBuf)>,
 }
 
-const SECTIONS: [&str; 17] = [
+const SECTIONS: [&str; 18] = [
     "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "load", "quota",
-    "deploys", "dropin", "cluster", "push", "publish", "oci", "blobs",
+    "deploys", "dropin", "cluster", "push", "publish", "oci", "native", "blobs",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -98,7 +109,8 @@ fn main() -> anyhow::Result<()> {
     let (mut rounds, mut big_gib, mut model_gib, mut calls, mut keep) = (3, 1, 4, 2000, false);
     let (mut capped_gib, mut rss_gib, mut cap_mbps) = (2, 4, 50);
     let (mut builds, mut load_secs, mut pg) = (Vec::new(), 20, Vec::new());
-    let (mut in_flight, mut publish_mib) = (Vec::new(), 1024);
+    let (mut in_flight, mut publish_mib, mut native_mib) = (Vec::new(), 1024, 512);
+    let mut archives = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut number = |name: &str| -> anyhow::Result<u64> {
@@ -122,6 +134,12 @@ fn main() -> anyhow::Result<()> {
             )?),
             "--in-flight" => in_flight.push(number("--in-flight")? as usize),
             "--publish-mib" => publish_mib = number("--publish-mib")?,
+            "--native-mib" => native_mib = number("--native-mib")?,
+            "--archive" => {
+                let arg = args.next().context("--archive needs LABEL=PATH")?;
+                let (label, path) = arg.split_once('=').context("--archive takes LABEL=PATH")?;
+                archives.push((label.to_string(), PathBuf::from(path)));
+            }
             "--pg" => {
                 let arg = args.next().context("--pg needs LABEL=URL")?;
                 let (label, url) = arg.split_once('=').context("--pg takes LABEL=URL")?;
@@ -171,6 +189,8 @@ fn main() -> anyhow::Result<()> {
             in_flight
         },
         publish_mib,
+        native_mib,
+        archives,
     };
     machine();
 
@@ -196,6 +216,7 @@ fn main() -> anyhow::Result<()> {
                 "push" => push::run(&ctx).await?,
                 "publish" => publish::run(&ctx).await?,
                 "oci" => oci::run(&ctx).await?,
+                "native" => native::run(&ctx).await?,
                 "blobs" => blobs::run(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
@@ -226,17 +247,10 @@ fn machine() {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         })
         .map_or(0, |kib| kib >> 20);
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("# berth benchmarks");
     println!(
         "machine: {model}, {cores} cores, {mem_gib} GiB, SHA-NI {}",
         if sha_ni { "yes" } else { "no" }
     );
-    println!(
-        "load average at start: {}",
-        load.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+    println!("load average at start: {}", report::load_average());
 }

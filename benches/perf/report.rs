@@ -113,6 +113,16 @@ pub fn settle() {
     let _ = Command::new("sync").status();
 }
 
+/// The load average over the last minute, 5 and 15 minutes: printed with
+/// CPU-bound figures, which a busy machine shrinks.
+pub fn load_average() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load.split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 pub fn median(samples: &[f64]) -> f64 {
     percentile(samples, 50.0)
 }

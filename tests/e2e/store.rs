@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::support::files::{Fault, FileServer};
 use crate::support::server::{Backend, Berth, Shared, servers};
-use crate::support::{bytes, eventually, model, on_both_backends};
+use crate::support::{bytes, eventually, model, on_both_backends, sha256_hex};
 
 on_both_backends!(
     models_that_share_files_download_and_store_them_once,
@@ -36,15 +36,11 @@ fn inode(path: &Path) -> (u64, u64) {
     (meta.dev(), meta.ino())
 }
 
-/// What the `read-later` mode of `misbehave` answers for these bytes.
-fn fnv1a(files: &[(&str, Vec<u8>)]) -> String {
-    let mut sum: u64 = 0xcbf2_9ce4_8422_2325;
-    for (_, bytes) in files {
-        for byte in bytes {
-            sum = (sum ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{sum:016x}")
+/// What the `read-later` mode of `misbehave` answers for these bytes: the
+/// sha256 of every file's bytes, one after another.
+fn sha256_of_all(files: &[(&str, Vec<u8>)]) -> String {
+    let all: Vec<u8> = files.iter().flat_map(|(_, b)| b.iter().copied()).collect();
+    sha256_hex(&all)
 }
 
 async fn models_that_share_files_download_and_store_them_once(backend: Backend) {
@@ -200,7 +196,7 @@ async fn the_budget_drops_the_least_recently_deployed_copy_never_a_pinned_one(ba
     assert_eq!(done["status"], "completed", "{done}");
     let every_byte: usize = pinned.iter().map(|(_, b)| b.len()).sum();
     assert_eq!(done["details"]["bytes"], every_byte);
-    assert_eq!(done["details"]["fnv1a"], fnv1a(&pinned));
+    assert_eq!(done["details"]["sha256"], sha256_of_all(&pinned));
 
     // The evicted model deploys again, fetched anew; now the pinned one,
     // no longer in use and least recently deployed, makes room.
@@ -298,8 +294,8 @@ async fn servers_sharing_a_volume_download_a_digest_once_and_respect_each_others
 
     assert_eq!(first.0, StatusCode::OK, "{}", first.1);
     assert_eq!(second.0, StatusCode::OK, "{}", second.1);
-    assert_eq!(first.1["details"]["fnv1a"], fnv1a(&a));
-    assert_eq!(second.1["details"]["fnv1a"], fnv1a(&b));
+    assert_eq!(first.1["details"]["sha256"], sha256_of_all(&a));
+    assert_eq!(second.1["details"]["sha256"], sha256_of_all(&b));
     assert_eq!(
         files.served("job-two-a", "weights.bin") + files.served("job-two-b", "w.bin"),
         weights.len() as u64,
@@ -341,5 +337,5 @@ async fn servers_sharing_a_volume_download_a_digest_once_and_respect_each_others
     )
     .await;
     assert_eq!(done["status"], "completed", "{done}");
-    assert_eq!(done["details"]["fnv1a"], fnv1a(&a));
+    assert_eq!(done["details"]["sha256"], sha256_of_all(&a));
 }

@@ -114,15 +114,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             tracing::warn!("scanning the models dir for the storage metrics: {e}");
         }
     });
-    // Listening comes first: the deployers appear one by one as they
-    // compile (seconds each for Python and JavaScript), /readyz tells when
-    // all are in, and only then does the watcher take over the folder.
-    tokio::spawn(first_load.run(
-        catalog.clone(),
-        catalog_wakeups,
-        events.clone(),
-        shutdown.clone(),
-    ));
     if let Some(addr) = args.metrics_listen {
         setup::serve_metrics(addr, shutdown.clone()).await?;
     }
@@ -135,6 +126,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         "berth is listening on http://{}",
         listener.local_addr()?
     );
+    // Listening comes first: the deployers appear one by one as they
+    // compile (seconds each for Python and JavaScript), /readyz tells when
+    // all are in, and only then does the watcher take over the folder.
+    // Started after the line above, so the log says so in that order: a
+    // folder of cached code loads in a millisecond.
+    tokio::spawn(first_load.run(
+        catalog.clone(),
+        catalog_wakeups,
+        events.clone(),
+        shutdown.clone(),
+    ));
     let app = crate::http::app(ApiContext {
         db: db.clone(),
         events: events.clone(),
