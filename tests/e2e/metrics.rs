@@ -332,9 +332,14 @@ async fn a_queued_deployment_counts_its_verified_bytes_once() {
         .await;
     let (status, body) = berth.deploy(fetched, "misbehave", json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    // Busy with another model, fetched for the first time: nothing of it
-    // is verified from a record.
-    let other = berth.register(&model(&files, "job-busy", &contents)).await;
+    // Busy with another model of other bytes, fetched for the first time:
+    // nothing of it is verified from a record (a file the blob store holds
+    // would be, by its blob's stamp).
+    let own: Vec<_> = contents
+        .iter()
+        .map(|(path, bytes)| (*path, [bytes.as_slice(), b"busy"].concat()))
+        .collect();
+    let other = berth.register(&model(&files, "job-busy", &own)).await;
     let busy = berth
         .deploy_detached(other, "misbehave", json!({ "mode": "sleep", "ms": 60000 }))
         .await;

@@ -16,7 +16,7 @@ use super::blobs::{Blobs, same_inode};
 use super::copy::DROPPING;
 use super::disk;
 use super::lock::DirLock;
-use super::stamp::{self, Stamp, Stamps};
+use super::stamp::{Stamp, Stamps};
 use super::{Fetcher, META_DIR};
 use crate::model::ModelFile;
 
@@ -182,5 +182,5 @@ fn vouched_for(
         size_bytes: meta.len(),
         sha256: Some(hex.to_string()),
     };
-    meta.is_file() && stamp::vouched(stamp, meta, &recorded, blobs)
+    meta.is_file() && blobs.vouched(stamp, meta, &recorded)
 }

@@ -25,10 +25,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::disk::hash_file;
 use super::partial::TEMP_PREFIX;
+use super::sha::hash_file;
 use super::stamp::{Stamp, Stamps};
 use super::{BLOBS_DIR, META_DIR};
+use crate::model::ModelFile;
 
 /// Where the blobs of one models dir live.
 #[derive(Clone, Debug)]
@@ -70,6 +71,20 @@ impl Blobs {
             .ok()
             .and_then(|bytes| serde_json::from_slice::<Stamp>(&bytes).ok())
             .is_some_and(|stamp| stamp.vouches_for(meta, Some(hex)))
+    }
+
+    /// Whether `meta`, the file at `file`'s path, holds the bytes last
+    /// verified: its own `stamp` says so, or, when berth has since linked
+    /// the inode elsewhere (changing its ctime), its blob's stamp does.
+    pub(super) fn vouched(
+        &self,
+        stamp: Option<&Stamp>,
+        meta: &std::fs::Metadata,
+        file: &ModelFile,
+    ) -> bool {
+        let sha256 = file.sha256.as_deref();
+        stamp.is_some_and(|s| s.vouches_for(meta, sha256))
+            || sha256.is_some_and(|hex| self.vouches(hex, meta))
     }
 
     /// Whether a blob of `hex` exists at all (one `lstat`).

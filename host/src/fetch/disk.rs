@@ -9,12 +9,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-
 use super::blobs::Blobs;
 use super::lock::DirLock;
 use super::partial::{TEMP_PREFIX, partial_path};
-use super::stamp::{self, Stamp, Stamps};
+use super::sha::hash_file;
+use super::stamp::{Stamp, Stamps};
 use super::{Bookkeeping, Downloaded, Error};
 use crate::model::ModelFile;
 
@@ -55,7 +54,21 @@ pub(super) fn disk_error(dir: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 /// `dir` as it is now (one `lstat` per file, no byte read); their bytes are
 /// then counted as verified by the record.
 pub(super) fn vouched(stamps: &Path, dir: &Path, files: &[ModelFile], blobs: &Blobs) -> bool {
-    if files.is_empty() || !Stamps::load(stamps).vouch_for_all(dir, files, blobs) {
+    if files.is_empty() {
+        return false;
+    }
+    let record = Stamps::load(stamps);
+    let all = files.iter().all(|file| {
+        let Some(stamp) = record.get(&file.path) else {
+            return false;
+        };
+        std::fs::symlink_metadata(dir.join(&file.path)).is_ok_and(|meta| {
+            meta.is_file()
+                && meta.len() == file.size_bytes
+                && blobs.vouched(Some(stamp), &meta, file)
+        })
+    });
+    if !all {
         return false;
     }
     for file in files {
@@ -137,7 +150,7 @@ pub(super) fn verified_in_place(
         return None;
     }
     let expected = file.sha256.as_deref();
-    let vouched = stamp::vouched(stamp.as_ref(), &meta, file, blobs);
+    let vouched = blobs.vouched(stamp.as_ref(), &meta, file);
     if vouched {
         crate::metrics::stamp_verified_bytes(file.size_bytes);
     }
@@ -149,18 +162,6 @@ pub(super) fn verified_in_place(
     let before = Stamp::of(&meta, expected);
     let after = Stamp::of(&std::fs::symlink_metadata(path).ok()?, expected);
     (Some(actual.as_str()) == expected && before == after).then_some(after)
-}
-
-pub(super) fn hash_file(path: &Path) -> std::io::Result<String> {
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0; 1 << 20];
-    loop {
-        match std::io::Read::read(&mut file, &mut buf)? {
-            0 => return Ok(hex::encode(hasher.finalize())),
-            n => hasher.update(&buf[..n]),
-        }
-    }
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {

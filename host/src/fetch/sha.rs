@@ -73,6 +73,19 @@ impl TryFrom<Saved> for Sha256 {
     }
 }
 
+/// The sha256 of the file at `path`, read through.
+pub(super) fn hash_file(path: &std::path::Path) -> std::io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0; 1 << 20];
+    loop {
+        match std::io::Read::read(&mut file, &mut buf)? {
+            0 => return Ok(hex::encode(hasher.finalize())),
+            n => hasher.update(&buf[..n]),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
