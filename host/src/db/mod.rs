@@ -31,6 +31,7 @@ macro_rules! statements {
     };
 }
 
+mod approvals;
 mod catalog;
 mod deployments;
 pub mod events;
@@ -55,6 +56,8 @@ pub enum Error {
     DuplicateJob(String),
     #[error("deployment {0} is not running")]
     NotRunning(i64),
+    #[error("deployment {0} is not awaiting approval")]
+    NotAwaiting(i64),
     #[error("database: {0}")]
     Sql(sqlx::Error),
     /// The database's disk is full: nothing can be written until space is

@@ -2,6 +2,7 @@
 //! Only this module defines JSON shapes (`json/`, which the CLI client
 //! reads answers into) and status codes.
 
+mod approvals;
 mod artifacts;
 mod auth;
 mod deployers;
@@ -85,6 +86,7 @@ fn routes() -> OpenApiRouter<ApiContext> {
     OpenApiRouter::with_openapi(openapi::base())
         .merge(models::router())
         .merge(deployments::router())
+        .merge(approvals::router())
         .merge(artifacts::router())
         .merge(deployers::router())
         .merge(events::router())

@@ -11,6 +11,7 @@
 //! server: it is handed the server's stop token.
 
 mod admit;
+mod approvals;
 mod cancel;
 mod fence;
 mod leases;
@@ -36,6 +37,7 @@ use crate::model::{Deployment, Status, TrainedModel};
 use crate::runtime::Plugin;
 
 pub use admit::{MAX_OPTIONS_BYTES, Request, RunError, StartError};
+pub use approvals::DecideError;
 pub use cancel::CancelError;
 pub use queue::QueueSettings;
 

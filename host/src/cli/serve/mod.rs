@@ -70,6 +70,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_running: usize::from(args.max_running),
         lease: Duration::from_millis(args.lease_ms),
         queue_timeout: Duration::from_secs(args.queue_timeout_s),
+        approval_expiry: Duration::from_secs(args.approval_expiry_s),
     };
     let pipeline = Arc::new(
         Pipeline::new(

@@ -28,12 +28,13 @@ pub use deployers::{
     Rejected, RollbackBody, Tier,
 };
 pub use deployments::{
-    DeployBody, DeployParams, DeployerProgress, Deployment, Deployments, ListParams, Phase,
-    Progress, Published, PublishedProgress, Status,
+    Approval, Cause, Decision, DecisionBody, DeployBody, DeployParams, DeployerProgress,
+    Deployment, Deployments, ListParams, Phase, Progress, Published, PublishedProgress, Status,
 };
 pub use events::{
-    DeploymentCompleted, DeploymentFailed, DeploymentProgress, DeploymentStarted, EventData,
-    EventsParams, PluginNamed, PluginRejected, event,
+    DeploymentApproved, DeploymentAwaitingApproval, DeploymentCompleted, DeploymentFailed,
+    DeploymentProgress, DeploymentStarted, EventData, EventsParams, ModelRegistered, PluginNamed,
+    PluginRejected, RuleFailed, event,
 };
 pub use models::{
     FileBody, Model, ModelFile, Models, Problem, ProblemsBody, RegisterBody, invalid_model,
