@@ -245,6 +245,12 @@ impl Events {
         }
     }
 
+    /// Logs `event` and makes it the log's record, for a write that stores
+    /// it in its own transaction.
+    pub fn stamp(&self, event: &Event) -> NewEvent {
+        self.shared.stamp(event)
+    }
+
     /// Publishes what a change of the served deployers did. Called after
     /// the swap, so a listener that asks finds what it was told.
     pub(crate) fn announce(&self, changes: Vec<Change>) {

@@ -1,5 +1,5 @@
 -- Deploy rules. `body` is the rule as JSON (its trigger, match, deployer,
--- options); rules declared in a server's rules file are not stored.
+-- options, whether it is disabled); rules declared in a server's rules file are not stored.
 -- A firing is a row of `rule_firings`, written in the transaction that
 -- records its deployment (or, for one that could not be made, its
 -- `error`): UNIQUE (rule, event_id) makes each stored event fire each
@@ -9,7 +9,6 @@
 CREATE TABLE rules (
     name       TEXT    PRIMARY KEY,
     body       TEXT    NOT NULL,
-    disabled   BOOLEAN NOT NULL DEFAULT FALSE,
     created_by TEXT,
     created_at TEXT    NOT NULL,
     updated_at TEXT    NOT NULL

@@ -2,7 +2,6 @@
 CREATE TABLE rules (
     name       TEXT    PRIMARY KEY,
     body       TEXT    NOT NULL,
-    disabled   BOOLEAN NOT NULL DEFAULT FALSE,
     created_by TEXT,
     created_at TEXT    NOT NULL,
     updated_at TEXT    NOT NULL

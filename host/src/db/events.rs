@@ -41,8 +41,11 @@ pub type Wording = Box<dyn FnOnce(&Deployment) -> Vec<NewEvent> + Send>;
 /// worded from the row it wrote.
 pub struct ModelReport {
     pub server_id: String,
-    pub events: Box<dyn FnOnce(&TrainedModel) -> Vec<NewEvent> + Send>,
+    pub events: ModelWording,
 }
+
+/// Words the events of a model's row.
+pub type ModelWording = Box<dyn FnOnce(&TrainedModel) -> Vec<NewEvent> + Send>;
 
 /// An event of the log.
 #[derive(Debug, Clone, PartialEq)]

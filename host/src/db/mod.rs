@@ -41,6 +41,7 @@ mod notify;
 mod postgres;
 mod queue;
 mod reach;
+mod rules;
 mod sqlite;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -49,6 +50,7 @@ pub use catalog::{NewVersion, Pushed, StoredVersion};
 pub use deployments::{Ending, NewDeployment};
 pub use notify::Topic;
 pub use queue::{Beat, CancelAsked, Claim, Runnable};
+pub use rules::{CausedDeployment, FiringRow, StoredRule};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

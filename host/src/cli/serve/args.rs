@@ -145,6 +145,10 @@ pub struct ServeArgs {
     /// before it fails saying so.
     #[arg(long, env = "BERTH_QUEUE_TIMEOUT_S", default_value_t = 300)]
     pub(super) queue_timeout_s: u64,
+    /// A TOML file of deploy rules (`[[rule]]` tables, as README.md
+    /// shows); a rule it declares wins over a stored one of the same name.
+    #[arg(long, env = "BERTH_RULES_FILE")]
+    pub(super) rules_file: Option<PathBuf>,
     /// How long, in seconds, a deployment a rule held for an admin's
     /// approval waits (default 7 days) before it fails saying it expired.
     #[arg(long, env = "BERTH_APPROVAL_EXPIRY_S", default_value_t = 7 * 24 * 3600,

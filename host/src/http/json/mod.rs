@@ -16,6 +16,7 @@ mod deployers;
 mod deployments;
 mod events;
 mod models;
+mod rules;
 mod webhook;
 
 use serde::{Deserialize, Serialize};
@@ -39,6 +40,7 @@ pub use events::{
 pub use models::{
     FileBody, Model, ModelFile, Models, Problem, ProblemsBody, RegisterBody, invalid_model,
 };
+pub use rules::{Rule, RuleBody, RuleFiring, Rules};
 pub use webhook::{WebhookFailing, WebhookState, webhook_body};
 
 /// Every refusal: a sentence saying what is wrong and what to do.
