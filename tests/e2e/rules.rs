@@ -198,7 +198,7 @@ async fn a_held_step_runs_once_an_admin_approves_and_fails_when_rejected_or_expi
 
     let contents = [("a.bin", b"weights".to_vec())];
     let mut held = Vec::new();
-    for job in ["job-held-1", "job-held-2"] {
+    for job in ["job-held-1", "job-held-2", "job-held-cancelled"] {
         let (status, body) = call(
             &berth,
             Method::POST,
@@ -211,11 +211,11 @@ async fn a_held_step_runs_once_an_admin_approves_and_fails_when_rejected_or_expi
         held.push(body["id"].as_i64().unwrap());
     }
     let pending = eventually(
-        || "both deployments to await approval".into(),
+        || "the three deployments to await approval".into(),
         async || {
             let (_, list) = call(&berth, Method::GET, "/v1/approvals", Some(&deployer), None).await;
             let rows = list["deployments"].as_array().cloned().unwrap_or_default();
-            (rows.len() == 2).then_some(rows)
+            (rows.len() == 3).then_some(rows)
         },
     )
     .await;
@@ -277,6 +277,18 @@ async fn a_held_step_runs_once_an_admin_approves_and_fails_when_rejected_or_expi
     );
 
     let reject = format!("/v1/deployments/{rejected}/reject");
+    assert_error(
+        &call(
+            &berth,
+            Method::POST,
+            &reject,
+            Some(&admin),
+            Some(json!({ "comment": "a\u{0}b" })),
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "comment holds a control character",
+    );
     let (status, row) = call(
         &berth,
         Method::POST,
@@ -289,6 +301,13 @@ async fn a_held_step_runs_once_an_admin_approves_and_fails_when_rejected_or_expi
     assert_eq!(row["status"], "failed");
     assert_eq!(row["error"], "rejected by ops: not this one");
     assert_eq!(row["approval"]["decision"], "rejected");
+    // One held can be cancelled, as a queued one can: it never runs.
+    let cancelled = pending[2]["id"].as_i64().unwrap();
+    let cancel = format!("/v1/deployments/{cancelled}/cancel");
+    let (status, row) = call(&berth, Method::POST, &cancel, Some(&deployer), None).await;
+    assert_eq!(status, StatusCode::OK, "{row}");
+    assert_eq!(row["status"], "failed");
+    assert_eq!(row["error"], "cancelled (before it started)");
     assert_error(
         &call(
             &berth,

@@ -42,7 +42,7 @@ async fn pending(State(ctx): State<ApiContext>) -> Result<Json<json::Deployments
     request_body(content = Option<DecisionBody>, description = "Optional: a comment kept with the decision"),
     responses(
         (status = OK, description = "The deployment, now queued, with its `approval`", body = json::Deployment),
-        (status = BAD_REQUEST, description = "A bad id or body", body = ErrorBody),
+        (status = BAD_REQUEST, description = "A bad id or body (a comment over 2000 characters or with a control character)", body = ErrorBody),
         (status = NOT_FOUND, description = "No such deployment", body = ErrorBody),
         (status = CONFLICT, description = "It is not awaiting approval (decided already, or never held)", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
@@ -63,7 +63,7 @@ async fn approve(
     request_body(content = Option<DecisionBody>, description = "Optional: a comment kept with the decision"),
     responses(
         (status = OK, description = "The deployment, now failed, with its `approval`", body = json::Deployment),
-        (status = BAD_REQUEST, description = "A bad id or body", body = ErrorBody),
+        (status = BAD_REQUEST, description = "A bad id or body (a comment over 2000 characters or with a control character)", body = ErrorBody),
         (status = NOT_FOUND, description = "No such deployment", body = ErrorBody),
         (status = CONFLICT, description = "It is not awaiting approval (decided already, or never held)", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
@@ -101,6 +101,16 @@ async fn decide(
         return Err(Error::BadRequest(format!(
             "comment is longer than {MAX_COMMENT_CHARS} characters; say it more briefly"
         )));
+    }
+    // Kept in the deployment's error too, as text a person reads.
+    if comment
+        .as_ref()
+        .is_some_and(|c| c.chars().any(char::is_control))
+    {
+        return Err(Error::BadRequest(
+            "comment holds a control character (a line break, a tab, NUL…); write it on one line"
+                .into(),
+        ));
     }
     let by = caller.map(|Extension(c)| c.name);
     match ctx
