@@ -239,9 +239,14 @@ impl Events {
         word: impl FnOnce(&TrainedModel) -> Vec<Event> + Send + 'static,
     ) -> ModelReport {
         let shared = self.shared.clone();
+        // As `report`: the log line stays in the request's span.
+        let span = tracing::Span::current();
         ModelReport {
             server_id: self.shared.server_id.clone(),
-            events: Box::new(move |row| word(row).iter().map(|e| shared.stamp(e)).collect()),
+            events: Box::new(move |row| {
+                let _request = span.enter();
+                word(row).iter().map(|e| shared.stamp(e)).collect()
+            }),
         }
     }
 

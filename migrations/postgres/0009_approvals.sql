@@ -10,3 +10,8 @@ ALTER TABLE deployments ADD COLUMN cause_rule TEXT;
 ALTER TABLE deployments ADD COLUMN cause_event BIGINT;
 ALTER TABLE deployments ADD COLUMN cause_previous BIGINT;
 ALTER TABLE deployments ADD COLUMN approval TEXT;
+
+-- A version of a stored deployer whose manifest grants more than the
+-- version it would replace is stored but held: `held` lists what it adds
+-- (a JSON array of sentences) until an admin approves it; null otherwise.
+ALTER TABLE deployer_versions ADD COLUMN held TEXT;

@@ -44,3 +44,8 @@ ALTER TABLE deployments_next RENAME TO deployments;
 CREATE INDEX deployments_by_model ON deployments (model_id, id);
 CREATE INDEX deployments_running ON deployments (server_id, status);
 CREATE INDEX deployments_queued ON deployments (status, id);
+
+-- A version of a stored deployer whose manifest grants more than the
+-- version it would replace is stored but held: `held` lists what it adds
+-- (a JSON array of sentences) until an admin approves it; null otherwise.
+ALTER TABLE deployer_versions ADD COLUMN held TEXT;

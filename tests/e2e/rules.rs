@@ -602,3 +602,67 @@ async fn three_servers_fire_each_rule_once_per_event_though_one_is_killed() {
         rows.len()
     );
 }
+
+/// A pushed deployer version whose manifest grants more than the one
+/// served is stored but held: the old version keeps serving until an
+/// admin approves it; a version asking for no more is served at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployer_version_that_asks_for_more_is_held_until_approved() {
+    use crate::support::catalog::{push_in_process, served};
+    let app = App::start(Backend::Sqlite).await;
+    let wasm = std::fs::read(plugins::example("archive")).unwrap();
+    let (status, body) = push_in_process(&app, "packer", &[("wasm", &wasm)]).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    let wider = b"allowed_hosts = [\"models.example.com\"]\nmemory_mib = 1024\n";
+    let (status, held) =
+        push_in_process(&app, "packer", &[("wasm", &wasm), ("manifest", wider)]).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{held}");
+    assert_eq!(
+        held["adds"],
+        json!([
+            "allowed host models.example.com",
+            "memory 1024 MiB (was 512 MiB)"
+        ]),
+        "{held}"
+    );
+    assert_eq!(held["number"], 2);
+    let (_, deployers) = app.get("/v1/deployers").await;
+    let packer = served(&deployers, "packer").unwrap();
+    assert_eq!(
+        packer["version"], 1,
+        "the old version keeps serving: {packer}"
+    );
+    assert_eq!(packer["allowed_hosts"], json!([]));
+    let (_, versions) = app.get("/v1/deployers/packer/versions").await;
+    assert_eq!(versions["versions"][1]["held"], held["adds"], "{versions}");
+    assert_eq!(versions["versions"][1]["current"], false);
+    // A rollback cannot serve it past the approval.
+    assert_error(
+        &app.post(
+            "/v1/deployers/packer/rollback",
+            &json!({ "sha256": held["sha256"] }),
+        )
+        .await,
+        StatusCode::CONFLICT,
+        "version 2 of deployer packer is held: it grants more than the version it would replace (allowed host models.example.com",
+    );
+
+    let (status, approved) = app.post("/v1/deployers/packer/approve", &json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{approved}");
+    assert_eq!(approved["version"], 2);
+    assert_eq!(approved["allowed_hosts"], json!(["models.example.com"]));
+    assert_error(
+        &app.post("/v1/deployers/packer/approve", &json!({})).await,
+        StatusCode::CONFLICT,
+        "deployer packer has no version held for approval",
+    );
+    let (_, versions) = app.get("/v1/deployers/packer/versions").await;
+    assert_eq!(versions["versions"][1]["held"], Value::Null);
+
+    // Asking for less is served at once.
+    let (status, narrower) = push_in_process(&app, "packer", &[("wasm", &wasm)]).await;
+    assert_eq!(status, StatusCode::OK, "{narrower}");
+    assert_eq!(narrower["version"], 3);
+    assert_eq!(narrower["allowed_hosts"], json!([]));
+}

@@ -110,9 +110,12 @@ impl From<catalog::Error> for Error {
             E::Unpulled { .. } => Error::BadGateway(e.to_string()),
             E::PullTooLarge { .. } => Error::TooLarge(e.to_string()),
             E::Unknown(_) | E::NoSuchVersion { .. } => Error::NotFound(e.to_string()),
-            E::Declared(_) | E::Folder { .. } | E::TooMany(_) | E::NoEarlier { .. } => {
-                Error::Conflict(e.to_string())
-            }
+            E::Declared(_)
+            | E::Folder { .. }
+            | E::TooMany(_)
+            | E::NoEarlier { .. }
+            | E::Held { .. }
+            | E::NothingHeld(_) => Error::Conflict(e.to_string()),
             E::Record(e) => e.into(),
         }
     }

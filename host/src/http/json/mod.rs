@@ -25,8 +25,8 @@ use utoipa::ToSchema;
 
 pub use artifacts::{Artifact, Artifacts};
 pub use deployers::{
-    Deployer, DeployerVersion, DeployerVersions, Deployers, GrantedTarget, Origin, PullBody,
-    Rejected, RollbackBody, Tier,
+    Deployer, DeployerVersion, DeployerVersions, Deployers, GrantedTarget, HeldVersion, Origin,
+    PullBody, Rejected, RollbackBody, Tier,
 };
 pub use deployments::{
     Approval, Cause, Decision, DecisionBody, DeployBody, DeployParams, DeployerProgress,
