@@ -231,6 +231,22 @@ def scenario_pushed_deployer(page, shots):
     targets = page.locator('#deployers article[data-deployer="packer"] .targets')
     expect(targets).to_have_text("releases (not configured on this server)")
     shots("models-pushed-deployer")
+    # The same bytes granting one more host: held, the card says what it
+    # adds, and Approve serves it.
+    body = b""
+    for name, data in [("wasm", wasm), ("manifest", b'targets = ["releases"]\nallowed_hosts = ["models.example.com"]\n')]:
+        body += f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{name}"\r\n\r\n'.encode()
+        body += data + b"\r\n"
+    body += f"--{boundary}--\r\n".encode()
+    request = urllib.request.Request(URL + "/v1/deployers/packer", data=body, headers=headers, method="PUT")
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        assert answer.status == 202, answer.status
+    page.reload()
+    held = page.locator('#deployers article[data-deployer="packer"] .held')
+    expect(held).to_contain_text("Version 2 is held: it adds allowed host models.example.com")
+    held.get_by_role("button", name="Approve version 2").click()
+    expect(origin).to_contain_text("stored over the API: version 2, pushed")
+    expect(held).to_have_count(0)
     # Deployed with it, the deployment page names the plugin version it ran.
     open_model(page)
     deploy_with(page, "packer")
