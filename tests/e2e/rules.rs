@@ -666,3 +666,118 @@ async fn a_deployer_version_that_asks_for_more_is_held_until_approved() {
     assert_eq!(narrower["version"], 3);
     assert_eq!(narrower["allowed_hosts"], json!([]));
 }
+
+/// `berth …` against `server`: its stdout, asserting it exited 0.
+#[track_caller]
+fn cli(server: &Berth, args: &[&str]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .env("BERTH_SERVER", &server.url)
+        .env("BERTH_LOG", "warn")
+        .output()
+        .unwrap();
+    crate::support::cli::expect_success(&output)
+}
+
+/// A rule declared in `--rules-file` fires, wins over the API (which may
+/// not change it), and the CLI lists rules and approves what a stored rule
+/// holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_rule_fires_and_wins_and_the_cli_approves() {
+    let files = FileServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.toml");
+    std::fs::write(
+        &file,
+        r#"
+[[rule]]
+name = "declared"
+when = { event = "model_registered" }
+match = { job_id = "job-file-*" }
+deploy = { deployer = "misbehave", options = { mode = "ok", job = "${model.job_id}" } }
+"#,
+    )
+    .unwrap();
+    let berth = Berth::options(Backend::Sqlite)
+        .arg("--rules-file")
+        .arg(file.to_str().unwrap())
+        .start()
+        .await;
+    let contents = [("a.bin", b"weights".to_vec())];
+    let id = berth
+        .register(&model(&files, "job-file-1", &contents))
+        .await;
+    let fired = eventually(
+        || "the declared rule's deployment to end".into(),
+        async || {
+            let rows = deployments_of(&berth, id).await;
+            rows.first().filter(|r| has_ended(r)).cloned()
+        },
+    )
+    .await;
+    assert_eq!(fired["status"], "completed", "{fired}");
+    assert_eq!(fired["created_by"], "rule:declared");
+    assert_eq!(fired["options"]["job"], "job-file-1");
+    assert_error(
+        &berth
+            .post(
+                "/v1/rules",
+                &registered_rule("declared", "archive", json!({})),
+            )
+            .await,
+        StatusCode::CONFLICT,
+        "rule declared is declared in this server's rules file",
+    );
+    let (_, listed) = berth.get("/v1/rules/declared").await;
+    assert_eq!(listed["origin"], "file");
+
+    // The CLI: store a held rule from a file, list, approve.
+    let held = dir.path().join("held.toml");
+    std::fs::write(
+        &held,
+        r#"
+[[rule]]
+name = "held"
+when = { event = "model_registered" }
+match = { job_id = "job-cli-*" }
+deploy = { deployer = "archive" }
+require_approval = true
+"#,
+    )
+    .unwrap();
+    let held = held.to_str().unwrap();
+    assert!(cli(&berth, &["rules", "add", held]).contains("stored rule held"));
+    let listed = cli(&berth, &["rules"]);
+    assert!(
+        listed.contains("declared") && listed.contains("file"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("held") && listed.contains("required"),
+        "{listed}"
+    );
+    let id = berth.register(&model(&files, "job-cli-1", &contents)).await;
+    let waiting = eventually(
+        || "the held deployment".into(),
+        async || deployments_of(&berth, id).await.first().cloned(),
+    )
+    .await;
+    let deploy_id = waiting["id"].to_string();
+    assert!(cli(&berth, &["approvals"]).contains(&deploy_id));
+    let approved = cli(&berth, &["approve", &deploy_id, "--comment", "fine"]);
+    assert_eq!(approved.trim(), format!("deployment {deploy_id} is queued"));
+    assert!(cli(&berth, &["rules", "disable", "held"]).contains("rule held is disabled"));
+    let done = eventually(
+        || "the approved deployment to end".into(),
+        async || {
+            deployments_of(&berth, id)
+                .await
+                .first()
+                .filter(|r| has_ended(r))
+                .cloned()
+        },
+    )
+    .await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["approval"]["comment"], "fine");
+}
