@@ -20,11 +20,14 @@
 //! files, `--publish-mib` each, put into an S3-compatible store and onto an
 //! HTTP mirror by berth's example deployers, against boto3, the AWS CLI and
 //! curl, and berth's memory meanwhile), `oci` (the same model pulled from
-//! and pushed to an OCI registry, against skopeo and the ORAS Python SDK);
-//! all by default. Data goes
+//! and pushed to an OCI registry, against skopeo and the ORAS Python SDK),
+//! `blobs` (a second model sharing 3.5 GiB of 4 GiB with one held, against
+//! fetching it into an empty models dir; adopting a models dir of 10,000
+//! files); all by default. Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
+mod blobs;
 mod capped;
 mod cluster;
 mod data;
@@ -85,9 +88,9 @@ pub struct Ctx {
     pub publish_mib: u64,
 }
 
-const SECTIONS: [&str; 16] = [
+const SECTIONS: [&str; 17] = [
     "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "load", "quota",
-    "deploys", "dropin", "cluster", "push", "publish", "oci",
+    "deploys", "dropin", "cluster", "push", "publish", "oci", "blobs",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -193,6 +196,7 @@ fn main() -> anyhow::Result<()> {
                 "push" => push::run(&ctx).await?,
                 "publish" => publish::run(&ctx).await?,
                 "oci" => oci::run(&ctx).await?,
+                "blobs" => blobs::run(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
         }

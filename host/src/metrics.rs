@@ -86,6 +86,9 @@ struct Metrics {
     webhook_delivering: Gauge,
     webhook_failing: Gauge,
     rule_firings: Family<FiringLabels, Counter>,
+    models_stored: Gauge,
+    models_saved: Gauge,
+    copies_evicted: Counter,
 }
 
 impl Metrics {
@@ -204,6 +207,26 @@ impl Metrics {
             "Rule firings this server recorded, by rule and outcome (queued, awaiting_approval, failed); each event fires a rule once across the servers",
             rule_firings.clone(),
         );
+        let models_stored = Gauge::default();
+        registry.register_with_unit(
+            "berth_models_stored",
+            "Bytes the models dir holds on disk (model directories and blobs, each file once), as last scanned",
+            Unit::Bytes,
+            models_stored.clone(),
+        );
+        let models_saved = Gauge::default();
+        registry.register_with_unit(
+            "berth_models_saved",
+            "Bytes the model directories would take beyond what is on disk, were their shared (hard-linked) files separate copies, as last scanned",
+            Unit::Bytes,
+            models_saved.clone(),
+        );
+        let copies_evicted = Counter::default();
+        registry.register(
+            "berth_model_copies_evicted",
+            "Models whose local copy was dropped to keep the models dir within its budget (--models-max-gib)",
+            copies_evicted.clone(),
+        );
         Self {
             registry,
             deployments,
@@ -224,6 +247,9 @@ impl Metrics {
             webhook_delivering,
             webhook_failing,
             rule_firings,
+            models_stored,
+            models_saved,
+            copies_evicted,
         }
     }
 }
@@ -381,6 +407,21 @@ pub fn webhook_failing(failing: bool) {
     }
 }
 
+/// What the models dir holds on disk and what sharing saves, as a scan
+/// of it (`fetch::Fetcher::usage`) found.
+pub fn models_storage(stored: u64, saved: u64) {
+    let Some(m) = METRICS.get() else { return };
+    m.models_stored.set(stored.try_into().unwrap_or(i64::MAX));
+    m.models_saved.set(saved.try_into().unwrap_or(i64::MAX));
+}
+
+/// One model's local copy dropped to keep within the budget.
+pub fn model_copy_evicted() {
+    if let Some(m) = METRICS.get() {
+        m.copies_evicted.inc();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,6 +460,9 @@ mod tests {
             ("berth_webhook_delivering", "gauge"),
             ("berth_webhook_failing", "gauge"),
             ("berth_rule_firings_total", "counter"),
+            ("berth_models_stored_bytes", "gauge"),
+            ("berth_models_saved_bytes", "gauge"),
+            ("berth_model_copies_evicted_total", "counter"),
         ];
         let text = render().unwrap();
         let declared: Vec<(&str, &str)> = text

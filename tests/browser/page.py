@@ -127,6 +127,13 @@ def scenario_schema_form_and_archive(page, shots):
     expect(page.locator("#details")).to_contain_text('"sha256"')
     expect(page.locator("#logs")).to_contain_text("wrote /out/")
     shots("deployment")
+    # The deployed model's copy is local, and the models view says what
+    # the models dir holds.
+    open_model(page)
+    expect(page.locator("#model-storage")).to_have_attribute("data-local", "true")
+    expect(page.locator("#model-storage")).to_contain_text("yes: deploys without fetching")
+    page.goto(f"{URL}/#/")
+    expect(page.locator("#storage-line")).to_contain_text("saved by sharing")
 
 
 def scenario_failing_deployer(page, shots):

@@ -47,5 +47,7 @@ mod signatures;
 mod soak;
 mod sources;
 mod space;
+mod storage;
+mod store;
 mod targets;
 mod webhook;

@@ -97,6 +97,33 @@ async fn the_page_is_open_and_its_data_needs_a_token() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
+/// The models view draws the storage line and a model's view its storage
+/// block, both from `GET /v1/storage` (the browser scenarios see them
+/// filled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_views_show_the_storage() {
+    let app = App::start(Backend::Sqlite).await;
+    let (_, models) = page_file(&app, "/page/views/models.js").await;
+    assert!(models.contains("storageLine()"), "{models}");
+    let (_, model) = page_file(&app, "/page/views/model.js").await;
+    assert!(model.contains("storageBlock(model.id)"), "{model}");
+    let (_, storage) = page_file(&app, "/page/views/storage.js").await;
+    for hook in [
+        "api(\"/v1/storage\")",
+        "id: \"storage-line\"",
+        "id: \"model-storage\"",
+        "storage.bytes_on_disk",
+        "storage.bytes_saved",
+        "storage.budget_bytes",
+        "mine.local",
+        "mine.bytes",
+        "mine.shared_bytes",
+        "mine.last_deployed",
+    ] {
+        assert!(storage.contains(hook), "storage.js lacks {hook}");
+    }
+}
+
 /// A file of the page, asserting it is served (200, the page's CSP).
 async fn page_file(app: &App, path: &str) -> (HeaderMap, String) {
     let response = app

@@ -48,6 +48,7 @@ pub(crate) mod testing;
 
 pub use catalog::{NewVersion, Pushed, StoredVersion};
 pub use deployments::{Ending, NewDeployment};
+pub use models::LastDeployed;
 pub use notify::Topic;
 pub use queue::{Beat, CancelAsked, Claim, Runnable};
 pub use rules::{CausedDeployment, FiringRow, StoredRule};

@@ -9,6 +9,16 @@ use super::events::{self, ModelReport};
 use super::{Db, Error, Result, now};
 use crate::model::{ModelFile, TrainedModel};
 
+/// When a model was last deployed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastDeployed {
+    pub model_id: i64,
+    pub job_id: String,
+    /// The newest deployment's `created_at` (RFC 3339, UTC); none if the
+    /// model was never deployed.
+    pub last_deployed: Option<String>,
+}
+
 const MODEL_COLUMNS: &str = "id, name, job_id, base_model, model_size, dataset, num_examples, \
      num_train_steps, final_loss, params, source, created_at, created_by";
 
@@ -80,6 +90,34 @@ impl Db {
         .await?;
         model.files = files.iter().map(file_row).collect::<Result<_>>()?;
         Ok(Some(model))
+    }
+
+    /// Every model with the time its newest deployment was made (of any
+    /// status), least recently deployed first: never-deployed models
+    /// first, then by that time, then by id. The order copies are dropped
+    /// in to keep the models dir within its budget.
+    pub async fn models_by_last_deployed(&self) -> Result<Vec<LastDeployed>> {
+        // A subquery per model, on the index by model: no GROUP BY whose
+        // output PostgreSQL would refuse to order by an expression of.
+        let rows = sqlx::query(
+            "SELECT id, job_id, last_deployed FROM (\
+               SELECT m.id, m.job_id, \
+                 (SELECT MAX(d.created_at) FROM deployments d WHERE d.model_id = m.id) \
+                   AS last_deployed \
+               FROM models m) AS t \
+             ORDER BY CASE WHEN last_deployed IS NULL THEN 0 ELSE 1 END, last_deployed, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LastDeployed {
+                    model_id: row.try_get("id")?,
+                    job_id: row.try_get("job_id")?,
+                    last_deployed: row.try_get("last_deployed")?,
+                })
+            })
+            .collect()
     }
 
     /// Deletes a model with its files' records and its deployments. Returns

@@ -4,11 +4,17 @@
 //! caller decides whether any deployment still uses the copy (the database
 //! knows); this module only removes, and in an order that never leaves a
 //! record vouching for files that are gone: the record first, then the
-//! files, renamed out of sight before they are deleted.
+//! files, renamed out of sight before they are deleted. A file linked from
+//! the blob store is unlinked under its digest's lock, and the blob goes
+//! too once no other model links it.
 
 use std::path::{Path, PathBuf};
 
-use super::lock::DirLock;
+use std::sync::Arc;
+
+use super::blobs::Blobs;
+use super::lock::{DirLock, SharedLocks};
+use super::stamp::Stamps;
 use super::{Bookkeeping, Fetcher, disk};
 
 /// A model directory held for dropping.
@@ -16,6 +22,11 @@ pub struct HeldCopy {
     _lock: DirLock,
     dir: PathBuf,
     books: Bookkeeping,
+    /// The verification record as it was when the lock was taken: which
+    /// files are links of which blobs.
+    record: Stamps,
+    blobs: Blobs,
+    shared_locks: Option<Arc<dyn SharedLocks>>,
 }
 
 impl Fetcher {
@@ -24,10 +35,18 @@ impl Fetcher {
     pub async fn hold_copy(&self, job_id: &str) -> std::io::Result<HeldCopy> {
         let books = self.bookkeeping(job_id);
         let lock = DirLock::acquire(&books.lock, self.shared_locks.as_deref()).await?;
+        let record = disk::blocking({
+            let stamps = books.stamps.clone();
+            move || Stamps::load(&stamps)
+        })
+        .await;
         Ok(HeldCopy {
             _lock: lock,
             dir: self.dir_of(job_id),
             books,
+            record,
+            blobs: self.blobs.clone(),
+            shared_locks: self.shared_locks.clone(),
         })
     }
 }
@@ -45,13 +64,26 @@ impl HeldCopy {
     /// answers the bytes freed. The directory is renamed aside first, so a
     /// removal that stops halfway leaves no half model under its name.
     pub async fn remove(self) -> std::io::Result<u64> {
-        let (dir, resume) = (self.dir.clone(), self.books.resume.clone());
-        let freed = disk::blocking(move || {
-            let mut freed = 0;
-            for path in [dir, resume] {
-                freed += remove_tree(&path)?;
+        let dir = self.dir.clone();
+        let mut freed = 0;
+        if let Some(aside) = disk::blocking(move || rename_aside(&dir)).await? {
+            for (path, hex) in self.record.hashed() {
+                let digest =
+                    DirLock::acquire(&self.blobs.lock_path(hex), self.shared_locks.as_deref())
+                        .await?;
+                let (blobs, hex, path) = (self.blobs.clone(), hex.to_string(), aside.join(path));
+                freed += disk::blocking(move || {
+                    let _digest = digest;
+                    // Already gone: nothing to free.
+                    blobs.unlink(&hex, &path).unwrap_or(0)
+                })
+                .await;
             }
-            Ok::<_, std::io::Error>(freed)
+            freed += disk::blocking(move || remove_aside(&aside)).await?;
+        }
+        let resume = self.books.resume.clone();
+        freed += disk::blocking(move || {
+            rename_aside(&resume)?.map_or(Ok(0), |aside| remove_aside(&aside))
         })
         .await?;
         drop(self);
@@ -66,27 +98,36 @@ fn remove_file_if_any(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Renames `path` to a hidden name beside it and deletes that tree;
-/// answers the bytes of the regular files it held (0 if it was absent).
-fn remove_tree(path: &Path) -> std::io::Result<u64> {
+/// The start of the name a copy being dropped is renamed to.
+pub(super) const DROPPING: &str = ".dropping-";
+
+/// Renames `path` to a hidden name beside it, where no fetch or
+/// deployment looks; `None` if it was absent.
+fn rename_aside(path: &Path) -> std::io::Result<Option<PathBuf>> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let aside = path.with_file_name(format!(".dropping-{name}-{}", std::process::id()));
+    let aside = path.with_file_name(format!("{DROPPING}{name}-{}", std::process::id()));
     match std::fs::rename(path, &aside) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        other => other?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        other => other.map(|()| Some(aside)),
     }
-    let bytes = size_of_tree(&aside);
-    std::fs::remove_dir_all(&aside)?;
+}
+
+/// Deletes the tree renamed aside; answers the bytes this frees.
+fn remove_aside(aside: &Path) -> std::io::Result<u64> {
+    let bytes = size_of_tree(aside);
+    std::fs::remove_dir_all(aside)?;
     Ok(bytes)
 }
 
-/// The bytes of the regular files under `path`, links not followed.
+/// The bytes of the regular files under `path` that no other name links,
+/// links not followed.
 fn size_of_tree(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return 0;
     };
     if meta.is_file() {
-        return meta.len();
+        return if meta.nlink() == 1 { meta.len() } else { 0 };
     }
     if !meta.is_dir() {
         return 0;

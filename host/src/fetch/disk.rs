@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use super::blobs::Blobs;
 use super::lock::DirLock;
 use super::partial::{TEMP_PREFIX, partial_path};
-use super::stamp::{Stamp, Stamps};
+use super::stamp::{self, Stamp, Stamps};
 use super::{Bookkeeping, Downloaded, Error};
 use crate::model::ModelFile;
 
@@ -53,8 +54,8 @@ pub(super) fn disk_error(dir: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 /// Whether the verification record at `stamps` vouches for every file in
 /// `dir` as it is now (one `lstat` per file, no byte read); their bytes are
 /// then counted as verified by the record.
-pub(super) fn vouched(stamps: &Path, dir: &Path, files: &[ModelFile]) -> bool {
-    if files.is_empty() || !Stamps::load(stamps).vouch_for_all(dir, files) {
+pub(super) fn vouched(stamps: &Path, dir: &Path, files: &[ModelFile], blobs: &Blobs) -> bool {
+    if files.is_empty() || !Stamps::load(stamps).vouch_for_all(dir, files, blobs) {
         return false;
     }
     for file in files {
@@ -63,11 +64,11 @@ pub(super) fn vouched(stamps: &Path, dir: &Path, files: &[ModelFile]) -> bool {
     true
 }
 
-/// Refuses before downloading what would not fit: the missing files'
-/// bytes, less what their kept partials already hold, plus `reserve`.
-pub(super) fn check_room(dir: &Path, missing: &[ModelFile], reserve: u64) -> Result<(), Error> {
+/// The bytes downloading the `missing` files adds to the disk: their
+/// sizes, less what their kept partials already hold.
+pub(super) fn needed(dir: &Path, missing: &[ModelFile]) -> u64 {
     use std::os::unix::fs::MetadataExt;
-    let needed: u64 = missing
+    missing
         .iter()
         .map(|file| {
             // Blocks, not length: a download in pieces is sparse.
@@ -75,7 +76,12 @@ pub(super) fn check_room(dir: &Path, missing: &[ModelFile], reserve: u64) -> Res
                 .map_or(0, |m| m.len().min(m.blocks() * 512));
             file.size_bytes.saturating_sub(kept)
         })
-        .sum();
+        .sum()
+}
+
+/// Refuses before downloading what would not fit: the `needed` bytes
+/// plus `reserve`.
+pub(super) fn check_room(dir: &Path, needed: u64, reserve: u64) -> Result<(), Error> {
     if needed == 0 {
         return Ok(());
     }
@@ -124,13 +130,14 @@ pub(super) fn verified_in_place(
     path: &Path,
     file: &ModelFile,
     stamp: Option<Stamp>,
+    blobs: &Blobs,
 ) -> Option<Stamp> {
     let meta = std::fs::symlink_metadata(path).ok()?;
     if !meta.is_file() || meta.len() != file.size_bytes {
         return None;
     }
     let expected = file.sha256.as_deref();
-    let vouched = stamp.is_some_and(|s| s.vouches_for(&meta, expected));
+    let vouched = stamp::vouched(stamp.as_ref(), &meta, file, blobs);
     if vouched {
         crate::metrics::stamp_verified_bytes(file.size_bytes);
     }
@@ -144,7 +151,7 @@ pub(super) fn verified_in_place(
     (Some(actual.as_str()) == expected && before == after).then_some(after)
 }
 
-fn hash_file(path: &Path) -> std::io::Result<String> {
+pub(super) fn hash_file(path: &Path) -> std::io::Result<String> {
     let mut file = std::fs::File::open(path)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0; 1 << 20];

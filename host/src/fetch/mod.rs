@@ -8,20 +8,27 @@
 //! from the checkpoint the interruption left if the file is untouched since,
 //! else the kept bytes are hashed again. A model whose verification record
 //! vouches for every file is ready without reading a byte or taking the
-//! lock. Never deletes a model file; knows nothing of deployers or the
-//! database.
+//! lock. A file with a recorded sha256 is kept once for every model, in the
+//! blob store (`blobs`), and linked in rather than downloaded when any
+//! model already holds it. Deletes a model's file only when its bytes are
+//! found wrong, or when asked to drop a copy (`copy`); knows nothing of
+//! deployers or the database.
 //!
 //! This file is the whole model's order: vouched for, locked, checked in
-//! place, room, downloads, settled. One file's download is `file`; the
-//! disk work around the downloads, run off the runtime's threads, `disk`;
-//! the bytes' way in, `source`, `partial` and `pieces`.
+//! place, room, linked or downloaded, settled. One file's download is
+//! `file`; the disk work around the downloads, run off the runtime's
+//! threads, `disk`; the bytes' way in, `source`, `partial` and `pieces`.
 
 mod access;
+mod adopt;
+mod blobs;
+mod budget;
 mod copy;
 mod disk;
 mod file;
 mod local;
 mod lock;
+mod pace;
 mod partial;
 mod pieces;
 mod ranges;
@@ -31,6 +38,7 @@ mod stamp;
 mod tally;
 #[cfg(test)]
 mod tests;
+pub mod usage;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -43,6 +51,8 @@ use tokio_util::sync::CancellationToken;
 use crate::model::{ModelFile, TrainedModel};
 use crate::trust::Trust;
 pub use access::Access;
+pub use adopt::Adopted;
+pub use budget::Reclaim;
 pub use copy::HeldCopy;
 use disk::disk_error;
 pub use local::check_local;
@@ -73,6 +83,25 @@ pub enum Error {
         free: u64,
         reserve: u64,
     },
+    #[error(
+        "model directory {dir}: the missing files need {}, but the models dir holds {} of its budget of {} (--models-max-gib), and no other model's copy can be dropped: each is in use by a queued or running deployment; raise --models-max-gib, or deploy this model when those end",
+        crate::human::size(*.needed), crate::human::size(*.used), crate::human::size(*.budget)
+    )]
+    OverBudget {
+        dir: String,
+        needed: u64,
+        used: u64,
+        budget: u64,
+    },
+    #[error(
+        "model directory {dir}: the missing files need {}, more than the models dir's whole budget of {} (--models-max-gib); raise it to deploy this model",
+        crate::human::size(*.needed), crate::human::size(*.budget)
+    )]
+    LargerThanBudget {
+        dir: String,
+        needed: u64,
+        budget: u64,
+    },
 }
 
 /// Told how far a fetch has come. Called often (every chunk): implementations
@@ -91,10 +120,11 @@ impl Observer for Quiet {
 /// How a large file is read over several connections at once, each asking
 /// for one piece (a range) at a time; the pieces are written in place.
 /// Object stores and CDNs cap each connection's rate, so this is what
-/// makes a large file arrive at the speed of the link.
+/// makes a large file arrive at the speed of the link. How many of them
+/// is measured as the bytes arrive (`pace`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Split {
-    /// Connections per file (1: every file in one stream).
+    /// The most connections per file (1: every file in one stream).
     pub connections: usize,
     /// The size of one piece. A file with less than two pieces' worth to
     /// download is read in one stream.
@@ -104,7 +134,7 @@ pub struct Split {
 impl Default for Split {
     fn default() -> Self {
         Self {
-            connections: 8,
+            connections: 16,
             piece_bytes: 16 << 20,
         }
     }
@@ -123,6 +153,10 @@ pub struct Fetcher {
     /// Taken with each model directory's file lock, by servers on several
     /// machines.
     shared_locks: Option<Arc<dyn SharedLocks>>,
+    /// Where verified files are kept once, by digest.
+    blobs: blobs::Blobs,
+    /// The most the models dir may hold (`--models-max-gib`).
+    budget: Option<budget::Budget>,
 }
 
 /// Where berth keeps its own bookkeeping of the models dir: locks,
@@ -130,10 +164,16 @@ pub struct Fetcher {
 /// dot, so no model directory can be called this.
 const META_DIR: &str = ".berth";
 
+/// Where the blob store keeps files by digest (`blobs`), beside the model
+/// directories.
+const BLOBS_DIR: &str = ".blobs";
+
 impl Fetcher {
     pub fn new(models_dir: PathBuf, timeout: Duration) -> anyhow::Result<Self> {
         Ok(Self {
             sources: source::Sources::new(Trust::default())?,
+            blobs: blobs::Blobs::new(&models_dir),
+            budget: None,
             models_dir,
             timeout,
             parallel: 4,
@@ -198,7 +238,7 @@ impl Fetcher {
     pub fn verified(&self, model: &TrainedModel) -> Option<PathBuf> {
         let dir = self.dir_of(&model.job_id);
         let stamps = self.bookkeeping(&model.job_id).stamps;
-        disk::vouched(&stamps, &dir, &model.files).then_some(dir)
+        disk::vouched(&stamps, &dir, &model.files, &self.blobs).then_some(dir)
     }
 
     /// Makes the model's directory hold exactly-verified copies of all its
@@ -237,7 +277,8 @@ impl Fetcher {
         // of any byte.
         let vouched = disk::blocking({
             let (stamps, dir, files) = (books.stamps.clone(), dir.clone(), files.clone());
-            move || disk::vouched(&stamps, &dir, &files)
+            let blobs = self.blobs.clone();
+            move || disk::vouched(&stamps, &dir, &files, &blobs)
         })
         .await;
         if vouched {
@@ -266,12 +307,25 @@ impl Fetcher {
         })
         .await?;
         let missing = self.check_in_place(&dir, &files, &mut stamps, &tally).await;
-        let missing = disk::holding(&lock, {
-            let (dir, reserve) = (dir.clone(), self.reserve);
+        let (missing, needed) = disk::holding(&lock, {
+            let (dir, blobs) = (dir.clone(), self.blobs.clone());
             move || {
                 disk::remove_leftovers(&dir, &missing);
-                disk::check_room(&dir, &missing, reserve).map(|()| missing)
+                // A file the store holds is linked in, not downloaded.
+                let to_download: Vec<ModelFile> = missing
+                    .iter()
+                    .filter(|file| !file.sha256.as_deref().is_some_and(|hex| blobs.has(hex)))
+                    .cloned()
+                    .collect();
+                let needed = disk::needed(&dir, &to_download);
+                (missing, needed)
             }
+        })
+        .await;
+        let _claim = self.claim(&model.job_id, needed).await?;
+        disk::holding(&lock, {
+            let (dir, reserve) = (dir.clone(), self.reserve);
+            move || disk::check_room(&dir, needed, reserve)
         })
         .await?;
         let downloaded = self
@@ -313,7 +367,8 @@ impl Fetcher {
             .map(|file| {
                 let stamp = stamps.get(&file.path).cloned();
                 let path = dir.join(&file.path);
-                disk::blocking(move || disk::verified_in_place(&path, &file, stamp))
+                let blobs = self.blobs.clone();
+                disk::blocking(move || disk::verified_in_place(&path, &file, stamp, &blobs))
             })
             .buffered(self.parallel)
             .collect()
@@ -346,13 +401,13 @@ impl Fetcher {
             .map(|file| {
                 let (tally, lock) = (tally.clone(), lock.clone());
                 async move {
-                    let stamp = self
-                        .download(model, &file, dir, &tally, lock)
-                        .await
-                        .map_err(|reason| Error::File {
-                            path: file.path.clone(),
-                            reason,
-                        })?;
+                    let stamp =
+                        self.put(model, &file, dir, &tally, lock)
+                            .await
+                            .map_err(|reason| Error::File {
+                                path: file.path.clone(),
+                                reason,
+                            })?;
                     tally.file_done(0);
                     Ok::<_, Error>((file, stamp))
                 }
@@ -375,6 +430,57 @@ impl Fetcher {
         // Returning drops the other downloads; each keeps what it has for
         // next time.
         downloaded
+    }
+}
+
+impl Fetcher {
+    /// Puts one missing file in place: linked from the blob store if it
+    /// holds the file's digest, else downloaded and then kept there. Under
+    /// the digest's lock, so no two fetches on the volume download one
+    /// digest at once: the second finds the first's blob and links it.
+    async fn put(
+        &self,
+        model: &TrainedModel,
+        file: &ModelFile,
+        dir: &Path,
+        tally: &Tally,
+        lock: Arc<DirLock>,
+    ) -> Result<Stamp, String> {
+        let Some(hex) = file.sha256.clone() else {
+            return self.download(model, file, dir, tally, lock).await;
+        };
+        let digest = Arc::new(
+            DirLock::acquire(&self.blobs.lock_path(&hex), self.shared_locks.as_deref())
+                .await
+                .map_err(|e| format!("cannot take the lock of sha256 {hex}: {e}"))?,
+        );
+        let target = dir.join(&file.path);
+        let linked = disk::holding(&lock, {
+            let (blobs, digest, hex, target) = (
+                self.blobs.clone(),
+                digest.clone(),
+                hex.clone(),
+                target.clone(),
+            );
+            let size = file.size_bytes;
+            move || {
+                let _digest = digest;
+                blobs.link_into(&hex, size, &target)
+            }
+        })
+        .await;
+        if let Some(stamp) = linked {
+            tally.bytes(file.size_bytes);
+            return Ok(stamp);
+        }
+        let downloaded = self.download(model, file, dir, tally, lock.clone()).await?;
+        let blobs = self.blobs.clone();
+        let kept = disk::holding(&lock, move || {
+            let _digest = digest;
+            blobs.keep(&hex, &target)
+        })
+        .await;
+        Ok(kept.unwrap_or(downloaded))
     }
 }
 

@@ -1,9 +1,12 @@
 //! A large file read over several connections at once, as object stores and
-//! CDNs cap each connection's rate. The bytes still missing are cut into
-//! pieces that the connections claim in file order, each written in place
+//! CDNs cap each connection's rate; how many is chosen as the bytes arrive
+//! (`pace`). The bytes still missing are cut into pieces that the
+//! connections claim in file order, each written in place
 //! in the `.fetch-*` file by one disk thread; a hash thread follows the run
-//! of written bytes from the start, reading them back as it grows, so the
-//! SHA-256 (one sequential chain) ends moments after the last byte arrives.
+//! of written bytes from the start, so the SHA-256 (one sequential chain)
+//! ends moments after the last byte arrives. It hashes a chunk from memory
+//! when the chunk lands where the hash has got to (always, on one
+//! connection), and reads the run back from the file otherwise.
 //! An interruption leaves the written pieces and a checkpoint of the hash
 //! and of which bytes are written, and the next fetch asks only for the
 //! rest. Memory stays bounded: chunks go to disk as they come, and the hash
@@ -13,12 +16,16 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 
+use super::pace::{Pace, Step, WINDOW};
 use super::partial::{
     Checkpoint, LastHash, QUEUE, READ_BUF, Resumable, StopHash, Threads, WRITEBACK_WINDOW, Written,
     start_writeback,
@@ -68,6 +75,20 @@ pub(crate) fn cut(missing: &[(u64, u64)], piece_bytes: u64) -> Pieces {
     }
 }
 
+impl Pieces {
+    /// Puts back the bytes `start..end` that a connection claimed but did
+    /// not get: the next claim takes them.
+    fn give_back(&mut self, start: u64, end: u64) {
+        if start < end {
+            self.missing.push_front((start, end));
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.missing.is_empty()
+    }
+}
+
 impl Iterator for Pieces {
     type Item = Piece;
 
@@ -84,10 +105,12 @@ impl Iterator for Pieces {
     }
 }
 
-/// Reads `pieces` into `writer` over at most `connections` connections;
-/// `first` is the already opened answer for the first piece. Returns the
-/// hash of the whole file, or why the download stopped (the writer then
-/// leaves what it has, with a checkpoint).
+/// Reads `pieces` into `writer` over at most `connections` connections,
+/// as many as pay (`Pace`); `first` is the already opened answer for the
+/// first piece. A connection that fails while others still read gives its
+/// piece back to them. Returns the hash of the whole file, or why the
+/// download stopped (the writer then leaves what it has, with a
+/// checkpoint).
 pub(crate) async fn download(
     sources: &Sources,
     location: &Location,
@@ -100,19 +123,19 @@ pub(crate) async fn download(
     let Some(first_piece) = pieces.next() else {
         return writer.finish().await;
     };
-    // No more connections than pieces.
-    let connections = connections.clamp(1, pieces.clone().take(connections).count() + 1);
     let claims = Claims {
         sources,
         location,
         queue: Mutex::new(pieces),
         writer: &writer,
         tally,
+        received: AtomicU64::new(0),
+        retiring: AtomicUsize::new(0),
     };
-    let mut first = Some((first_piece, first));
-    let readers = (0..connections).map(|_| claims.read(first.take()));
-    match futures::future::try_join_all(readers).await {
-        Ok(_) => writer.finish().await,
+    let read = claims.read_all(first_piece, first, connections).await;
+    drop(claims);
+    match read {
+        Ok(()) => writer.finish().await,
         Err(Stop::Source(reason)) => {
             let _ = writer.abandon().await;
             Err(reason)
@@ -139,63 +162,139 @@ struct Claims<'a> {
     queue: Mutex<Pieces>,
     writer: &'a PieceWriter,
     tally: &'a Tally,
+    /// Bytes received by every connection, for `Pace`.
+    received: AtomicU64,
+    /// Connections asked to stop after their piece.
+    retiring: AtomicUsize,
 }
 
 impl Claims<'_> {
+    /// Reads every piece over the connections `Pace` asks for, starting
+    /// with one, up to `limit`.
+    async fn read_all(&self, first_piece: Piece, first: Body, limit: usize) -> Result<(), Stop> {
+        let mut pace = Pace::new(limit, Instant::now());
+        let mut readers = FuturesUnordered::new();
+        readers.push(self.read(Some((first_piece, first))));
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + WINDOW, WINDOW);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                done = readers.next() => match done {
+                    Some(Ok(())) => {}
+                    // A source that allows fewer connections (429, 503,
+                    // refused) or cut one: the others take its piece.
+                    Some(Err(Stop::Source(reason))) if !readers.is_empty() => {
+                        pace.refused(readers.len());
+                        tracing::debug!(
+                            location = %self.location,
+                            connections = pace.connections(),
+                            "one of the connections stopped, the others go on: {reason}"
+                        );
+                    }
+                    Some(Err(stop)) => return Err(stop),
+                    None if !self.queue.lock().expect("queue lock").is_empty() => {
+                        readers.push(self.read(None));
+                    }
+                    None => return Ok(()),
+                },
+                _ = ticks.tick() => match pace.tick(self.received.load(Ordering::Relaxed), Instant::now()) {
+                    Step::Add(n) => {
+                        for _ in 0..n {
+                            readers.push(self.read(None));
+                        }
+                    }
+                    Step::Drop(n) => {
+                        self.retiring.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Step::Hold => {}
+                },
+            }
+        }
+    }
+
     /// One connection: reads the pieces it claims, one after another,
-    /// until none is left.
+    /// until none is left or it is asked to retire. A piece it does not
+    /// get whole is given back.
     async fn read(&self, mut opened: Option<(Piece, Body)>) -> Result<(), Stop> {
         loop {
             let (piece, body) = match opened.take() {
                 Some(opened) => opened,
                 None => {
+                    if self.retire() {
+                        return Ok(());
+                    }
                     let Some(piece) = self.queue.lock().expect("queue lock").next() else {
                         return Ok(());
                     };
-                    let body = self
-                        .sources
-                        .open(self.location, piece.span())
-                        .await
-                        .map_err(Stop::Source)?;
-                    if !body.ranged || body.start != piece.start {
-                        return Err(Stop::Source(format!(
-                            "the source stopped answering range requests ({})",
-                            self.location
-                        )));
+                    match self.open(piece).await {
+                        Ok(body) => (piece, body),
+                        Err(stop) => {
+                            self.give_back(piece.start, piece.end);
+                            return Err(stop);
+                        }
                     }
-                    (piece, body)
                 }
             };
-            self.fill(piece, body).await?;
+            if let Err((stop, at)) = self.fill(piece, body).await {
+                self.give_back(at, piece.end);
+                return Err(stop);
+            }
         }
     }
 
-    async fn fill(&self, piece: Piece, mut body: Body) -> Result<(), Stop> {
+    /// Takes one of the retirements asked for, if any.
+    fn retire(&self) -> bool {
+        self.retiring
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    fn give_back(&self, start: u64, end: u64) {
+        self.queue.lock().expect("queue lock").give_back(start, end);
+    }
+
+    async fn open(&self, piece: Piece) -> Result<Body, Stop> {
+        let body = self
+            .sources
+            .open(self.location, piece.span())
+            .await
+            .map_err(Stop::Source)?;
+        if !body.ranged || body.start != piece.start {
+            return Err(Stop::Source(format!(
+                "the source stopped answering range requests ({})",
+                self.location
+            )));
+        }
+        Ok(body)
+    }
+
+    /// Writes the piece as it arrives; on failure, says where it stopped.
+    async fn fill(&self, piece: Piece, mut body: Body) -> Result<(), (Stop, u64)> {
         let mut at = piece.start;
         while let Some(chunk) = body.stream.next().await {
-            let chunk = chunk.map_err(|e| Stop::Source(format!("{e} at byte {at}")))?;
+            let chunk = chunk.map_err(|e| (Stop::Source(format!("{e} at byte {at}")), at))?;
             let len = chunk.len() as u64;
             crate::metrics::fetched_bytes(len);
             if at + len > piece.end {
-                return Err(Stop::Source(format!(
+                let reason = format!(
                     "the source sent more than the bytes {}-{} asked for ({})",
                     piece.start,
                     piece.end - 1,
                     self.location
-                )));
+                );
+                return Err((Stop::Source(reason), at));
             }
             self.writer
                 .write(at, chunk)
                 .await
-                .map_err(|()| Stop::Disk)?;
+                .map_err(|()| (Stop::Disk, at))?;
             self.tally.bytes(len);
+            self.received.fetch_add(len, Ordering::Relaxed);
             at += len;
         }
         if at < piece.end {
-            return Err(Stop::Source(format!(
-                "the download broke off at byte {at} ({})",
-                self.location
-            )));
+            let reason = format!("the download broke off at byte {at} ({})", self.location);
+            return Err((Stop::Source(reason), at));
         }
         Ok(())
     }
@@ -214,6 +313,12 @@ enum Message {
 #[derive(Default)]
 struct Progress {
     have: Ranges,
+    /// How far the hash has got.
+    hashed: u64,
+    /// Written chunks at or past `hashed`, by offset, kept for the hash
+    /// so it need not read them back; at most `FRESH_MAX` bytes.
+    fresh: std::collections::BTreeMap<u64, Bytes>,
+    fresh_bytes: usize,
     /// The disk thread is done: the hash takes what is there and ends.
     ended: bool,
     /// The download is gone: the hash stops where it is.
@@ -349,7 +454,15 @@ fn write(
                 Message::Chunk { at, bytes } => {
                     file.write_all_at(&bytes, at)?;
                     let end = at + bytes.len() as u64;
-                    shared.update(|p| p.have.insert(at, end));
+                    shared.update(|p| {
+                        p.have.insert(at, end);
+                        if at >= p.hashed && p.fresh_bytes + bytes.len() <= FRESH_MAX {
+                            p.fresh_bytes += bytes.len();
+                            if let Some(again) = p.fresh.insert(at, bytes) {
+                                p.fresh_bytes -= again.len();
+                            }
+                        }
+                    });
                     unflushed.insert(at, end);
                     if unflushed.len() >= WRITEBACK_WINDOW {
                         for (start, end) in std::mem::take(&mut unflushed).iter() {
@@ -389,13 +502,17 @@ fn write(
     Err(std::io::Error::other("the download stopped"))
 }
 
-/// Follows the written run from the start, reading it back and hashing it,
-/// until the whole file is hashed, the disk thread ended, or the download
-/// stopped.
+/// The most bytes of written chunks kept in memory for the hash.
+const FRESH_MAX: usize = 8 << 20;
+
+/// Follows the written run from the start, hashing each chunk kept in
+/// memory where one starts at the hash's end and reading the run back
+/// otherwise, until the whole file is hashed, the disk thread ended, or
+/// the download stopped.
 fn hash(file: File, mut hasher: Sha256, size: u64, shared: &Shared) -> std::io::Result<Sha256> {
     let mut buf = vec![0; READ_BUF];
     loop {
-        let upto = {
+        let next = {
             let mut progress = shared.progress.lock().expect("progress lock");
             loop {
                 let written = progress.have.contiguous();
@@ -403,7 +520,7 @@ fn hash(file: File, mut hasher: Sha256, size: u64, shared: &Shared) -> std::io::
                     break None;
                 }
                 if written > hasher.len() {
-                    break Some(written);
+                    break Some((written, progress.take_fresh(hasher.len())));
                 }
                 if progress.ended || hasher.len() >= size {
                     break None;
@@ -411,14 +528,37 @@ fn hash(file: File, mut hasher: Sha256, size: u64, shared: &Shared) -> std::io::
                 progress = shared.changed.wait(progress).expect("progress lock");
             }
         };
-        let Some(upto) = upto else {
+        let Some((upto, fresh)) = next else {
             return Ok(hasher);
         };
-        let want = usize::try_from(upto - hasher.len())
-            .unwrap_or(usize::MAX)
-            .min(buf.len());
-        file.read_exact_at(&mut buf[..want], hasher.len())?;
-        hasher.update(&buf[..want]);
+        match fresh {
+            Some(chunk) => hasher.update(&chunk),
+            None => {
+                let want = usize::try_from(upto - hasher.len())
+                    .unwrap_or(usize::MAX)
+                    .min(buf.len());
+                file.read_exact_at(&mut buf[..want], hasher.len())?;
+                hasher.update(&buf[..want]);
+            }
+        }
+        let hashed = hasher.len();
+        shared.progress.lock().expect("progress lock").hashed = hashed;
+    }
+}
+
+impl Progress {
+    /// The kept chunk written at `at`, the hash's end, if there is one;
+    /// forgets the chunks the hash has passed.
+    fn take_fresh(&mut self, at: u64) -> Option<Bytes> {
+        while let Some(entry) = self.fresh.first_entry() {
+            if *entry.key() >= at {
+                break;
+            }
+            self.fresh_bytes -= entry.remove().len();
+        }
+        let chunk = self.fresh.remove(&at)?;
+        self.fresh_bytes -= chunk.len();
+        Some(chunk)
     }
 }
 

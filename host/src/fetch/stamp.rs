@@ -12,6 +12,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::blobs::Blobs;
 use crate::model::ModelFile;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,6 +43,20 @@ impl Stamp {
     pub(crate) fn vouches_for(&self, meta: &std::fs::Metadata, sha256: Option<&str>) -> bool {
         *self == Stamp::of(meta, self.sha256.as_deref()) && self.sha256.as_deref() == sha256
     }
+}
+
+/// Whether `meta`, the file at `file`'s path, holds the bytes last
+/// verified: its own `stamp` says so, or, when berth has since linked the
+/// inode elsewhere (changing its ctime), its blob's stamp does.
+pub(super) fn vouched(
+    stamp: Option<&Stamp>,
+    meta: &std::fs::Metadata,
+    file: &ModelFile,
+    blobs: &Blobs,
+) -> bool {
+    let sha256 = file.sha256.as_deref();
+    stamp.is_some_and(|s| s.vouches_for(meta, sha256))
+        || sha256.is_some_and(|hex| blobs.vouches(hex, meta))
 }
 
 /// The records of one model directory, by file path. Saved as one JSON
@@ -79,9 +94,18 @@ impl Stamps {
         self.changed
     }
 
+    /// Each recorded path whose bytes were checked against a sha256, with
+    /// that sha256.
+    pub(crate) fn hashed(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.files
+            .iter()
+            .filter_map(|(path, stamp)| Some((path.as_str(), stamp.sha256.as_deref()?)))
+    }
+
     /// Whether every file of the model is in `dir` exactly as it was when
-    /// last verified: one `lstat` per file, no byte read.
-    pub(crate) fn vouch_for_all(&self, dir: &Path, files: &[ModelFile]) -> bool {
+    /// last verified, by this record or, for a file linked from the blob
+    /// store, by its blob's stamp: one `lstat` per file, no byte read.
+    pub(super) fn vouch_for_all(&self, dir: &Path, files: &[ModelFile], blobs: &Blobs) -> bool {
         files.iter().all(|file| {
             let Some(stamp) = self.files.get(&file.path) else {
                 return false;
@@ -89,7 +113,7 @@ impl Stamps {
             std::fs::symlink_metadata(dir.join(&file.path)).is_ok_and(|meta| {
                 meta.is_file()
                     && meta.len() == file.size_bytes
-                    && stamp.vouches_for(&meta, file.sha256.as_deref())
+                    && vouched(Some(stamp), &meta, file, blobs)
             })
         })
     }

@@ -17,6 +17,7 @@ mod observe;
 mod openapi;
 mod page;
 mod rules;
+mod storage;
 mod webhook;
 
 pub use webhook::{Webhook, signature};
@@ -98,6 +99,9 @@ pub struct ApiContext {
     /// Cancelled when the server stops: answers that would last (event
     /// streams) end then.
     pub shutdown: CancellationToken,
+    /// The most bytes the models dir may hold (`--models-max-gib`); `None`:
+    /// no budget.
+    pub models_max_bytes: Option<u64>,
 }
 
 /// Every route with its docs, in one place: `app` serves these routes and
@@ -105,6 +109,7 @@ pub struct ApiContext {
 fn routes() -> OpenApiRouter<ApiContext> {
     OpenApiRouter::with_openapi(openapi::base())
         .merge(models::router())
+        .merge(storage::router())
         .merge(deployments::router())
         .merge(approvals::router())
         .merge(rules::router())

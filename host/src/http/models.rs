@@ -14,6 +14,7 @@ use crate::auth::Caller;
 use crate::events::Event;
 use crate::fetch::HeldCopy;
 use crate::model::TrainedModel;
+use crate::pipeline::copies::{self, DropError};
 use crate::validate::{self, FileDraft, ModelDraft, Problem, Problems};
 
 pub fn router() -> OpenApiRouter<ApiContext> {
@@ -215,51 +216,38 @@ async fn drop_files(State(ctx): State<ApiContext>, Id(id): Id) -> Result<StatusC
 }
 
 /// The model's copy, held so that no fetch fills it, once no deployment
-/// of it is queued or running — asked before its verification record is
-/// forgotten and again after, so a deployment that started between the
-/// two either is seen or cannot trust the record and waits for the lock.
+/// of it is queued or running (`copies::hold_unused`).
 async fn unused_copy(ctx: &ApiContext, model: &TrainedModel) -> Result<HeldCopy, Error> {
-    let held = ctx
-        .pipeline
-        .fetcher()
-        .hold_copy(&model.job_id)
+    copies::hold_unused(&ctx.db, ctx.pipeline.fetcher(), model.id, &model.job_id)
         .await
-        .map_err(|e| Error::Internal(format!("locking the files of model {}: {e}", model.id)))?;
-    in_use(ctx, model.id).await?;
-    held.forget().await.map_err(|e| {
-        Error::Internal(format!(
-            "forgetting the verification record of model {}: {e}",
-            model.id
-        ))
-    })?;
-    in_use(ctx, model.id).await?;
-    Ok(held)
+        .map_err(|e| drop_error(model.id, e))
+}
+
+fn drop_error(id: i64, e: DropError) -> Error {
+    match e {
+        DropError::InUse(users) => in_use(id, &users),
+        DropError::Db(e) => e.into(),
+        DropError::Disk(e) => Error::Internal(e),
+    }
 }
 
 /// 409 naming the deployments that use the model's files.
-async fn in_use(ctx: &ApiContext, id: i64) -> Result<(), Error> {
-    let users = ctx.db.unfinished_of(id).await?;
-    if users.is_empty() {
-        return Ok(());
-    }
+fn in_use(id: i64, users: &[i64]) -> Error {
     let (noun, pronoun) = if users.len() == 1 {
         ("deployment", "it ends")
     } else {
         ("deployments", "they end")
     };
     let ids: Vec<String> = users.iter().map(i64::to_string).collect();
-    Err(Error::Conflict(format!(
+    Error::Conflict(format!(
         "model {id} is in use by {noun} {} (queued or running); its files stay until {pronoun}: \
          wait, or cancel (POST /v1/deployments/ID/cancel)",
         ids.join(", ")
-    )))
+    ))
 }
 
 async fn drop_copy(held: HeldCopy, model: &TrainedModel) -> Result<u64, Error> {
-    held.remove().await.map_err(|e| {
-        Error::Internal(format!(
-            "deleting the files of model {} ({}): {e}",
-            model.id, model.job_id
-        ))
-    })
+    copies::remove(held, model.id, &model.job_id)
+        .await
+        .map_err(|e| drop_error(model.id, e))
 }

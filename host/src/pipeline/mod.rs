@@ -14,6 +14,7 @@ mod admit;
 mod approvals;
 mod cancel;
 mod caused;
+pub mod copies;
 mod fence;
 mod leases;
 mod queue;

@@ -144,6 +144,7 @@ impl App {
             webhook: None,
             targets,
             shutdown,
+            models_max_bytes: None,
         });
         Self {
             app,

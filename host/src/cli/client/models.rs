@@ -1,6 +1,6 @@
-//! `berth models register | show | rm`: one model on a running server —
-//! registered from a folder (`register`), shown with its files, or its
-//! record deleted.
+//! `berth models register | show | rm | du`: one model on a running
+//! server — registered from a folder (`register`), shown with its files,
+//! or its record deleted — and the disk the models' copies take (`du`).
 
 use clap::Subcommand;
 
@@ -35,6 +35,15 @@ pub enum ModelsCommand {
         /// registered and its next deployment fetches them again.
         #[arg(long)]
         files: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Shows the disk the server's copies of the models take, like `du`:
+    /// each model's bytes, the part it shares with other models, whether
+    /// its copy is whole (LOCAL) and when it was last deployed, least
+    /// recently deployed first; then the bytes on disk and what sharing
+    /// saves.
+    Du {
         #[command(flatten)]
         common: Common,
     },
@@ -81,7 +90,59 @@ pub async fn run(command: ModelsCommand) -> Result<(), Error> {
             }
             Ok(())
         }
+        ModelsCommand::Du { common } => {
+            let api = Api::new(&common.server, common.token.as_deref())?;
+            let answer = api.get::<json::Storage>("/v1/storage").await?;
+            if common.json {
+                print_json(&answer.raw);
+            } else {
+                print!("{}", usage(&answer.body));
+            }
+            Ok(())
+        }
     }
+}
+
+/// The models' copies as a table, then a total line.
+fn usage(storage: &json::Storage) -> String {
+    let size = crate::human::size;
+    let mut table = Table::new(&[
+        "SIZE",
+        "SHARED",
+        "LOCAL",
+        "LAST DEPLOYED (UTC)",
+        "JOB ID",
+        "NAME",
+    ])
+    .right_align(&[0, 1]);
+    for model in &storage.models {
+        table.row(vec![
+            size(model.bytes),
+            size(model.shared_bytes),
+            if model.local { "yes" } else { "no" }.to_string(),
+            model
+                .last_deployed
+                .as_deref()
+                .map_or_else(|| "never".to_string(), timestamp),
+            model.job_id.clone(),
+            model.name.clone(),
+        ]);
+    }
+    let budget = storage
+        .budget_bytes
+        .map(|b| format!(" of a {} budget", size(b)))
+        .unwrap_or_default();
+    let unreferenced = match storage.unreferenced_blob_bytes {
+        0 => String::new(),
+        bytes => format!(", {} in blobs no model links", size(bytes)),
+    };
+    format!(
+        "{}{} on disk{budget} in {}, {} saved by sharing{unreferenced}\n",
+        table.render(),
+        size(storage.bytes_on_disk),
+        storage.models_dir,
+        size(storage.bytes_saved),
+    )
 }
 
 /// The model's fields, one per line, then its files as a table.
@@ -137,4 +198,57 @@ fn shown(model: &json::Model) -> String {
         crate::human::size(total),
         files.render()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_reads_like_du() {
+        let model =
+            |id, job: &str, bytes, shared_bytes, local, last: Option<&str>| json::ModelStorage {
+                bytes,
+                id,
+                job_id: job.into(),
+                last_deployed: last.map(str::to_string),
+                local,
+                name: format!("{job} model"),
+                shared_bytes,
+            };
+        let storage = json::Storage {
+            budget_bytes: Some(2 << 30),
+            bytes_on_disk: 3 << 20,
+            bytes_saved: 1 << 20,
+            models: vec![
+                model(2, "ft-2", 0, 0, false, None),
+                model(
+                    1,
+                    "ft-1",
+                    2 << 20,
+                    1 << 20,
+                    true,
+                    Some("2026-12-03T17:00:00.000Z"),
+                ),
+                model(
+                    3,
+                    "ft-3",
+                    2 << 20,
+                    1 << 20,
+                    true,
+                    Some("2026-12-03T18:00:00.000Z"),
+                ),
+            ],
+            models_dir: "/data/models".into(),
+            unreferenced_blob_bytes: 0,
+        };
+        let expected = [
+            "   SIZE   SHARED  LOCAL  LAST DEPLOYED (UTC)  JOB ID  NAME",
+            "0 bytes  0 bytes  no     never                ft-2    ft-2 model",
+            "  2 MiB    1 MiB  yes    2026-12-03 17:00:00  ft-1    ft-1 model",
+            "  2 MiB    1 MiB  yes    2026-12-03 18:00:00  ft-3    ft-3 model",
+            "3 MiB on disk of a 2 GiB budget in /data/models, 1 MiB saved by sharing",
+        ];
+        assert_eq!(usage(&storage), expected.map(|l| format!("{l}\n")).concat());
+    }
 }

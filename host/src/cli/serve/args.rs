@@ -91,10 +91,11 @@ pub struct ServeArgs {
     /// Limit on fetching all files of one deployment, in seconds.
     #[arg(long, env = "BERTH_FETCH_TIMEOUT_S", default_value_t = 1800)]
     pub(super) fetch_timeout_s: u64,
-    /// Connections per file for large files on sources that honour ranges
-    /// (object stores and CDNs cap each connection's rate); 1 reads every
-    /// file in one stream.
-    #[arg(long, env = "BERTH_FETCH_CONNECTIONS", default_value_t = 8,
+    /// The most connections per large file on sources that honour ranges
+    /// (object stores and CDNs cap each connection's rate): a file starts
+    /// on one and adds more while they pay; 1 reads every file in one
+    /// stream.
+    #[arg(long, env = "BERTH_FETCH_CONNECTIONS", default_value_t = 16,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(super) fetch_connections: u16,
     /// The size of one piece read over one connection, in MiB; a file with
@@ -108,6 +109,12 @@ pub struct ServeArgs {
     /// started deployment can still record its end.
     #[arg(long, env = "BERTH_MIN_FREE_MIB", default_value_t = 256)]
     pub(super) min_free_mib: u64,
+    /// A budget for the models dir, in GiB (a decimal, like 0.5): before a
+    /// fetch that would pass it, the local copies of the models deployed
+    /// least recently are dropped (never one a queued or running
+    /// deployment uses). Default: no budget. Held in bytes.
+    #[arg(long, env = "BERTH_MODELS_MAX_GIB", value_name = "GIB", value_parser = gib_in_bytes)]
+    pub(super) models_max_gib: Option<u64>,
     /// How often the plugins folder is checked for added, replaced or
     /// removed plugins, in milliseconds; 0 turns watching off. A change is
     /// applied once its files stood still for one interval.
@@ -209,6 +216,23 @@ pub struct ServeArgs {
     pub(in crate::cli) log_format: LogFormat,
 }
 
+/// A positive number of GiB, in bytes (below 2^32 GiB, so it fits).
+fn gib_in_bytes(raw: &str) -> Result<u64, String> {
+    let bytes = raw
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|gib| gib.is_finite() && *gib < f64::from(u32::MAX))
+        .map(|gib| (gib * f64::from(1u32 << 30)).round())
+        .filter(|bytes| *bytes >= 1.0);
+    match bytes {
+        Some(bytes) => Ok(bytes as u64),
+        None => Err(format!(
+            "{raw:?} is not a budget: give a number of GiB above 0, like 0.5 or 200, or leave the setting out for no budget"
+        )),
+    }
+}
+
 impl ServeArgs {
     /// Recorded paths (a deployment's dir and out_dir) must not depend on
     /// the working directory of whoever reads them.
@@ -232,5 +256,21 @@ impl ServeArgs {
         self.cache_dir
             .clone()
             .unwrap_or_else(|| self.data_dir.join("cache"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gib_in_bytes;
+
+    #[test]
+    fn budgets_are_positive_gib() {
+        assert_eq!(gib_in_bytes("1"), Ok(1 << 30));
+        assert_eq!(gib_in_bytes("0.5"), Ok(512 << 20));
+        assert_eq!(gib_in_bytes(" 200 "), Ok(200 << 30));
+        for refused in ["0", "0.0", "-1", "nan", "inf", "", "1GiB", "1e30"] {
+            let refusal = gib_in_bytes(refused).unwrap_err();
+            assert!(refusal.contains("above 0"), "{refused:?}: {refusal}");
+        }
     }
 }

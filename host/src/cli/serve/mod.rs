@@ -109,6 +109,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     pipeline.recover().await;
     pipeline.start_workers();
+    // A models dir filled before the blob store (or by a server that
+    // could not link) is adopted into it, in the background. Then the
+    // storage gauges start from what the models dir holds; each scan
+    // (`GET /v1/storage`) sets them again.
+    let fetcher = pipeline.fetcher().clone();
+    tokio::spawn(async move {
+        fetcher.adopt().await;
+        if let Err(e) = fetcher.usage().await {
+            tracing::warn!("scanning the models dir for the storage metrics: {e}");
+        }
+    });
     // Listening comes first: the deployers appear one by one as they
     // compile (seconds each for Python and JavaScript), /readyz tells when
     // all are in, and only then does the watcher take over the folder.
@@ -149,6 +160,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         webhook,
         targets,
         shutdown: shutdown.clone(),
+        models_max_bytes: args.models_max_gib,
     });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {

@@ -18,6 +18,7 @@ use crate::db::Db;
 use crate::fetch::{Access, Fetcher, Split};
 use crate::http::Webhook;
 use crate::human;
+use crate::pipeline::copies::Evict;
 use crate::runtime::Signers;
 use crate::targets::Targets;
 use crate::trust::Trust;
@@ -214,7 +215,8 @@ async fn connect(database_url: &str, wait: Duration) -> anyhow::Result<Db> {
 }
 
 /// The fetcher of models' files, with the sources' credentials, the CA
-/// file, the split of large files and the reserve of the models volume.
+/// file, the split of large files, the reserve of the models volume and
+/// its budget.
 pub(super) fn fetcher(
     args: &ServeArgs,
     trust: Trust,
@@ -230,9 +232,16 @@ pub(super) fn fetcher(
         .access(access)
         .reserve(args.min_free_mib << 20);
     // Servers on other machines may share the models volume.
-    Ok(match db.backend().is_postgres() {
+    let fetcher = match db.backend().is_postgres() {
         true => fetcher.shared_locks(Arc::new(db.clone())),
         false => fetcher,
+    };
+    Ok(match args.models_max_gib {
+        Some(max_bytes) => {
+            let evict = Evict::new(db.clone(), fetcher.clone());
+            fetcher.budget(max_bytes, Arc::new(evict))
+        }
+        None => fetcher,
     })
 }
 

@@ -4,6 +4,7 @@
 //! file per concern: resuming, the verification record, pieces, refusals,
 //! credentials, TLS.
 
+mod blobs;
 mod credentials;
 mod pieces;
 mod record;
@@ -37,12 +38,17 @@ struct Served {
     cut_after: Option<usize>,
     /// Pause between 64 KiB chunks.
     slow: Option<Duration>,
+    /// Pause between 64 KiB chunks of answers from the file's first byte.
+    slow_at_start: Option<Duration>,
     ignore_ranges: bool,
     /// Each request: file and the `Range` header it carried.
     requests: Vec<(String, Option<String>)>,
     /// Answers being sent now, and the most there were at once.
     in_flight: usize,
     most_in_flight: usize,
+    /// Answer 503 to a request while this many answers are being sent,
+    /// as hubs that limit connections per client do.
+    most_allowed: Option<usize>,
     /// Each request: file and the `Authorization` header it carried.
     authorizations: Vec<(String, Option<String>)>,
     /// Answer 401 to requests without this `Authorization` header.
@@ -138,7 +144,7 @@ async fn serve(
     let authorization = headers
         .get(header::AUTHORIZATION)
         .map(|v| v.to_str().unwrap().to_string());
-    let (bytes, cut_after, slow, ignore_ranges) = {
+    let (bytes, cut_after, slow, slow_at_start, ignore_ranges) = {
         let mut served = served.lock().unwrap();
         served.requests.push((key.clone(), range.clone()));
         served
@@ -147,13 +153,25 @@ async fn serve(
         if served.require.is_some() && served.require != authorization {
             return StatusCode::UNAUTHORIZED.into_response();
         }
+        if served
+            .most_allowed
+            .is_some_and(|most| served.in_flight >= most)
+        {
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        }
         if let Some(to) = served.redirects.get(&key) {
             return (StatusCode::FOUND, [(header::LOCATION, to.clone())]).into_response();
         }
         let Some(bytes) = served.files.get(&key).cloned() else {
             return StatusCode::NOT_FOUND.into_response();
         };
-        (bytes, served.cut_after, served.slow, served.ignore_ranges)
+        (
+            bytes,
+            served.cut_after,
+            served.slow,
+            served.slow_at_start,
+            served.ignore_ranges,
+        )
     };
     let len = bytes.len();
     // `bytes=FROM-` or `bytes=FROM-LAST`.
@@ -179,6 +197,10 @@ async fn serve(
     let body = span
         .map_or(&bytes[..], |(from, end)| &bytes[from..end])
         .to_vec();
+    let slow = match span {
+        None | Some((0, _)) => slow_at_start.or(slow),
+        Some(_) => slow,
+    };
     let in_flight = InFlight::new(&served);
     let promised = body.len();
     let sent = cut_after.map_or(body.len(), |n| n.min(body.len()));

@@ -26,9 +26,11 @@ fn spans(requests: &[Option<String>]) -> Vec<(u64, u64)> {
 #[tokio::test]
 async fn a_large_file_is_read_in_pieces_over_several_connections_and_verified() {
     let (setup, contents) = in_pieces(20, 4).await;
+    // 3.2 MB/s a connection: the file outlasts the windows in which the
+    // connections are added (`pace`).
     setup
         .source
-        .with(|s| s.slow = Some(Duration::from_millis(2)));
+        .with(|s| s.slow = Some(Duration::from_millis(20)));
     setup.fetch().await.unwrap();
     assert_file(&setup, "big.bin", &contents);
     assert_eq!(setup.on_disk(), ["big.bin"]);
@@ -54,6 +56,24 @@ async fn a_large_file_is_read_in_pieces_over_several_connections_and_verified() 
 }
 
 #[tokio::test]
+async fn a_source_that_allows_one_connection_gets_one_and_the_file_arrives() {
+    let (setup, contents) = in_pieces(25, 4).await;
+    setup.source.with(|s| {
+        s.slow = Some(Duration::from_millis(20));
+        s.most_allowed = Some(1);
+    });
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "big.bin", &contents);
+    let asked = setup.source.requests("job/big.bin").len();
+    let pieces = BIG.div_ceil(PIECE as usize);
+    assert!(
+        asked > pieces,
+        "a second connection was tried: {asked} requests for {pieces} pieces"
+    );
+    assert_eq!(setup.source.with(|s| s.most_in_flight), 1);
+}
+
+#[tokio::test]
 async fn a_small_file_or_a_single_connection_keeps_one_stream() {
     for (connections, piece_bytes) in [(1, PIECE), (4, BIG as u64 / 2 + 1)] {
         let contents = bytes(21, BIG);
@@ -71,9 +91,14 @@ async fn a_small_file_or_a_single_connection_keeps_one_stream() {
 #[tokio::test]
 async fn pieces_cut_off_are_kept_with_a_checkpoint_and_only_the_rest_is_asked_for() {
     let (setup, contents) = in_pieces(22, 4).await;
-    // Every answer breaks off after 100 KiB: each connection leaves a
-    // piece part-written, so the kept bytes have holes.
-    setup.source.with(|s| s.cut_after = Some(100 * 1024));
+    // Every answer breaks off after 100 KiB; the first comes so slowly
+    // that a second connection is added meanwhile, which gives its piece
+    // back when it breaks off. The first then leaves its piece
+    // part-written, so the kept bytes have holes.
+    setup.source.with(|s| {
+        s.cut_after = Some(100 * 1024);
+        s.slow_at_start = Some(Duration::from_millis(600));
+    });
     let error = setup.fetch().await.unwrap_err().to_string();
     assert!(
         error.starts_with("file big.bin: the download broke off"),
@@ -111,7 +136,10 @@ async fn pieces_cut_off_are_kept_with_a_checkpoint_and_only_the_rest_is_asked_fo
         kept.have.clone(),
     );
     checkpoint.save(&record).unwrap();
-    setup.source.with(|s| s.cut_after = None);
+    setup.source.with(|s| {
+        s.cut_after = None;
+        s.slow_at_start = None;
+    });
     setup.fetch().await.unwrap();
     assert_file(&setup, "big.bin", &contents);
     assert_eq!(setup.on_disk(), ["big.bin"]);

@@ -1,6 +1,6 @@
 //! The API's JSON shapes both ways — request bodies and query parameters
 //! in; models, deployments, deployers, events, the webhook's state,
-//! artifacts and errors out — with their OpenAPI schemas, one file per
+//! artifacts, storage and errors out — with their OpenAPI schemas, one file per
 //! resource. The one set of wire types: the handlers answer with them, the
 //! CLI client (`cli/client`) reads the answers back into them, so a renamed
 //! field breaks both at compile time. Handlers convert to domain types by
@@ -17,6 +17,7 @@ mod deployments;
 mod events;
 mod models;
 mod rules;
+mod storage;
 mod webhook;
 
 use serde::{Deserialize, Serialize};
@@ -41,6 +42,7 @@ pub use models::{
     FileBody, Model, ModelFile, Models, Problem, ProblemsBody, RegisterBody, invalid_model,
 };
 pub use rules::{Rule, RuleBody, RuleFiring, Rules};
+pub use storage::{ModelStorage, Storage};
 pub use webhook::{WebhookFailing, WebhookState, webhook_body};
 
 /// Every refusal: a sentence saying what is wrong and what to do.

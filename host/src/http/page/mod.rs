@@ -59,6 +59,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     under_prefix!(JS, "views/deployment.js"),
     under_prefix!(JS, "views/model.js"),
     under_prefix!(JS, "views/models.js"),
+    under_prefix!(JS, "views/storage.js"),
     under_prefix!(JS, "views/register.js"),
 ];
 

@@ -31,6 +31,7 @@ const MODES: &[&str] = &[
     "stdio",
     "error",
     "read",
+    "read-later",
     "huge-ref",
     "huge-error",
     "huge-details",
@@ -104,6 +105,10 @@ impl Guest for Misbehave {
             }
             "error" => Err("the deployer said no".to_string()),
             "read" => read_everything(&request),
+            "read-later" => {
+                std::thread::sleep(Duration::from_millis(options.sleep_ms));
+                read_and_sum(&request)
+            }
             "huge-ref" => Ok(DeployResult {
                 ref_: "r".repeat(options.bytes),
                 details_json: String::new(),
@@ -212,6 +217,25 @@ fn read_everything(request: &DeployRequest) -> Result<DeployResult, String> {
     Ok(details(
         "read",
         &json!({ "bytes": total, "seconds": seconds, "mb_per_s": total as f64 / seconds / 1e6 }),
+    ))
+}
+
+/// Every byte of the model read, in the order of its files, and their
+/// 64-bit FNV-1a: what a test compares with the bytes it registered.
+fn read_and_sum(request: &DeployRequest) -> Result<DeployResult, String> {
+    let mut sum: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut total: u64 = 0;
+    for file in &request.model.files {
+        let path = Path::new(&request.dir).join(&file.path);
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", file.path))?;
+        for byte in &bytes {
+            sum = (sum ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+        total += bytes.len() as u64;
+    }
+    Ok(details(
+        "read-later",
+        &json!({ "bytes": total, "fnv1a": format!("{sum:016x}") }),
     ))
 }
 

@@ -1,5 +1,5 @@
-// One model (#/models/ID): its fields, params and files, and its
-// deployments, each row kept live from the event stream.
+// One model (#/models/ID): its fields, its local copy, params and files,
+// and its deployments, each row kept live from the event stream.
 
 import { api } from "../api.js";
 import { failure, h, show, table } from "../dom.js";
@@ -7,6 +7,7 @@ import { bytes, duration, statusBadge, when } from "../format.js";
 import { enter, isShown, loadCatalog, progress } from "../state.js";
 import { deployButton, deployersChanged } from "./deploy-dialog.js";
 import { cancelButton, drawProgress, fillProgress, refLink } from "./deployment-parts.js";
+import { storageBlock } from "./storage.js";
 
 export async function modelView(id) {
   const view = enter();
@@ -38,6 +39,8 @@ export async function modelView(id) {
     h("h1", {}, model.name),
     h("div", { class: "toolbar" }, deployButton(model, upsert)),
     h("dl", { class: "fields" }, fields.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))])),
+    h("h2", {}, "Storage"),
+    storageBlock(model.id),
     h("h2", {}, "Params"),
     h("pre", {}, JSON.stringify(model.params, null, 2)),
     h("h2", {}, "Files"),

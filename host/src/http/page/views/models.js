@@ -1,6 +1,6 @@
 // The models view (#/): every model, newest first, with a filter, each
-// model's newest deployment and a Deploy button; below it the register
-// form and the deployers.
+// model's newest deployment and a Deploy button, and the storage line;
+// below it the register form and the deployers.
 
 import { api } from "../api.js";
 import { failure, h, show } from "../dom.js";
@@ -9,6 +9,7 @@ import { enter, isShown, loadCatalog } from "../state.js";
 import { deployButton, deployersChanged } from "./deploy-dialog.js";
 import { deployersBlock, fillDeployers } from "./deployers.js";
 import { registerForm } from "./register.js";
+import { storageLine } from "./storage.js";
 
 /** What the filter box holds, kept while the visitor looks elsewhere. */
 let filter = "";
@@ -48,6 +49,7 @@ export async function modelsView() {
   const deployers = deployersBlock();
   show(
     h("h1", {}, "Models"),
+    storageLine(),
     h("div", { class: "toolbar" }, search),
     h("div", { class: "table-wrap" },
       h("table", { id: "models" },

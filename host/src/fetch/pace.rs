@@ -1,0 +1,185 @@
+//! How many connections one large file is read over, chosen by
+//! measurement: a fixed number is wrong both ways (on a fast source extra
+//! connections only compete with the hash for the CPU; on a source that
+//! caps each connection, too few leave the link idle; some sources refuse
+//! more than a few per client).
+//!
+//! The rule, like TCP's slow start: the file starts on one connection.
+//! Each window (`WINDOW`) the total rate is measured; the window after a
+//! change is skipped while new connections warm up. While the rate keeps
+//! growing with the connections (by at least half of what the added ones
+//! would bring at the current rate per connection), the number doubles, up
+//! to the maximum (`--fetch-connections`). When a step did not pay, the
+//! connections it added are dropped again and the number stays. A
+//! connection the source refuses or cuts (429, 503, refused, reset) gives
+//! its piece back to the others and the number never goes above what was
+//! working since. Pure arithmetic on counts and instants; `pieces` acts on
+//! its answers.
+
+use std::time::{Duration, Instant};
+
+/// How long each measurement lasts.
+pub(crate) const WINDOW: Duration = Duration::from_millis(250);
+
+/// What to do with the connections now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    Hold,
+    /// Open this many more.
+    Add(usize),
+    /// Let this many finish their piece and stop.
+    Drop(usize),
+}
+
+#[derive(Debug)]
+pub(crate) struct Pace {
+    /// The most the file may use: `--fetch-connections`, lowered when the
+    /// source refuses one.
+    limit: usize,
+    /// Connections now.
+    now: usize,
+    /// The last window's start and the bytes received by then.
+    window: (Instant, u64),
+    /// The rate before the last step, with the connections then, while
+    /// its outcome is pending.
+    probe: Option<(f64, usize)>,
+    /// A window to skip: connections just changed.
+    warming: bool,
+    /// No more steps up.
+    settled: bool,
+}
+
+impl Pace {
+    pub(crate) fn new(limit: usize, now: Instant) -> Self {
+        Self {
+            limit: limit.max(1),
+            now: 1,
+            window: (now, 0),
+            probe: None,
+            warming: true,
+            settled: limit <= 1,
+        }
+    }
+
+    /// Called each `WINDOW` with the bytes received so far.
+    pub(crate) fn tick(&mut self, received: u64, at: Instant) -> Step {
+        let (start, before) = self.window;
+        let seconds = at.duration_since(start).as_secs_f64();
+        self.window = (at, received);
+        if self.warming || seconds <= 0.0 {
+            self.warming = false;
+            return Step::Hold;
+        }
+        let rate = received.saturating_sub(before) as f64 / seconds;
+        match self.probe.take() {
+            Some((rate_before, connections_before)) => {
+                let added = self.now - connections_before;
+                let per_connection = rate_before / connections_before as f64;
+                if rate - rate_before >= 0.5 * per_connection * added as f64 {
+                    self.step_up(rate)
+                } else {
+                    self.settled = true;
+                    self.change(connections_before);
+                    Step::Drop(added)
+                }
+            }
+            None => self.step_up(rate),
+        }
+    }
+
+    /// A connection was refused or cut, while `working` others still read:
+    /// the source allows no more than those.
+    pub(crate) fn refused(&mut self, working: usize) {
+        self.limit = working.max(1);
+        self.now = working;
+        self.settled = true;
+        self.probe = None;
+    }
+
+    fn step_up(&mut self, rate: f64) -> Step {
+        let target = (self.now * 2).min(self.limit);
+        if self.settled || target <= self.now {
+            return Step::Hold;
+        }
+        self.probe = Some((rate, self.now));
+        let added = target - self.now;
+        self.change(target);
+        Step::Add(added)
+    }
+
+    fn change(&mut self, connections: usize) {
+        self.now = connections;
+        self.warming = true;
+    }
+
+    /// Connections the rule wants now.
+    pub(crate) fn connections(&self) -> usize {
+        self.now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the rule against a source where `rate(n)` bytes per second
+    /// arrive over n connections; answers the connections after each
+    /// window.
+    fn run(limit: usize, windows: usize, rate: impl Fn(usize) -> f64) -> Vec<usize> {
+        let start = Instant::now();
+        let mut pace = Pace::new(limit, start);
+        let mut received = 0.0;
+        let mut seen = Vec::new();
+        for w in 1..=windows {
+            received += rate(pace.connections()) * WINDOW.as_secs_f64();
+            pace.tick(received as u64, start + WINDOW * w as u32);
+            seen.push(pace.connections());
+        }
+        seen
+    }
+
+    #[test]
+    fn a_source_that_caps_each_connection_gets_every_connection_allowed() {
+        let capped = |n: usize| 50e6 * n as f64;
+        let seen = run(16, 12, capped);
+        assert_eq!(seen, [1, 2, 2, 4, 4, 8, 8, 16, 16, 16, 16, 16]);
+    }
+
+    #[test]
+    fn a_fast_source_stays_on_one_connection() {
+        // The CPU is the bound: a second connection only competes.
+        let fast = |n: usize| if n == 1 { 1.2e9 } else { 1.1e9 };
+        let seen = run(16, 8, fast);
+        assert_eq!(seen, [1, 2, 2, 1, 1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn a_link_that_fills_up_stops_where_more_stopped_paying() {
+        // A 300 MB/s link over 50 MB/s connections: 4 → 8 still paid
+        // (200 → 300 MB/s), 8 → 16 did not and is taken back.
+        let link = |n: usize| (50e6 * n as f64).min(300e6);
+        let seen = run(16, 12, link);
+        assert_eq!(seen, [1, 2, 2, 4, 4, 8, 8, 16, 16, 8, 8, 8]);
+    }
+
+    #[test]
+    fn a_refused_connection_caps_the_rest_of_the_file() {
+        let start = Instant::now();
+        let mut pace = Pace::new(16, start);
+        pace.tick(0, start + WINDOW);
+        assert_eq!(pace.tick(10_000_000, start + WINDOW * 2), Step::Add(1));
+        pace.refused(1);
+        for w in 3..10 {
+            assert_eq!(
+                pace.tick(10_000_000 * w, start + WINDOW * w as u32),
+                Step::Hold
+            );
+        }
+        assert_eq!(pace.connections(), 1);
+    }
+
+    #[test]
+    fn one_connection_allowed_is_one_connection() {
+        assert_eq!(run(1, 6, |n| 50e6 * n as f64), [1; 6]);
+    }
+}
