@@ -10,7 +10,9 @@
 //! name is never loaded (`deployers` lists it as rejected).
 //! A version may also be pulled from a registry (`oci::component`): the
 //! same checks once its bytes are verified, and the manifest's digest
-//! kept as the version's source.
+//! kept as the version's source. A version that grants more than the one
+//! it replaces (`held`) is stored but held, not served, until an admin
+//! approves it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,6 +101,17 @@ pub enum Error {
     NoEarlier { name: String, number: i64 },
     #[error("deployer {name} has no version with sha256 {sha256} (see its versions)")]
     NoSuchVersion { name: String, sha256: String },
+    #[error(
+        "version {number} of deployer {name} is held: it grants more than the version it would replace ({}); approve it with POST /v1/deployers/{name}/approve",
+        .adds.join(", ")
+    )]
+    Held {
+        name: String,
+        number: i64,
+        adds: Vec<String>,
+    },
+    #[error("deployer {0} has no version held for approval")]
+    NothingHeld(String),
     #[error(transparent)]
     Record(#[from] db::Error),
 }
@@ -165,6 +178,17 @@ impl Catalog {
             .await
             .map_err(invalid)?;
         let _changing = self.changing.lock().await;
+        // Against the version it would replace: a wider one waits for an
+        // admin, the one served keeps serving.
+        let held = self
+            .served(&name)
+            .map(|old| {
+                held::widening(
+                    (&old.manifest, &old.limits),
+                    (&plugin.manifest, &plugin.limits),
+                )
+            })
+            .unwrap_or_default();
         let new = NewVersion {
             name: name.clone(),
             wasm,
@@ -173,6 +197,7 @@ impl Catalog {
             signature,
             source,
             added_by: by,
+            held,
         };
         let (version, pushed) = self.db.store_version(new).await?;
         let plugin = match pushed {
@@ -186,6 +211,15 @@ impl Catalog {
                     plugin
                 }
             },
+            Pushed::Held => {
+                tracing::warn!(
+                    plugin = %name,
+                    version = version.number,
+                    adds = %version.held.clone().unwrap_or_default().join(", "),
+                    "deployer version held: it grants more than the version it would replace"
+                );
+                Arc::new(plugin)
+            }
             Pushed::Added | Pushed::Replaced => {
                 let plugin = Arc::new(plugin);
                 self.serve(plugin.clone(), version.clone(), pushed == Pushed::Replaced);
@@ -283,7 +317,10 @@ impl Catalog {
             });
         }
         let target = match sha256 {
-            None => versions.iter().rev().find(|v| v.id < current.id),
+            None => versions
+                .iter()
+                .rev()
+                .find(|v| v.id < current.id && v.held.is_none()),
             Some(sha256) => versions.iter().rev().find(|v| v.sha256 == sha256),
         };
         let target = target.cloned().ok_or_else(|| match sha256 {
@@ -296,6 +333,13 @@ impl Catalog {
                 sha256: sha256.to_string(),
             },
         })?;
+        if let Some(adds) = &target.held {
+            return Err(Error::Held {
+                name: name.to_string(),
+                number: target.number,
+                adds: adds.clone(),
+            });
+        }
         if target.id == current.id
             && let Some(plugin) = self.served(name)
         {
@@ -535,6 +579,7 @@ impl Catalog {
     }
 }
 
+mod held;
 mod pull;
 pub use pull::Pull;
 

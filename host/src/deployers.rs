@@ -23,8 +23,8 @@ use crate::runtime::{Plugin, PluginSet, Rejection, Runtime};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     Folder,
-    /// Stored over the API, at this version.
-    Api(StoredVersion),
+    /// Stored over the API, at this version (boxed: a version is large).
+    Api(Box<StoredVersion>),
 }
 
 /// The deployers stored over the API, as this server loaded them.
@@ -195,7 +195,9 @@ impl Deployers {
     pub fn view(&self) -> View {
         let state = self.state.read().expect("deployers lock");
         let source = |name: &str, plugin: &Arc<Plugin>| match state.api.loaded.get(name) {
-            Some((stored, version)) if Arc::ptr_eq(stored, plugin) => Source::Api(version.clone()),
+            Some((stored, version)) if Arc::ptr_eq(stored, plugin) => {
+                Source::Api(Box::new(version.clone()))
+            }
             _ => Source::Folder,
         };
         let deployers = state
@@ -212,7 +214,7 @@ impl Deployers {
             .map(|r| (r.clone(), Source::Folder));
         let api = api_rejections(&state.api, &declared)
             .into_iter()
-            .map(|(r, version)| (r, Source::Api(version)));
+            .map(|(r, version)| (r, Source::Api(Box::new(version))));
         View {
             deployers,
             rejected: folder.chain(api).collect(),

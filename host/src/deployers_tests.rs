@@ -68,6 +68,7 @@ fn version(id: i64, name: &str, sha256: &str) -> StoredVersion {
         source: None,
         added_by: None,
         added_at: String::new(),
+        held: None,
     }
 }
 
@@ -140,11 +141,11 @@ fn the_served_set_is_the_folders_and_the_stored_ones_each_with_its_source() {
             ("archive".to_string(), Source::Folder),
             (
                 "pushed".to_string(),
-                Source::Api(version(1, "pushed", "s1"))
+                Source::Api(Box::new(version(1, "pushed", "s1")))
             ),
         ]
     );
-    assert_eq!(view.rejected, [(why, Source::Api(failed))]);
+    assert_eq!(view.rejected, [(why, Source::Api(Box::new(failed)))]);
 }
 
 #[test]

@@ -21,14 +21,35 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::db::events::{NewEvent, Report};
+use crate::db::events::{ModelReport, NewEvent, Report};
 use crate::db::{self, Db};
 use crate::model::Receipt;
-use crate::model::{Deployment, Phase, Progress};
+use crate::model::{Deployment, Phase, Progress, TrainedModel};
 use crate::runtime::Change;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// Stored in the transaction that records the model: what rules
+    /// `when = "model_registered"` fire from.
+    ModelRegistered {
+        model_id: i64,
+        name: String,
+        job_id: String,
+    },
+    /// Recorded by rule `rule`, held until an admin approves it.
+    DeploymentAwaitingApproval {
+        deploy_id: i64,
+        model_id: i64,
+        deployer: String,
+        rule: String,
+    },
+    /// Approved by `by` (none on a server without tokens): queued next.
+    DeploymentApproved {
+        deploy_id: i64,
+        model_id: i64,
+        deployer: String,
+        by: Option<String>,
+    },
     /// Recorded, waiting for a server with room.
     DeploymentQueued {
         deploy_id: i64,
@@ -75,12 +96,23 @@ pub enum Event {
     PluginRemoved {
         name: String,
     },
+    /// Rule `rule` matched the event `event_id` but made no deployment.
+    RuleFailed {
+        rule: String,
+        event_id: i64,
+        model_id: i64,
+        error: String,
+    },
 }
 
 impl Event {
     /// The event's type, as SSE `event:` names it.
     pub fn kind(&self) -> &'static str {
         match self {
+            Event::ModelRegistered { .. } => "model.registered",
+            Event::DeploymentAwaitingApproval { .. } => "deployment.awaiting_approval",
+            Event::DeploymentApproved { .. } => "deployment.approved",
+            Event::RuleFailed { .. } => "rule.failed",
             Event::DeploymentQueued { .. } => "deployment.queued",
             Event::DeploymentStarted { .. } => "deployment.started",
             Event::DeploymentProgress { .. } => "deployment.progress",
@@ -199,6 +231,31 @@ impl Events {
         }
     }
 
+    /// The events `word` makes of a model's row, for the database to store
+    /// in the transaction that records it (`db::events::ModelReport`), so a
+    /// registration and its event are one commit: rules never miss one.
+    pub fn report_model(
+        &self,
+        word: impl FnOnce(&TrainedModel) -> Vec<Event> + Send + 'static,
+    ) -> ModelReport {
+        let shared = self.shared.clone();
+        // As `report`: the log line stays in the request's span.
+        let span = tracing::Span::current();
+        ModelReport {
+            server_id: self.shared.server_id.clone(),
+            events: Box::new(move |row| {
+                let _request = span.enter();
+                word(row).iter().map(|e| shared.stamp(e)).collect()
+            }),
+        }
+    }
+
+    /// Logs `event` and makes it the log's record, for a write that stores
+    /// it in its own transaction.
+    pub fn stamp(&self, event: &Event) -> NewEvent {
+        self.shared.stamp(event)
+    }
+
     /// Publishes what a change of the served deployers did. Called after
     /// the swap, so a listener that asks finds what it was told.
     pub(crate) fn announce(&self, changes: Vec<Change>) {
@@ -278,6 +335,41 @@ impl Shared {
                     ?progress,
                     "deployment progress"
                 );
+            }
+            Event::ModelRegistered {
+                model_id, job_id, ..
+            } => {
+                tracing::info!(model_id, job_id, "model registered");
+            }
+            Event::DeploymentAwaitingApproval {
+                deploy_id,
+                model_id,
+                deployer,
+                rule,
+            } => {
+                tracing::info!(
+                    deploy_id,
+                    model_id,
+                    deployer,
+                    rule,
+                    "deployment awaiting approval"
+                );
+            }
+            Event::DeploymentApproved {
+                deploy_id,
+                model_id,
+                by,
+                ..
+            } => {
+                tracing::info!(deploy_id, model_id, by, "deployment approved");
+            }
+            Event::RuleFailed {
+                rule,
+                event_id,
+                model_id,
+                error,
+            } => {
+                tracing::warn!(rule, event_id, model_id, "rule made no deployment: {error}");
             }
             // The plugin loader logs these itself, with more detail.
             Event::PluginLoaded { .. }

@@ -25,6 +25,7 @@ pub mod model;
 pub mod oci;
 pub mod pipeline;
 pub mod publish;
+pub mod rules;
 pub mod runtime;
 pub mod space;
 pub mod targets;

@@ -37,6 +37,12 @@ struct DeploymentLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FiringLabels {
+    rule: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FetchLabels {
     outcome: &'static str,
 }
@@ -79,6 +85,7 @@ struct Metrics {
     webhook_given_up: Counter,
     webhook_delivering: Gauge,
     webhook_failing: Gauge,
+    rule_firings: Family<FiringLabels, Counter>,
     models_stored: Gauge,
     models_saved: Gauge,
     copies_evicted: Counter,
@@ -194,6 +201,12 @@ impl Metrics {
             "1 while this server is retrying an event the webhook did not take",
             webhook_failing.clone(),
         );
+        let rule_firings: Family<FiringLabels, Counter> = Family::default();
+        registry.register(
+            "berth_rule_firings",
+            "Rule firings this server recorded, by rule and outcome (queued, awaiting_approval, failed); each event fires a rule once across the servers",
+            rule_firings.clone(),
+        );
         let models_stored = Gauge::default();
         registry.register_with_unit(
             "berth_models_stored",
@@ -233,6 +246,7 @@ impl Metrics {
             webhook_given_up,
             webhook_delivering,
             webhook_failing,
+            rule_firings,
             models_stored,
             models_saved,
             copies_evicted,
@@ -374,6 +388,19 @@ pub fn webhook_delivering(holding: bool) {
 }
 
 /// Whether this server is retrying an event the webhook refused.
+/// A rule fired here: `outcome` is the status of the deployment it
+/// recorded, or `failed` when it could not make one.
+pub fn rule_fired(rule: &str, outcome: &'static str) {
+    if let Some(m) = METRICS.get() {
+        m.rule_firings
+            .get_or_create(&FiringLabels {
+                rule: rule.to_string(),
+                outcome,
+            })
+            .inc();
+    }
+}
+
 pub fn webhook_failing(failing: bool) {
     if let Some(m) = METRICS.get() {
         m.webhook_failing.set(i64::from(failing));
@@ -412,6 +439,7 @@ mod tests {
         fetch_ended(true, Duration::from_millis(2));
         plugin_call("archive", "deploy", Duration::from_millis(1));
         http_request("GET", "/v1/models", 200);
+        rule_fired("check", "queued");
         #[rustfmt::skip]
         let expected = [
             ("berth_deployments_total", "counter"),
@@ -431,6 +459,7 @@ mod tests {
             ("berth_webhook_given_up_total", "counter"),
             ("berth_webhook_delivering", "gauge"),
             ("berth_webhook_failing", "gauge"),
+            ("berth_rule_firings_total", "counter"),
             ("berth_models_stored_bytes", "gauge"),
             ("berth_models_saved_bytes", "gauge"),
             ("berth_model_copies_evicted_total", "counter"),

@@ -59,9 +59,14 @@ impl TrainedModel {
     }
 }
 
-/// Where a deployment stands. Only `Running` changes, once.
+/// Where a deployment stands: `AwaitingApproval` → `Queued` → `Running`
+/// → `Completed` | `Failed`, never back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
+    /// Recorded by a rule whose step needs an admin's approval: nothing
+    /// runs it until it is approved (then queued), rejected or expired
+    /// (then failed).
+    AwaitingApproval,
     /// Recorded, waiting for a server with room to claim it.
     Queued,
     Running,
@@ -72,6 +77,7 @@ pub enum Status {
 impl Status {
     pub fn as_str(self) -> &'static str {
         match self {
+            Status::AwaitingApproval => "awaiting_approval",
             Status::Queued => "queued",
             Status::Running => "running",
             Status::Completed => "completed",
@@ -86,6 +92,7 @@ impl Status {
 
     pub fn parse(text: &str) -> Option<Self> {
         match text {
+            "awaiting_approval" => Some(Status::AwaitingApproval),
             "queued" => Some(Status::Queued),
             "running" => Some(Status::Running),
             "completed" => Some(Status::Completed),
@@ -128,6 +135,40 @@ pub struct Deployment {
     pub started_at: Option<String>,
     /// What it put into publishing targets, in order.
     pub published: Vec<Receipt>,
+    /// The rule that asked for it, if one did (`created_by` is then
+    /// `rule:NAME`).
+    pub cause: Option<Cause>,
+    /// An admin's decision on a step that needed one.
+    pub approval: Option<Approval>,
+}
+
+/// Why a rule recorded a deployment: the rule, and the stored event that
+/// fired it (a model's registration, or the completion of the deployment
+/// `previous`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    pub rule: String,
+    pub event_id: i64,
+    pub previous: Option<i64>,
+}
+
+/// What an admin decided about a deployment awaiting approval. Stored as
+/// JSON in the deployment's row (serde is that storage format).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Approval {
+    pub decision: Decision,
+    /// The name of the admin's token (none on a server without tokens).
+    pub by: Option<String>,
+    /// RFC 3339, when it was decided.
+    pub at: String,
+    pub comment: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Approved,
+    Rejected,
 }
 
 /// What one put into a publishing target left there, as the deployment

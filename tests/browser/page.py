@@ -238,6 +238,22 @@ def scenario_pushed_deployer(page, shots):
     targets = page.locator('#deployers article[data-deployer="packer"] .targets')
     expect(targets).to_have_text("releases (not configured on this server)")
     shots("models-pushed-deployer")
+    # The same bytes granting one more host: held, the card says what it
+    # adds, and Approve serves it.
+    body = b""
+    for name, data in [("wasm", wasm), ("manifest", b'targets = ["releases"]\nallowed_hosts = ["models.example.com"]\n')]:
+        body += f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{name}"\r\n\r\n'.encode()
+        body += data + b"\r\n"
+    body += f"--{boundary}--\r\n".encode()
+    request = urllib.request.Request(URL + "/v1/deployers/packer", data=body, headers=headers, method="PUT")
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        assert answer.status == 202, answer.status
+    page.reload()
+    held = page.locator('#deployers article[data-deployer="packer"] .held')
+    expect(held).to_contain_text("Version 2 is held: it adds allowed host models.example.com")
+    held.get_by_role("button", name="Approve version 2").click()
+    expect(origin).to_contain_text("stored over the API: version 2, pushed")
+    expect(held).to_have_count(0)
     # Deployed with it, the deployment page names the plugin version it ran.
     open_model(page)
     deploy_with(page, "packer")
@@ -249,6 +265,49 @@ def scenario_pushed_deployer(page, shots):
     request = urllib.request.Request(URL + "/v1/deployers/packer", headers=headers, method="DELETE")
     with urllib.request.urlopen(request, timeout=60) as answer:
         assert answer.status == 204, answer.status
+
+
+def send(method, path, body=None):
+    headers = {"Content-Type": "application/json"}
+    if TOKEN:
+        headers["Authorization"] = f"Bearer {TOKEN}"
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(URL + path, data=data, headers=headers, method=method)
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return answer.status
+
+
+def scenario_approval(page, shots):
+    # A rule holds a step after every archive deployment for approval.
+    rule = {
+        "name": "held-after-archive",
+        "when": {"event": "deployment_completed", "deployer": "archive"},
+        "deploy": {"deployer": "misbehave", "options": {"mode": "ok", "after": "${previous.ref}"}},
+        "require_approval": True,
+    }
+    assert send("POST", "/v1/rules", rule) == 201
+    open_model(page)
+    deploy_with(page, "archive")
+    # The model's chain shows the held step as soon as the rule fires.
+    held = page.locator('#deployments-body tr[data-status="awaiting_approval"]')
+    expect(held).to_have_count(1)
+    expect(held.locator(".cause-cell")).to_contain_text("rule held-after-archive, after #")
+    held_id = held.get_attribute("data-deployment")
+    shots("model-held")
+    approvals = page.context.new_page()
+    approvals.goto(f"{URL}/#/approvals")
+    row = approvals.locator(f'#pending tr[data-deployment="{held_id}"]')
+    expect(row).to_contain_text("held-after-archive")
+    expect(approvals.locator('#rules-table tr[data-rule="held-after-archive"]')).to_contain_text("required")
+    row.get_by_role("textbox").fill("looks right")
+    row.get_by_role("button", name="Approve").click()
+    expect(approvals.locator("#no-approvals")).to_be_visible()
+    # The model's page, in the other tab, follows live: queued, run, completed.
+    done = page.locator(f'#deployments-body tr[data-deployment="{held_id}"]')
+    expect(done).to_have_attribute("data-status", "completed")
+    approvals.close()
+    assert api(f"/v1/deployments/{held_id}")["approval"]["comment"] == "looks right"
+    assert send("DELETE", "/v1/rules/held-after-archive") == 204
 
 
 def scenario_reconnects_after_restart(page, shots):
@@ -324,6 +383,7 @@ SCENARIOS = [
     scenario_narrow_and_dark,
     scenario_corrupt_plugin,
     scenario_pushed_deployer,
+    scenario_approval,
     scenario_no_deployers,
     # Last: the restarted process runs target/debug/berth as it is then.
     scenario_reconnects_after_restart,

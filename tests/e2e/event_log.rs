@@ -91,10 +91,14 @@ async fn events_carry_ids_and_a_subscriber_resumes_exactly_after_its_cursor(back
             "resuming with {query:?} and Last-Event-ID {last_event_id:?}"
         );
     }
-    // From the start of the log: everything above.
+    // From the start of the log: the model's registration (stored with
+    // its row, before the subscription above began), then everything
+    // above.
     let mut whole = app.events_from("?after=0", None).await;
     let got = whole.until(|e| ids.iter().all(|id| ended(e, id))).await;
-    assert_eq!(entries(got), entries(&all));
+    assert_eq!(got[0].kind, "model.registered");
+    assert_eq!(got[0].data["model_id"], id);
+    assert_eq!(entries(&got[1..]), entries(&all));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,6 +39,7 @@ mod publish_examples;
 mod queue;
 mod ready;
 mod register;
+mod rules;
 mod runtime;
 mod s3_publish;
 mod scaffold;

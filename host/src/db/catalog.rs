@@ -27,6 +27,9 @@ pub struct StoredVersion {
     /// The API token that added it (none without tokens).
     pub added_by: Option<String>,
     pub added_at: String,
+    /// While held for an admin's approval: what it grants beyond the
+    /// version it would replace.
+    pub held: Option<Vec<String>>,
 }
 
 /// What storing a version did.
@@ -39,10 +42,13 @@ pub enum Pushed {
     /// The name already serves these very bytes, manifest, signature and
     /// source.
     Unchanged,
+    /// Stored, not served: it asks for more than the version it would
+    /// replace, and waits for an admin's approval.
+    Held,
 }
 
 const VERSION_COLUMNS: &str = "v.id, v.name, v.sha256, b.size, v.manifest, v.signature, \
-     v.source, v.added_by, v.added_at, (SELECT COUNT(*) FROM deployer_versions w \
+     v.source, v.added_by, v.added_at, v.held, (SELECT COUNT(*) FROM deployer_versions w \
      WHERE w.name = v.name AND w.id <= v.id) AS number";
 
 /// A new version, as `store_version` takes it.
@@ -54,12 +60,33 @@ pub struct NewVersion {
     pub signature: Option<String>,
     pub source: Option<String>,
     pub added_by: Option<String>,
+    /// What it grants beyond the version it replaces: stored, not served,
+    /// until approved.
+    pub held: Vec<String>,
 }
 
 impl Db {
+    /// Approves the held version `version_id` of `name`: it is held no
+    /// more (serving it is `serve_version`'s). False if it was not held.
+    pub async fn release_held(&self, name: &str, version_id: i64) -> Result<bool> {
+        let name = name.to_string();
+        self.write(statements!(|conn| {
+            let released = sqlx::query(
+                "UPDATE deployer_versions SET held = NULL \
+                 WHERE name = $1 AND id = $2 AND held IS NOT NULL",
+            )
+            .bind(name)
+            .bind(version_id)
+            .execute(conn)
+            .await?;
+            Ok(released.rows_affected() == 1)
+        }))
+        .await
+    }
+
     /// Makes `new` the version its name serves, keeping the ones before it;
     /// the bytes are stored once per sha256. Storing what the name already
-    /// serves changes nothing.
+    /// serves changes nothing; a version `held` is stored, not served.
     pub async fn store_version(&self, new: NewVersion) -> Result<(StoredVersion, Pushed)> {
         self.write(move |conn| Box::pin(store_version(conn, new)))
             .await
@@ -187,10 +214,16 @@ async fn store_version(
             .execute(&mut *conn)
             .await?;
     }
+    let held = match new.held.is_empty() {
+        true => None,
+        false => Some(
+            serde_json::to_string(&new.held).map_err(|e| super::Error::Corrupt(e.to_string()))?,
+        ),
+    };
     let id: i64 = sqlx::query(
         "INSERT INTO deployer_versions \
-         (name, sha256, manifest, signature, source, added_by, added_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+         (name, sha256, manifest, signature, source, added_by, added_at, held) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
     )
     .bind(&new.name)
     .bind(&new.sha256)
@@ -199,9 +232,20 @@ async fn store_version(
     .bind(&new.source)
     .bind(&new.added_by)
     .bind(now())
+    .bind(held.clone())
     .fetch_one(&mut *conn)
     .await?
     .try_get("id")?;
+    if held.is_some() {
+        let row = sqlx::query(&format!(
+            "SELECT {VERSION_COLUMNS} FROM deployer_versions v \
+             JOIN plugin_blobs b ON b.sha256 = v.sha256 WHERE v.id = $1"
+        ))
+        .bind(id)
+        .fetch_one(&mut *conn)
+        .await?;
+        return Ok((version_row(&row)?, Pushed::Held));
+    }
     sqlx::query(
         "INSERT INTO stored_deployers (name, version_id) VALUES ($1, $2) \
          ON CONFLICT (name) DO UPDATE SET version_id = excluded.version_id",
@@ -236,5 +280,12 @@ fn version_row(row: &AnyRow) -> Result<StoredVersion> {
         source: row.try_get("source")?,
         added_by: row.try_get("added_by")?,
         added_at: row.try_get("added_at")?,
+        held: row
+            .try_get::<Option<String>, _>("held")?
+            .map(|text| {
+                serde_json::from_str(&text)
+                    .map_err(|e| super::Error::Corrupt(format!("held = {text:?}: {e}")))
+            })
+            .transpose()?,
     })
 }

@@ -10,7 +10,7 @@ use sqlx::{AnyConnection, Row};
 use super::events::Report;
 use super::{Claim, Db, Error, Result, now};
 use crate::model::Receipt;
-use crate::model::{Deployment, Outcome, Phase, Progress, Status};
+use crate::model::{Approval, Cause, Deployment, Outcome, Phase, Progress, Status};
 
 /// A deployment about to start.
 pub struct NewDeployment<'a> {
@@ -35,7 +35,7 @@ pub struct Ending<'a> {
 
 pub(super) const DEPLOYMENT_COLUMNS: &str = "id, model_id, deployer, options, status, phase, progress, dir, \
      out_dir, ref, details, error, duration_ms, created_at, completed_at, created_by, plugin_sha256, \
-     server_id, started_at, published";
+     server_id, started_at, published, cause_rule, cause_event, cause_previous, approval";
 
 impl Db {
     /// Records a deployment as queued, for a server that has its deployer
@@ -317,6 +317,8 @@ pub(super) fn deployment_row(row: &AnyRow) -> Result<Deployment> {
     let phase: Option<String> = row.try_get("phase")?;
     let progress: String = row.try_get("progress")?;
     let published: String = row.try_get("published")?;
+    let cause_rule: Option<String> = row.try_get("cause_rule")?;
+    let approval: Option<String> = row.try_get("approval")?;
     Ok(Deployment {
         id: row.try_get("id")?,
         model_id: row.try_get("model_id")?,
@@ -340,6 +342,20 @@ pub(super) fn deployment_row(row: &AnyRow) -> Result<Deployment> {
         started_at: row.try_get("started_at")?,
         published: serde_json::from_str(&published)
             .map_err(|e| Error::Corrupt(format!("published = {published:?}: {e}")))?,
+        cause: match cause_rule {
+            Some(rule) => Some(Cause {
+                rule,
+                event_id: row.try_get("cause_event")?,
+                previous: row.try_get("cause_previous")?,
+            }),
+            None => None,
+        },
+        approval: approval
+            .map(|text| {
+                serde_json::from_str::<Approval>(&text)
+                    .map_err(|e| Error::Corrupt(format!("approval = {text:?}: {e}")))
+            })
+            .transpose()?,
     })
 }
 

@@ -11,7 +11,7 @@ use sqlx::{AnyConnection, Row};
 
 use super::notify::Topic;
 use super::{Backend, Db, Result, postgres};
-use crate::model::Deployment;
+use crate::model::{Deployment, TrainedModel};
 
 /// Deployment events, the ones a webhook carries.
 const DEPLOYMENT_KINDS: &str = "deployment.%";
@@ -36,6 +36,16 @@ pub struct Report {
 
 /// Words the events of a deployment's row.
 pub type Wording = Box<dyn FnOnce(&Deployment) -> Vec<NewEvent> + Send>;
+
+/// The events a model's registration stores in its own transaction,
+/// worded from the row it wrote.
+pub struct ModelReport {
+    pub server_id: String,
+    pub events: ModelWording,
+}
+
+/// Words the events of a model's row.
+pub type ModelWording = Box<dyn FnOnce(&TrainedModel) -> Vec<NewEvent> + Send>;
 
 /// An event of the log.
 #[derive(Debug, Clone, PartialEq)]
@@ -133,7 +143,7 @@ impl Db {
 
     /// Wakes the readers of the log on this server once events up to `last`
     /// committed; PostgreSQL's `NOTIFY` went out at the commit.
-    fn appended(&self, last: i64) {
+    pub(super) fn appended(&self, last: i64) {
         if last > 0 && !self.backend.is_postgres() {
             self.wakeups.deliver(Topic::Events, last.to_string());
         }

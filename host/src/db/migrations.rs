@@ -53,6 +53,16 @@ const SQLITE_MIGRATIONS: Migrations = Migrations(&[
         "deployer source",
         include_str!("../../../migrations/sqlite/0008_deployer_source.sql"),
     ),
+    (
+        9,
+        "approvals",
+        include_str!("../../../migrations/sqlite/0009_approvals.sql"),
+    ),
+    (
+        10,
+        "rules",
+        include_str!("../../../migrations/sqlite/0010_rules.sql"),
+    ),
 ]);
 const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
     (
@@ -94,6 +104,16 @@ const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
         8,
         "deployer source",
         include_str!("../../../migrations/postgres/0008_deployer_source.sql"),
+    ),
+    (
+        9,
+        "approvals",
+        include_str!("../../../migrations/postgres/0009_approvals.sql"),
+    ),
+    (
+        10,
+        "rules",
+        include_str!("../../../migrations/postgres/0010_rules.sql"),
     ),
 ]);
 

@@ -31,6 +31,7 @@ macro_rules! statements {
     };
 }
 
+mod approvals;
 mod catalog;
 mod deployments;
 pub mod events;
@@ -40,6 +41,7 @@ mod notify;
 mod postgres;
 mod queue;
 mod reach;
+mod rules;
 mod sqlite;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -49,6 +51,7 @@ pub use deployments::{Ending, NewDeployment};
 pub use models::LastDeployed;
 pub use notify::Topic;
 pub use queue::{Beat, CancelAsked, Claim, Runnable};
+pub use rules::{CausedDeployment, FiringRow, StoredRule};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -56,6 +59,8 @@ pub enum Error {
     DuplicateJob(String),
     #[error("deployment {0} is not running")]
     NotRunning(i64),
+    #[error("deployment {0} is not awaiting approval")]
+    NotAwaiting(i64),
     #[error("database: {0}")]
     Sql(sqlx::Error),
     /// The database's disk is full: nothing can be written until space is

@@ -5,6 +5,7 @@
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
+use super::events::{self, ModelReport};
 use super::{Db, Error, Result, now};
 use crate::model::{ModelFile, TrainedModel};
 
@@ -29,6 +30,28 @@ impl Db {
         model.created_at = now();
         self.write(move |conn| Box::pin(insert_model(conn, model)))
             .await
+    }
+
+    /// Records a model as `insert_model` does, with the events `report`
+    /// words from its row in the same transaction.
+    pub async fn insert_model_reported(
+        &self,
+        model: &TrainedModel,
+        report: ModelReport,
+    ) -> Result<TrainedModel> {
+        let mut model = model.clone();
+        model.created_at = now();
+        let backend = self.backend;
+        let (row, last) = self
+            .write(statements!(|conn| {
+                let row = insert_model(&mut *conn, model).await?;
+                let events = (report.events)(&row);
+                let last = events::insert(conn, backend, &report.server_id, events).await?;
+                Ok((row, last))
+            }))
+            .await?;
+        self.appended(last);
+        Ok(row)
     }
 
     pub async fn models(&self) -> Result<Vec<TrainedModel>> {

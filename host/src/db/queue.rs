@@ -282,8 +282,9 @@ impl Db {
     }
 
     /// Asks for a deployment to stop, whichever server runs it: a queued
-    /// one is failed with `dequeued` at once; a running one gets `reason`
-    /// recorded (the first asked wins) for its owner to act on.
+    /// one (or one awaiting approval) is failed with `dequeued` at once; a
+    /// running one gets `reason` recorded (the first asked wins) for its
+    /// owner to act on.
     pub async fn request_cancel(
         &self,
         id: i64,
@@ -292,8 +293,10 @@ impl Db {
     ) -> Result<CancelAsked> {
         let (reason, dequeued) = (reason.to_string(), dequeued.to_string());
         self.write(statements!(|conn| {
-            if let Some(row) = end_with(conn, id, Status::Queued, &dequeued).await? {
-                return Ok(CancelAsked::Dequeued(Box::new(row)));
+            for waiting in [Status::Queued, Status::AwaitingApproval] {
+                if let Some(row) = end_with(conn, id, waiting, &dequeued).await? {
+                    return Ok(CancelAsked::Dequeued(Box::new(row)));
+                }
             }
             let running = sqlx::query(
                 "UPDATE deployments SET cancel = COALESCE(cancel, $1) \

@@ -73,12 +73,18 @@ pub async fn require(
 }
 
 /// Reading is for every role; changing the deployer catalog (pushing,
-/// removing, rolling back a deployer) needs `admin`; changing anything
-/// else needs `deploy`. `path` may be a route template.
+/// removing, rolling back a deployer) or the rules, and approving or
+/// rejecting a deployment, need `admin`; changing anything else needs
+/// `deploy`. `path` may be a route template.
 pub fn needed_role(method: &Method, path: &str) -> Role {
+    let under = |prefix: &str| path == prefix || path.starts_with(&format!("{prefix}/"));
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
         Role::Read
-    } else if path == "/v1/deployers" || path.starts_with("/v1/deployers/") {
+    } else if under("/v1/deployers")
+        || under("/v1/rules")
+        || (path.starts_with("/v1/deployments/")
+            && (path.ends_with("/approve") || path.ends_with("/reject")))
+    {
         Role::Admin
     } else {
         Role::Deploy

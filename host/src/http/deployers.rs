@@ -9,6 +9,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use base64::Engine;
 use utoipa::ToSchema;
@@ -37,6 +38,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
         .routes(routes!(push, remove))
         .routes(routes!(versions))
         .routes(routes!(rollback))
+        .routes(routes!(approve))
 }
 
 /// The loaded deployers, from the plugins folder and stored over the API,
@@ -99,6 +101,7 @@ struct UploadForm {
     responses(
         (status = CREATED, description = "A new deployer, served", body = json::Deployer),
         (status = OK, description = "A new version, served (or the same one again: nothing changed)", body = json::Deployer),
+        (status = ACCEPTED, description = "A new version that grants more than the one served (hosts, env vars, targets, memory, time, out quota): stored, not served, until an admin approves it (`POST /v1/deployers/{name}/approve`); the answer says what it adds", body = json::HeldVersion),
         (status = BAD_REQUEST, description = "The plugin would be refused (the reason a folder plugin would get), a malformed upload, a malformed `oci://` reference, or a manifest that is not a wasm component artifact; nothing is stored", body = ErrorBody),
         (status = CONFLICT, description = "The plugins folder declares this name, or the server has --max-deployers", body = ErrorBody),
         (status = PAYLOAD_TOO_LARGE, description = "Larger than the server takes (--max-plugin-mib); a pulled layer is refused by the size its manifest gives, before it is read", body = ErrorBody),
@@ -110,7 +113,7 @@ async fn push(
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Body,
-) -> Result<(StatusCode, Json<json::Deployer>), Error> {
+) -> Result<Response, Error> {
     let by = caller.map(|Extension(c)| c.name);
     if is_json(&headers) {
         return pull(&ctx, name, read_pull_body(body).await?, by).await;
@@ -135,17 +138,45 @@ async fn push(
     Ok(pushed(&ctx, ctx.catalog.push(upload).await?))
 }
 
-/// A push's answer: 201 for a new deployer, else 200.
+/// A push's answer: 201 for a new deployer, 202 with what it adds for a
+/// version held for approval, else 200.
 fn pushed(
     ctx: &ApiContext,
     (plugin, version, pushed): (Arc<Plugin>, StoredVersion, Pushed),
-) -> (StatusCode, Json<json::Deployer>) {
+) -> Response {
     let status = match pushed {
         Pushed::Added => StatusCode::CREATED,
         Pushed::Replaced | Pushed::Unchanged => StatusCode::OK,
+        Pushed::Held => {
+            let held = json::HeldVersion::new(&version);
+            return (StatusCode::ACCEPTED, Json(held)).into_response();
+        }
     };
-    let answer = json::Deployer::new(&plugin, &Source::Api(version), &ctx.targets);
-    (status, Json(answer))
+    let answer = json::Deployer::new(&plugin, &Source::Api(Box::new(version)), &ctx.targets);
+    (status, Json(answer)).into_response()
+}
+
+/// Serves the newest version of a stored deployer held because it grants
+/// more than the version it replaces (hosts, env vars, targets, memory,
+/// time, out quota), on every server. Needs the admin role.
+#[utoipa::path(post, path = "/v1/deployers/{name}/approve", operation_id = "approve_deployer", tag = "deployers",
+    params(("name" = String, Path, description = "The deployer's name")),
+    responses(
+        (status = OK, description = "The deployer, serving the approved version", body = json::Deployer),
+        (status = BAD_REQUEST, description = "The version would be refused by this server now (the reason)", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such stored deployer", body = ErrorBody),
+        (status = CONFLICT, description = "No version of it is held, or it comes from the plugins folder", body = ErrorBody),
+    ))]
+async fn approve(
+    State(ctx): State<ApiContext>,
+    Path(name): Path<String>,
+) -> Result<Json<json::Deployer>, Error> {
+    let (plugin, version) = ctx.catalog.approve(&name).await?;
+    Ok(Json(json::Deployer::new(
+        &plugin,
+        &Source::Api(Box::new(version)),
+        &ctx.targets,
+    )))
 }
 
 /// A push of the component `body` names, pulled by the server with the
@@ -155,7 +186,7 @@ async fn pull(
     name: String,
     body: json::PullBody,
     by: Option<String>,
-) -> Result<(StatusCode, Json<json::Deployer>), Error> {
+) -> Result<Response, Error> {
     let reference = oci::Reference::parse(&body.oci)
         .map_err(|e| Error::BadRequest(format!("deployer {name} was not pulled: {e}")))?;
     let registry = ctx.pipeline.fetcher().registry(&reference);
@@ -266,7 +297,7 @@ async fn rollback(
     let (plugin, version) = ctx.catalog.rollback(&name, body.sha256.as_deref()).await?;
     Ok(Json(json::Deployer::new(
         &plugin,
-        &Source::Api(version),
+        &Source::Api(Box::new(version)),
         &ctx.targets,
     )))
 }

@@ -17,6 +17,8 @@ pub enum Error {
     BadRequest(String),
     /// 400, with every problem of a registration and its field.
     InvalidModel(Problems),
+    /// 400, with every problem of a rule and its field.
+    InvalidRule(Problems),
     /// 401, with `WWW-Authenticate: Bearer`
     Unauthorized(String),
     /// 403
@@ -43,6 +45,11 @@ impl IntoResponse for Error {
             Error::InvalidModel(problems) => {
                 let body = Json(ProblemsBody::from(problems));
                 return (StatusCode::BAD_REQUEST, body).into_response();
+            }
+            Error::InvalidRule(problems) => {
+                let mut body = ProblemsBody::from(problems);
+                body.error = body.error.replacen("invalid model", "invalid rule", 1);
+                return (StatusCode::BAD_REQUEST, Json(body)).into_response();
             }
             Error::Unauthorized(m) => {
                 let body = Json(ErrorBody { error: m });
@@ -103,9 +110,12 @@ impl From<catalog::Error> for Error {
             E::Unpulled { .. } => Error::BadGateway(e.to_string()),
             E::PullTooLarge { .. } => Error::TooLarge(e.to_string()),
             E::Unknown(_) | E::NoSuchVersion { .. } => Error::NotFound(e.to_string()),
-            E::Declared(_) | E::Folder { .. } | E::TooMany(_) | E::NoEarlier { .. } => {
-                Error::Conflict(e.to_string())
-            }
+            E::Declared(_)
+            | E::Folder { .. }
+            | E::TooMany(_)
+            | E::NoEarlier { .. }
+            | E::Held { .. }
+            | E::NothingHeld(_) => Error::Conflict(e.to_string()),
             E::Record(e) => e.into(),
         }
     }

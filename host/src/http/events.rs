@@ -48,7 +48,10 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 /// (DeploymentProgress, at most 4 a second), `deployment.completed`
 /// (DeploymentCompleted), `deployment.failed` (DeploymentFailed),
 /// `plugin.loaded` and `plugin.removed` (PluginNamed), `plugin.rejected`
-/// (PluginRejected).
+/// (PluginRejected), `model.registered` (ModelRegistered),
+/// `deployment.awaiting_approval` (DeploymentAwaitingApproval: a rule's
+/// step held for an admin), `deployment.approved` (DeploymentApproved),
+/// `rule.failed` (RuleFailed: a rule matched but made no deployment).
 #[utoipa::path(get, path = "/v1/events", operation_id = "events", tag = "events",
     params(
         json::EventsParams,

@@ -2,6 +2,7 @@
 //! Only this module defines JSON shapes (`json/`, which the CLI client
 //! reads answers into) and status codes.
 
+mod approvals;
 mod artifacts;
 mod auth;
 mod deployers;
@@ -15,6 +16,7 @@ mod models;
 mod observe;
 mod openapi;
 mod page;
+mod rules;
 mod storage;
 mod webhook;
 
@@ -27,6 +29,22 @@ pub fn registration(text: &str) -> Result<crate::model::TrainedModel, String> {
     let body: json::RegisterBody = serde_json::from_str(text)
         .map_err(|e| format!("not a registration body as POST /v1/models takes it: {e}"))?;
     models::checked(body)
+}
+
+/// What a stored event says happened, for the rules that fire from it:
+/// read back by its kind, as a client reads it.
+pub fn happened(event: &crate::db::events::StoredEvent) -> Option<crate::rules::Happened> {
+    use crate::rules::Happened;
+    let data = serde_json::from_str(&event.data).ok()?;
+    match json::EventData::read(&event.kind, data)? {
+        json::EventData::ModelRegistered(e) => Some(Happened::Registered {
+            model_id: e.model_id,
+        }),
+        json::EventData::DeploymentCompleted(e) => Some(Happened::Completed {
+            deploy_id: e.deploy_id,
+        }),
+        _ => None,
+    }
 }
 
 /// An event's `data` as SSE and the webhook carry it: the JSON text the
@@ -51,6 +69,7 @@ use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
 use crate::pipeline::Pipeline;
+use crate::rules::Rules;
 use crate::targets::Targets;
 use json::ErrorBody;
 
@@ -67,6 +86,8 @@ pub struct ApiContext {
     pub deployers: Arc<Deployers>,
     /// The deployers stored over the API.
     pub catalog: Arc<Catalog>,
+    /// The deploy rules, declared and stored.
+    pub rules: Arc<Rules>,
     pub pipeline: Arc<Pipeline>,
     /// The accepted API tokens; `None`: the API is open (loopback only).
     pub tokens: Option<Arc<Tokens>>,
@@ -90,6 +111,8 @@ fn routes() -> OpenApiRouter<ApiContext> {
         .merge(models::router())
         .merge(storage::router())
         .merge(deployments::router())
+        .merge(approvals::router())
+        .merge(rules::router())
         .merge(artifacts::router())
         .merge(deployers::router())
         .merge(events::router())

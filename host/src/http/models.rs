@@ -11,6 +11,7 @@ use super::error::Error;
 use super::extract::{Body, Id};
 use super::json::{self, ErrorBody, ProblemsBody, RegisterBody};
 use crate::auth::Caller;
+use crate::events::Event;
 use crate::fetch::HeldCopy;
 use crate::model::TrainedModel;
 use crate::pipeline::copies::{self, DropError};
@@ -48,8 +49,21 @@ async fn register(
     }
     let mut model = validate::model(draft).map_err(Error::InvalidModel)?;
     model.created_by = caller.map(|Extension(c)| c.name);
-    let stored = ctx.db.insert_model(&model).await?;
-    tracing::info!(model_id = stored.id, job_id = %stored.job_id, files = stored.files.len(), "model registered");
+    // The event is the registration's own record, in its transaction:
+    // rules fire from it, so a crash cannot keep one from them.
+    let report = ctx.events.report_model(|row| {
+        vec![Event::ModelRegistered {
+            model_id: row.id,
+            name: row.name.clone(),
+            job_id: row.job_id.clone(),
+        }]
+    });
+    let stored = ctx.db.insert_model_reported(&model, report).await?;
+    tracing::debug!(
+        model_id = stored.id,
+        files = stored.files.len(),
+        "model recorded"
+    );
     Ok((StatusCode::CREATED, Json(stored.into())))
 }
 

@@ -39,11 +39,16 @@ const BEARER: &str = "bearer";
         json::DeploymentFailed,
         json::PluginNamed,
         json::PluginRejected,
+        json::ModelRegistered,
+        json::DeploymentAwaitingApproval,
+        json::DeploymentApproved,
+        json::RuleFailed,
     )),
     tags(
         (name = "models", description = "Trained models: their files and where they come from"),
         (name = "deployments", description = "Deployments of a model by a deployer"),
         (name = "deployers", description = "The WebAssembly deployers of the plugins folder"),
+        (name = "rules", description = "Deploy rules: what to deploy when a model is registered or a deployment completes; approvals"),
         (name = "events", description = "What happens, as it happens: the event log and the webhook"),
         (name = "server", description = "The server itself; no token needed"),
     )

@@ -139,31 +139,8 @@ impl Pipeline {
             .await?
             .ok_or(StartError::UnknownModel(model_id))?;
         self.check_reserve()?;
-        let plugins = self.deployers.current();
-        if !plugins.deployers.contains_key(deployer) && self.deployers.is_loading(deployer) {
-            return Err(StartError::StillLoading(deployer.to_string()));
-        }
-        if plugins.deployers.is_empty() {
-            return Err(StartError::NoDeployers(
-                self.deployers.dir().display().to_string(),
-            ));
-        }
-        let plugin = plugins.deployers.get(deployer).cloned().ok_or_else(|| {
-            StartError::UnknownDeployer {
-                name: deployer.to_string(),
-                known: plugins.deployers.keys().cloned().collect(),
-            }
-        })?;
-        // A deployer granted one target may be asked without naming it.
-        let filled = crate::runtime::default_target(&plugin, options_json);
-        let options_json = filled.as_deref().unwrap_or(options_json);
-        self.deployers
-            .runtime()
-            .check_options(&plugin, options_json)
-            .await
-            .map_err(|e| {
-                StartError::BadOptions(format!("deployer {deployer} refused the options: {e}"))
-            })?;
+        let (plugin, options_json) = self.checked_step(deployer, options_json).await?;
+        let options_json = options_json.as_str();
 
         let dir = self.fetcher.dir_of(&model.job_id);
         // With room here and nobody waiting, this server takes it at once;
@@ -223,6 +200,41 @@ impl Pipeline {
             }
         }
         Ok(deployment)
+    }
+
+    /// The served deployer `deployer`, if it takes `options_json`; and
+    /// the options as recorded (a deployer granted one target may be asked
+    /// without naming it).
+    pub(crate) async fn checked_step(
+        &self,
+        deployer: &str,
+        options_json: &str,
+    ) -> Result<(Arc<Plugin>, String), StartError> {
+        let plugins = self.deployers.current();
+        if !plugins.deployers.contains_key(deployer) && self.deployers.is_loading(deployer) {
+            return Err(StartError::StillLoading(deployer.to_string()));
+        }
+        if plugins.deployers.is_empty() {
+            return Err(StartError::NoDeployers(
+                self.deployers.dir().display().to_string(),
+            ));
+        }
+        let plugin = plugins.deployers.get(deployer).cloned().ok_or_else(|| {
+            StartError::UnknownDeployer {
+                name: deployer.to_string(),
+                known: plugins.deployers.keys().cloned().collect(),
+            }
+        })?;
+        let options_json = crate::runtime::default_target(&plugin, options_json)
+            .unwrap_or_else(|| options_json.to_string());
+        self.deployers
+            .runtime()
+            .check_options(&plugin, &options_json)
+            .await
+            .map_err(|e| {
+                StartError::BadOptions(format!("deployer {deployer} refused the options: {e}"))
+            })?;
+        Ok((plugin, options_json))
     }
 
     fn check_reserve(&self) -> Result<(), StartError> {

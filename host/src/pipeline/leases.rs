@@ -1,7 +1,8 @@
 //! What keeps the rows of running deployments true across servers and
 //! restarts: this server renews its leases and hears cancels asked on
 //! others; any server fails the deployments of a server that stopped
-//! renewing, and queued ones nobody can run; a restart fails what the
+//! renewing, queued ones nobody can run and approvals nobody gave in
+//! time (`approvals`); a restart fails what the
 //! previous run of this server left running. Every row ended here is
 //! published as `deployment.failed`, as a run's end is. Never runs a
 //! deployment.
@@ -68,6 +69,9 @@ impl Pipeline {
                     }
                     if let Err(e) = self.sweep().await {
                         tracing::warn!("could not end deployments nobody will finish: {e}");
+                    }
+                    if let Err(e) = self.expire_approvals().await {
+                        tracing::warn!("could not end approvals that expired: {e}");
                     }
                 }
             }

@@ -11,7 +11,9 @@
 //! server: it is handed the server's stop token.
 
 mod admit;
+mod approvals;
 mod cancel;
+mod caused;
 pub mod copies;
 mod fence;
 mod leases;
@@ -37,7 +39,9 @@ use crate::model::{Deployment, Status, TrainedModel};
 use crate::runtime::Plugin;
 
 pub use admit::{MAX_OPTIONS_BYTES, Request, RunError, StartError};
+pub use approvals::DecideError;
 pub use cancel::CancelError;
+pub use caused::{Fired, Firing};
 pub use queue::QueueSettings;
 
 use queue::QUEUE_POLL;
@@ -164,6 +168,12 @@ impl Pipeline {
                 crate::human::duration(limit)
             );
         }
+    }
+
+    /// Whether the plugins folder's first load has ended: until then a
+    /// deployer a rule names may just not be here yet.
+    pub fn deployers_loaded(&self) -> bool {
+        self.deployers.still_loading().is_empty()
     }
 
     /// The deployer's log lines: live while running here, stored after.

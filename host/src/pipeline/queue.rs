@@ -23,6 +23,8 @@ pub struct QueueSettings {
     pub lease: Duration,
     /// How long a deployment nobody can run stays queued.
     pub queue_timeout: Duration,
+    /// How long a deployment a rule held for approval waits for an admin.
+    pub approval_expiry: Duration,
 }
 
 impl Default for QueueSettings {
@@ -31,6 +33,7 @@ impl Default for QueueSettings {
             max_running: 32,
             lease: Duration::from_secs(15),
             queue_timeout: Duration::from_secs(300),
+            approval_expiry: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }

@@ -91,6 +91,23 @@ pub(super) fn before_start(reason: &str) -> String {
     format!("{reason} (before it started)")
 }
 
+/// The error recorded for a deployment an admin rejected.
+pub(super) fn rejected(by: Option<&str>, comment: Option<&str>) -> String {
+    let by = by.map(|name| format!(" by {name}")).unwrap_or_default();
+    match comment {
+        Some(comment) => format!("rejected{by}: {comment}"),
+        None => format!("rejected{by}: it was not approved, so it never ran"),
+    }
+}
+
+/// The error recorded for a deployment nobody approved within `wait`.
+pub(super) fn expired(wait: Duration) -> String {
+    format!(
+        "expired: nobody approved it within {} (--approval-expiry-s), so it never ran; ask for it again if it is still wanted",
+        crate::human::duration(wait)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -128,11 +128,17 @@ impl App {
             Catalog::new(db.clone(), deployers.clone(), events.clone(), 20)
                 .with_max_plugin_bytes(MAX_PLUGIN_BYTES),
         );
+        let rules = Arc::new(berth::rules::Rules::new(
+            db.clone(),
+            deployers.clone(),
+            Vec::new(),
+        ));
         let app = berth::http::app(ApiContext {
             db,
             events,
             deployers,
             catalog,
+            rules,
             pipeline,
             tokens,
             webhook: None,

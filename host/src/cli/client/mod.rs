@@ -1,5 +1,6 @@
 //! The commands that talk to a running server over its HTTP API: `deploy`,
-//! `models`, `deployments`, `deployers`. They know the server only from the
+//! `models`, `deployments`, `deployers`, `rules`, `approvals`, `approve`,
+//! `reject`. They know the server only from the
 //! outside — URLs, and its answers read into the server's own wire types
 //! (`http::json`) — and never touch its database or files.
 //!
@@ -12,6 +13,7 @@ mod deploy;
 mod models;
 pub(super) mod progress;
 mod register;
+mod rules;
 mod text;
 mod training;
 
@@ -72,6 +74,39 @@ pub enum ClientCommand {
     Deployers {
         #[command(subcommand)]
         change: Option<catalog::CatalogCommand>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Lists a running server's deploy rules with their last firing; with
+    /// a subcommand, stores, deletes, enables or disables one (an admin
+    /// token, when the server has tokens).
+    #[command(args_conflicts_with_subcommands = true)]
+    Rules {
+        #[command(subcommand)]
+        change: Option<rules::RulesCommand>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Lists the deployments rules hold for an admin's approval.
+    Approvals {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Approves a deployment a rule held: it is queued and runs.
+    Approve {
+        id: i64,
+        /// Kept with the decision.
+        #[arg(long)]
+        comment: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Rejects a deployment a rule held: it fails without running.
+    Reject {
+        id: i64,
+        /// Kept with the decision, and in the deployment's error.
+        #[arg(long)]
+        comment: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -142,6 +177,37 @@ pub async fn run(command: ClientCommand) -> anyhow::Result<ExitCode> {
             change: Some(change),
             ..
         } => catalog::run(change).await,
+        ClientCommand::Rules {
+            change: None,
+            common,
+        } => with_api(&common, |api| rules::list(api, common.json)).await,
+        ClientCommand::Rules {
+            change: Some(change),
+            ..
+        } => rules::run(change).await.map(|()| ExitCode::SUCCESS),
+        ClientCommand::Approvals { common } => {
+            with_api(&common, |api| rules::approvals(api, common.json)).await
+        }
+        ClientCommand::Approve {
+            id,
+            comment,
+            common,
+        } => {
+            with_api(&common, |api| {
+                rules::decide(api, id, "approve", comment, common.json)
+            })
+            .await
+        }
+        ClientCommand::Reject {
+            id,
+            comment,
+            common,
+        } => {
+            with_api(&common, |api| {
+                rules::decide(api, id, "reject", comment, common.json)
+            })
+            .await
+        }
     };
     Ok(outcome.unwrap_or_else(|e| {
         eprintln!("error: {e}");

@@ -152,6 +152,15 @@ pub struct ServeArgs {
     /// before it fails saying so.
     #[arg(long, env = "BERTH_QUEUE_TIMEOUT_S", default_value_t = 300)]
     pub(super) queue_timeout_s: u64,
+    /// A TOML file of deploy rules (`[[rule]]` tables, as README.md
+    /// shows); a rule it declares wins over a stored one of the same name.
+    #[arg(long, env = "BERTH_RULES_FILE")]
+    pub(super) rules_file: Option<PathBuf>,
+    /// How long, in seconds, a deployment a rule held for an admin's
+    /// approval waits (default 7 days) before it fails saying it expired.
+    #[arg(long, env = "BERTH_APPROVAL_EXPIRY_S", default_value_t = 7 * 24 * 3600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(super) approval_expiry_s: u64,
     /// This server's name in other servers' records and messages (a
     /// deployment lost with it names it). Default: HOST:PORT.
     #[arg(long, env = "BERTH_SERVER_NAME")]

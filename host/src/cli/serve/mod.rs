@@ -20,6 +20,7 @@ use crate::db::Topic;
 use crate::events::Events;
 use crate::http::ApiContext;
 use crate::pipeline::{Pipeline, QueueSettings};
+use crate::rules::Rules;
 
 pub use args::ServeArgs;
 pub(super) use setup::redact;
@@ -37,6 +38,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let targets = setup::load_targets(&args)?;
     let trust = setup::load_trust(&args)?;
     let signers = setup::signers(&args)?;
+    let declared_rules = match &args.rules_file {
+        Some(path) => Rules::read_file(path).map_err(anyhow::Error::msg)?,
+        None => Vec::new(),
+    };
     setup::metrics(&args)?;
     let webhook = setup::webhook(&args)?;
     let shutdown = CancellationToken::new();
@@ -70,6 +75,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_running: usize::from(args.max_running),
         lease: Duration::from_millis(args.lease_ms),
         queue_timeout: Duration::from_secs(args.queue_timeout_s),
+        approval_expiry: Duration::from_secs(args.approval_expiry_s),
     };
     let pipeline = Arc::new(
         Pipeline::new(
@@ -137,11 +143,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         events.clone(),
         shutdown.clone(),
     ));
+    let rules = Arc::new(Rules::new(db.clone(), deployers.clone(), declared_rules));
+    tokio::spawn(crate::rules::fire::run(
+        rules.clone(),
+        pipeline.clone(),
+        db.clone(),
+        crate::http::happened,
+        shutdown.clone(),
+    ));
     let app = crate::http::app(ApiContext {
         db: db.clone(),
         events: events.clone(),
         deployers,
         catalog,
+        rules,
         pipeline: pipeline.clone(),
         tokens,
         webhook,

@@ -109,7 +109,7 @@ impl Deployer {
     pub fn new(p: &Plugin, source: &Source, targets: &Targets) -> Self {
         let stored = match source {
             Source::Folder => None,
-            Source::Api(version) => Some(version),
+            Source::Api(version) => Some(&**version),
         };
         Deployer {
             added_at: stored.map(|v| v.added_at.clone()),
@@ -196,6 +196,12 @@ pub struct DeployerVersion {
     pub added_by: Option<String>,
     /// Whether the deployer serves this version now.
     pub current: bool,
+    /// What it grants beyond the version served when it was pushed, while
+    /// it waits for an admin's approval; null once approved, or when it
+    /// asked for nothing more.
+    #[serde(default)]
+    #[schema(required = true)]
+    pub held: Option<Vec<String>>,
     /// Whether a manifest came with it.
     pub manifest: bool,
     /// 1 for the first version pushed, then 2, …
@@ -215,12 +221,34 @@ pub struct DeployerVersion {
     pub source: Option<String>,
 }
 
+/// A pushed version held for approval: what it adds.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct HeldVersion {
+    /// Each grant it has beyond the version served.
+    pub adds: Vec<String>,
+    pub name: String,
+    pub number: i64,
+    pub sha256: String,
+}
+
+impl HeldVersion {
+    pub fn new(v: &StoredVersion) -> Self {
+        HeldVersion {
+            adds: v.held.clone().unwrap_or_default(),
+            name: v.name.clone(),
+            number: v.number,
+            sha256: v.sha256.clone(),
+        }
+    }
+}
+
 impl DeployerVersion {
     pub fn new(v: &StoredVersion, current: &StoredVersion) -> Self {
         DeployerVersion {
             added_at: v.added_at.clone(),
             added_by: v.added_by.clone(),
             current: v.id == current.id,
+            held: v.held.clone(),
             manifest: v.manifest.is_some(),
             number: v.number,
             sha256: v.sha256.clone(),
@@ -330,6 +358,7 @@ mod tests {
                     added_at: "2026-12-01T10:00:00.000Z".into(),
                     added_by: None,
                     current: true,
+                    held: None,
                     manifest: false,
                     number: 1,
                     sha256: sha256(),
@@ -338,7 +367,7 @@ mod tests {
                     source: None,
                 }],
             },
-            r#"{"name":"archive","versions":[{"added_at":"2026-12-01T10:00:00.000Z","added_by":null,"current":true,"manifest":false,"number":1,"sha256":"efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef","signed":true,"size":1000,"source":null}]}"#,
+            r#"{"name":"archive","versions":[{"added_at":"2026-12-01T10:00:00.000Z","added_by":null,"current":true,"held":null,"manifest":false,"number":1,"sha256":"efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef","signed":true,"size":1000,"source":null}]}"#,
         );
         check(
             PullBody {

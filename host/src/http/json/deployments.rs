@@ -41,8 +41,11 @@ pub struct ListParams {
 }
 
 #[derive(Serialize, Deserialize, ToSchema, Clone, Copy, PartialEq, Eq, Debug)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Status {
+    /// Recorded by a rule step that needs an admin's approval
+    /// (`POST /v1/deployments/{id}/approve`); nothing runs it before.
+    AwaitingApproval,
     Queued,
     Running,
     Completed,
@@ -59,6 +62,7 @@ impl Status {
 impl From<model::Status> for Status {
     fn from(status: model::Status) -> Self {
         match status {
+            model::Status::AwaitingApproval => Status::AwaitingApproval,
             model::Status::Queued => Status::Queued,
             model::Status::Running => Status::Running,
             model::Status::Completed => Status::Completed,
@@ -85,6 +89,15 @@ impl From<model::Phase> for Phase {
 
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct Deployment {
+    /// An admin's decision, on a step that needed one; null otherwise and
+    /// while it awaits.
+    #[serde(default)]
+    #[schema(required = true)]
+    pub approval: Option<Approval>,
+    /// The rule and event that asked for it; null when a person did.
+    #[serde(default)]
+    #[schema(required = true)]
+    pub cause: Option<Cause>,
     #[schema(format = DateTime, required = true)]
     pub completed_at: Option<String>,
     #[schema(format = DateTime)]
@@ -134,6 +147,8 @@ pub struct Deployment {
 impl From<model::Deployment> for Deployment {
     fn from(d: model::Deployment) -> Self {
         Deployment {
+            approval: d.approval.map(Approval::from),
+            cause: d.cause.map(Cause::from),
             completed_at: d.completed_at,
             created_at: d.created_at,
             created_by: d.created_by,
@@ -169,6 +184,70 @@ impl From<Vec<model::Deployment>> for Deployments {
             deployments: deployments.into_iter().map(Deployment::from).collect(),
         }
     }
+}
+
+/// Why a rule recorded a deployment.
+#[derive(Serialize, Deserialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct Cause {
+    /// The stored event that fired the rule (`GET /v1/events?after=`).
+    pub event_id: i64,
+    /// The deployment whose completion fired it; null for a registration.
+    #[schema(required = true)]
+    pub previous_deployment_id: Option<i64>,
+    pub rule: String,
+}
+
+impl From<model::Cause> for Cause {
+    fn from(c: model::Cause) -> Self {
+        Cause {
+            event_id: c.event_id,
+            previous_deployment_id: c.previous,
+            rule: c.rule,
+        }
+    }
+}
+
+/// What an admin decided about a deployment that awaited approval.
+#[derive(Serialize, Deserialize, ToSchema, Clone, Debug, PartialEq)]
+pub struct Approval {
+    #[schema(format = DateTime)]
+    pub at: String,
+    /// The admin token's name; null on a server without tokens.
+    #[schema(required = true)]
+    pub by: Option<String>,
+    #[schema(required = true)]
+    pub comment: Option<String>,
+    pub decision: Decision,
+}
+
+#[derive(Serialize, Deserialize, ToSchema, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Approved,
+    Rejected,
+}
+
+impl From<model::Approval> for Approval {
+    fn from(a: model::Approval) -> Self {
+        Approval {
+            at: a.at,
+            by: a.by,
+            comment: a.comment,
+            decision: match a.decision {
+                model::Decision::Approved => Decision::Approved,
+                model::Decision::Rejected => Decision::Rejected,
+            },
+        }
+    }
+}
+
+/// What `approve` and `reject` take: an optional comment, kept with the
+/// decision.
+#[derive(Serialize, Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    #[schema(max_length = 2000)]
+    pub comment: Option<String>,
 }
 
 /// One put into a publishing target.
@@ -284,6 +363,8 @@ mod tests {
             server: Some("5e4a1d2c3b4a5968".into()),
             started_at: Some("2026-12-01T10:00:01.250Z".into()),
             published: Vec::new(),
+            cause: None,
+            approval: None,
         }
     }
 
@@ -291,7 +372,7 @@ mod tests {
     fn deployments_keep_their_bytes() {
         check(
             Deployment::from(running()),
-            r#"{"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","created_by":"ci","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[],"ref":null,"server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"running"}"#,
+            r#"{"approval":null,"cause":null,"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","created_by":"ci","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[],"ref":null,"server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"running"}"#,
         );
         let completed = model::Deployment {
             status: model::Status::Completed,
@@ -309,11 +390,22 @@ mod tests {
                 sha256: "ab".repeat(32),
                 etag: Some("\"e1\"".into()),
             }],
+            cause: Some(model::Cause {
+                rule: "publish".into(),
+                event_id: 7,
+                previous: Some(2),
+            }),
+            approval: Some(model::Approval {
+                decision: model::Decision::Approved,
+                by: Some("ops".into()),
+                at: "2026-12-01T10:00:00.500Z".into(),
+                comment: None,
+            }),
             ..running()
         };
         check(
             Deployment::from(completed),
-            r#"{"completed_at":"2026-12-01T10:00:02.000Z","created_at":"2026-12-01T10:00:01.000Z","created_by":null,"deployer":"archive","details":{"k":"v"},"dir":"/m/ft-1","duration_ms":42,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":null,"plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[{"bytes":12,"etag":"\"e1\"","key":"ft-1/a.bin","sha256":"abababababababababababababababababababababababababababababababab","target":"releases","url":"s3://team/models/ft-1/a.bin"}],"ref":"r","server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"completed"}"#,
+            r#"{"approval":{"at":"2026-12-01T10:00:00.500Z","by":"ops","comment":null,"decision":"approved"},"cause":{"event_id":7,"previous_deployment_id":2,"rule":"publish"},"completed_at":"2026-12-01T10:00:02.000Z","created_at":"2026-12-01T10:00:01.000Z","created_by":null,"deployer":"archive","details":{"k":"v"},"dir":"/m/ft-1","duration_ms":42,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":null,"plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[{"bytes":12,"etag":"\"e1\"","key":"ft-1/a.bin","sha256":"abababababababababababababababababababababababababababababababab","target":"releases","url":"s3://team/models/ft-1/a.bin"}],"ref":"r","server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"completed"}"#,
         );
     }
 }

@@ -63,6 +63,42 @@ pub struct DeploymentFailed {
     pub published: Vec<Published>,
 }
 
+/// `model.registered`: rules fire from it.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct ModelRegistered {
+    pub job_id: String,
+    pub model_id: i64,
+    pub name: String,
+}
+
+/// `deployment.awaiting_approval`: recorded by `rule`, held for an admin.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct DeploymentAwaitingApproval {
+    pub deploy_id: i64,
+    pub deployer: String,
+    pub model_id: i64,
+    pub rule: String,
+}
+
+/// `deployment.approved`: queued next.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct DeploymentApproved {
+    /// The admin token's name; null on a server without tokens.
+    pub by: Option<String>,
+    pub deploy_id: i64,
+    pub deployer: String,
+    pub model_id: i64,
+}
+
+/// `rule.failed`: a rule matched an event but made no deployment.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct RuleFailed {
+    pub error: String,
+    pub event_id: i64,
+    pub model_id: i64,
+    pub rule: String,
+}
+
 /// `plugin.loaded` and `plugin.removed`.
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct PluginNamed {
@@ -81,6 +117,10 @@ pub struct PluginRejected {
 #[derive(Serialize)]
 #[serde(untagged)]
 pub enum EventData {
+    ModelRegistered(ModelRegistered),
+    DeploymentAwaitingApproval(DeploymentAwaitingApproval),
+    DeploymentApproved(DeploymentApproved),
+    RuleFailed(RuleFailed),
     DeploymentQueued(DeploymentStarted),
     DeploymentStarted(DeploymentStarted),
     DeploymentProgress(DeploymentProgress),
@@ -103,6 +143,10 @@ impl EventData {
             serde_json::from_value(data).ok().map(kind)
         }
         match kind {
+            "model.registered" => typed(data, EventData::ModelRegistered),
+            "deployment.awaiting_approval" => typed(data, EventData::DeploymentAwaitingApproval),
+            "deployment.approved" => typed(data, EventData::DeploymentApproved),
+            "rule.failed" => typed(data, EventData::RuleFailed),
             "deployment.queued" => typed(data, EventData::DeploymentQueued),
             "deployment.started" => typed(data, EventData::DeploymentStarted),
             "deployment.progress" => typed(data, EventData::DeploymentProgress),
@@ -122,7 +166,11 @@ impl EventData {
             EventData::DeploymentProgress(e) => Some(e.deploy_id),
             EventData::DeploymentCompleted(e) => Some(e.deploy_id),
             EventData::DeploymentFailed(e) => Some(e.deploy_id),
-            EventData::PluginLoaded(_)
+            EventData::DeploymentAwaitingApproval(e) => Some(e.deploy_id),
+            EventData::DeploymentApproved(e) => Some(e.deploy_id),
+            EventData::ModelRegistered(_)
+            | EventData::RuleFailed(_)
+            | EventData::PluginLoaded(_)
             | EventData::PluginRemoved(_)
             | EventData::PluginRejected(_) => None,
         }
@@ -136,6 +184,48 @@ pub fn event(event: &Event) -> EventData {
         model_id: *model_id,
     };
     match event {
+        Event::ModelRegistered {
+            model_id,
+            name,
+            job_id,
+        } => EventData::ModelRegistered(ModelRegistered {
+            job_id: job_id.clone(),
+            model_id: *model_id,
+            name: name.clone(),
+        }),
+        Event::DeploymentAwaitingApproval {
+            deploy_id,
+            model_id,
+            deployer,
+            rule,
+        } => EventData::DeploymentAwaitingApproval(DeploymentAwaitingApproval {
+            deploy_id: *deploy_id,
+            deployer: deployer.clone(),
+            model_id: *model_id,
+            rule: rule.clone(),
+        }),
+        Event::DeploymentApproved {
+            deploy_id,
+            model_id,
+            deployer,
+            by,
+        } => EventData::DeploymentApproved(DeploymentApproved {
+            by: by.clone(),
+            deploy_id: *deploy_id,
+            deployer: deployer.clone(),
+            model_id: *model_id,
+        }),
+        Event::RuleFailed {
+            rule,
+            event_id,
+            model_id,
+            error,
+        } => EventData::RuleFailed(RuleFailed {
+            error: error.clone(),
+            event_id: *event_id,
+            model_id: *model_id,
+            rule: rule.clone(),
+        }),
         Event::DeploymentQueued {
             deploy_id,
             model_id,
@@ -229,6 +319,14 @@ mod tests {
              r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"model_id":1,"published":[],"ref":"r"}"#),
             (Event::DeploymentFailed { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, error: "e".into(), published: vec![] },
              r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"error":"e","model_id":1,"published":[]}"#),
+            (Event::ModelRegistered { model_id: 1, name: "n".into(), job_id: "j".into() },
+             r#"{"job_id":"j","model_id":1,"name":"n"}"#),
+            (Event::DeploymentAwaitingApproval { deploy_id: 3, model_id: 1, deployer: deployer(), rule: "prod".into() },
+             r#"{"deploy_id":3,"deployer":"archive","model_id":1,"rule":"prod"}"#),
+            (Event::DeploymentApproved { deploy_id: 3, model_id: 1, deployer: deployer(), by: Some("ops".into()) },
+             r#"{"by":"ops","deploy_id":3,"deployer":"archive","model_id":1}"#),
+            (Event::RuleFailed { rule: "prod".into(), event_id: 9, model_id: 1, error: "e".into() },
+             r#"{"error":"e","event_id":9,"model_id":1,"rule":"prod"}"#),
             (Event::PluginLoaded { name: deployer() }, r#"{"name":"archive"}"#),
             (Event::PluginRejected { file: "x.wasm".into(), reason: "bad".into() }, r#"{"file":"x.wasm","reason":"bad"}"#),
             (Event::PluginRemoved { name: deployer() }, r#"{"name":"archive"}"#),

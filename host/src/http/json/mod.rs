@@ -16,6 +16,7 @@ mod deployers;
 mod deployments;
 mod events;
 mod models;
+mod rules;
 mod storage;
 mod webhook;
 
@@ -25,20 +26,22 @@ use utoipa::ToSchema;
 
 pub use artifacts::{Artifact, Artifacts};
 pub use deployers::{
-    Deployer, DeployerVersion, DeployerVersions, Deployers, GrantedTarget, Origin, PullBody,
-    Rejected, RollbackBody, Tier,
+    Deployer, DeployerVersion, DeployerVersions, Deployers, GrantedTarget, HeldVersion, Origin,
+    PullBody, Rejected, RollbackBody, Tier,
 };
 pub use deployments::{
-    DeployBody, DeployParams, DeployerProgress, Deployment, Deployments, ListParams, Phase,
-    Progress, Published, PublishedProgress, Status,
+    Approval, Cause, Decision, DecisionBody, DeployBody, DeployParams, DeployerProgress,
+    Deployment, Deployments, ListParams, Phase, Progress, Published, PublishedProgress, Status,
 };
 pub use events::{
-    DeploymentCompleted, DeploymentFailed, DeploymentProgress, DeploymentStarted, EventData,
-    EventsParams, PluginNamed, PluginRejected, event,
+    DeploymentApproved, DeploymentAwaitingApproval, DeploymentCompleted, DeploymentFailed,
+    DeploymentProgress, DeploymentStarted, EventData, EventsParams, ModelRegistered, PluginNamed,
+    PluginRejected, RuleFailed, event,
 };
 pub use models::{
     FileBody, Model, ModelFile, Models, Problem, ProblemsBody, RegisterBody, invalid_model,
 };
+pub use rules::{Rule, RuleBody, RuleFiring, Rules};
 pub use storage::{ModelStorage, Storage};
 pub use webhook::{WebhookFailing, WebhookState, webhook_body};
 

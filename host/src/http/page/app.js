@@ -6,6 +6,7 @@
 
 import { onTokenChange } from "./token.js";
 import { restartStream } from "./stream.js";
+import { approvalsView } from "./views/approvals.js";
 import { deploymentView } from "./views/deployment.js";
 import { deployersView } from "./views/deployers.js";
 import { modelView } from "./views/model.js";
@@ -17,6 +18,7 @@ function route() {
   if ((match = hash.match(/^#\/models\/(\d+)$/))) return modelView(Number(match[1]));
   if ((match = hash.match(/^#\/deployments\/(\d+)$/))) return deploymentView(Number(match[1]));
   if (hash === "#/deployers") return deployersView();
+  if (hash === "#/approvals") return approvalsView();
   return modelsView();
 }
 

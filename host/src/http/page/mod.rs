@@ -52,6 +52,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     under_prefix!(JS, "state.js"),
     under_prefix!(JS, "stream.js"),
     under_prefix!(JS, "token.js"),
+    under_prefix!(JS, "views/approvals.js"),
     under_prefix!(JS, "views/deploy-dialog.js"),
     under_prefix!(JS, "views/deployers.js"),
     under_prefix!(JS, "views/deployment-parts.js"),

@@ -77,6 +77,8 @@ function dispatch(block) {
     case "deployment.progress":
       progress.set(event.deploy_id, event);
       return tell("progress", event);
+    case "deployment.awaiting_approval":
+    case "deployment.approved":
     case "deployment.queued":
     case "deployment.started":
     case "deployment.completed":

@@ -1,8 +1,9 @@
 // The deployers: each loaded one as a card (where it comes from, who
-// signed it, its grants and limits), the plugins refused and why, and what to do when
-// none is loaded. A view of its own (#/deployers) and a block of the
-// models view.
+// signed it, its grants and limits, a pushed version held for asking
+// more), the plugins refused and why, and what to do when none is
+// loaded. A view of its own (#/deployers) and a block of the models view.
 
+import { api } from "../api.js";
 import { h, failure, show, table } from "../dom.js";
 import { duration, when } from "../format.js";
 import { catalog, enter, isShown, loadCatalog } from "../state.js";
@@ -76,4 +77,35 @@ export function fillDeployers(block) {
   ];
   const parts = [h("h2", { id: "deployers-title" }, "Deployers"), empty, loading, h("div", { class: "cards" }, cards), rejected];
   block.replaceChildren(...parts.flat().filter(Boolean));
+  for (const d of catalog.deployers.filter((d) => d.origin === "api")) {
+    showHeld(block.querySelector(`article[data-deployer="${CSS.escape(d.name)}"]`), d.name);
+  }
+}
+
+// A pushed version that grants more than the one served waits for an
+// admin: what it adds, and the button that serves it.
+async function showHeld(card, name) {
+  let versions;
+  try {
+    versions = await api(`/v1/deployers/${encodeURIComponent(name)}/versions`);
+  } catch {
+    return;
+  }
+  const held = versions.versions.filter((v) => v.held).at(-1);
+  if (!held || !card.isConnected) return;
+  const error = h("span", { class: "error-text" });
+  card.append(h("p", { class: "notice held" },
+    `Version ${held.number} is held: it adds ${held.held.join(", ")}. `,
+    h("button", {
+      type: "button",
+      onclick: async (event) => {
+        event.target.disabled = true;
+        try {
+          await api(`/v1/deployers/${encodeURIComponent(name)}/approve`, { method: "POST" });
+        } catch (e) {
+          event.target.disabled = false;
+          error.textContent = e.message;
+        }
+      },
+    }, `Approve version ${held.number}`), " ", error));
 }

@@ -77,9 +77,17 @@ function deploymentRow(d) {
     h("td", { class: "wrap mono ref-cell" }, refLink(d)),
     h("td", { class: "num duration-cell" }, duration(d.duration_ms)),
     h("td", { class: "hide-narrow" }, when(d.created_at)),
-    h("td", { class: "hide-narrow" }, d.created_by ?? ""),
+    h("td", { class: "hide-narrow cause-cell" }, cause(d)),
     h("td", { class: "error-text wrap error-cell" }, d.error ?? ""),
     h("td", {}, open && cancelButton(d.id)));
+}
+
+/** Who asked: a token's name, or the rule and the deployment whose
+ * completion fired it, so the rows read as the model's chain. */
+function cause(d) {
+  if (!d.cause) return d.created_by ?? "";
+  const after = d.cause.previous_deployment_id;
+  return after ? `rule ${d.cause.rule}, after #${after}` : `rule ${d.cause.rule}, at registration`;
 }
 
 /** A deployment's row, replaced or added on top; the focus stays on it. */

@@ -1,0 +1,216 @@
+//! Firing: every server follows the event log from the shared cursor and,
+//! for each model registration and completed deployment, fires the rules
+//! that match. A firing is recorded in the transaction of its deployment,
+//! unique by (rule, event) (`Pipeline::fire`), so every server may try
+//! every event: one records it, the others find it recorded. The cursor
+//! moves only past events this server looked at, so a server that dies
+//! mid-firing leaves its events to the others and to its own restart:
+//! nothing is lost, nothing doubled.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Happened, MAX_DEPTH, Rules, Spec, Trigger, matching, template};
+use crate::db::events::{Kinds, StoredEvent};
+use crate::db::{Db, Topic};
+use crate::model::{Cause, Deployment};
+use crate::pipeline::{Fired, Firing, Pipeline};
+
+/// How often the log is looked at without a wake-up, and how soon an
+/// event that could not be decided is tried again.
+const POLL: Duration = Duration::from_secs(1);
+/// Events looked at per read of the log.
+const BATCH: u32 = 200;
+
+/// Reads what a stored event says happened (the wire's business: handed
+/// in by `serve`).
+pub type Decode = fn(&StoredEvent) -> Option<Happened>;
+
+/// Fires rules from the event log until `stop`.
+pub async fn run(
+    rules: Arc<Rules>,
+    pipeline: Arc<Pipeline>,
+    db: Db,
+    decode: Decode,
+    stop: CancellationToken,
+) {
+    let mut wakeups = db.wakeups(Topic::Events);
+    let mut position = None;
+    loop {
+        let wait = match step(&rules, &pipeline, &db, decode, &mut position).await {
+            Ok(true) => continue,
+            Ok(false) => POLL,
+            Err(e) => {
+                tracing::warn!(
+                    "rules: {e}; trying again in {}",
+                    crate::human::duration(POLL)
+                );
+                POLL
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = wakeups.recv() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Looks at one batch of events after `position` (the shared cursor at
+/// first); true when there may be more.
+async fn step(
+    rules: &Rules,
+    pipeline: &Pipeline,
+    db: &Db,
+    decode: Decode,
+    position: &mut Option<i64>,
+) -> Result<bool, String> {
+    if !pipeline.deployers_loaded() {
+        return Ok(false);
+    }
+    let after = match *position {
+        Some(p) => p,
+        None => db.rule_cursor().await.map_err(|e| e.to_string())?,
+    };
+    let events = db
+        .events_after(after, Kinds::All, BATCH)
+        .await
+        .map_err(|e| e.to_string())?;
+    let Some(last) = events.last().map(|e| e.id) else {
+        *position = Some(after);
+        return Ok(false);
+    };
+    let specs = rules.enabled().await.map_err(|e| e.to_string())?;
+    for event in &events {
+        if let Some(happened) = decode(event) {
+            handle(&specs, pipeline, db, event.id, happened).await?;
+        }
+        *position = Some(event.id);
+    }
+    db.advance_rule_cursor(last)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(events.len() == BATCH as usize)
+}
+
+/// Fires each rule of `specs` that `happened` (event `event_id`) matches.
+async fn handle(
+    specs: &[Spec],
+    pipeline: &Pipeline,
+    db: &Db,
+    event_id: i64,
+    happened: Happened,
+) -> Result<(), String> {
+    let (model_id, previous) = match happened {
+        Happened::Registered { model_id } => (model_id, None),
+        Happened::Completed { deploy_id } => {
+            match db.deployment(deploy_id).await.map_err(|e| e.to_string())? {
+                Some(previous) => (previous.model_id, Some(previous)),
+                None => return Ok(()),
+            }
+        }
+    };
+    let trigger = match &previous {
+        None => Trigger::Registered,
+        Some(d) => Trigger::Completed {
+            deployer: d.deployer.clone(),
+        },
+    };
+    let candidates: Vec<&Spec> = specs
+        .iter()
+        .filter(|s| s.trigger().as_ref() == Some(&trigger))
+        .collect();
+    if candidates.is_empty() {
+        return Ok(());
+    }
+    // A deleted model fires nothing.
+    let Some(model) = db.model(model_id).await.map_err(|e| e.to_string())? else {
+        return Ok(());
+    };
+    let chain = match &previous {
+        Some(d) => chain(db, d).await?,
+        None => Vec::new(),
+    };
+    for spec in candidates {
+        if !matching::matches(&spec.matches, &model, previous.as_ref()) {
+            continue;
+        }
+        let cause = Cause {
+            rule: spec.name.clone(),
+            event_id,
+            previous: previous.as_ref().map(|d| d.id),
+        };
+        // The rules as they are now were checked for cycles; a chain set
+        // off before a change is held to the same bounds here.
+        let refused = if chain.contains(&spec.name) {
+            Some(format!(
+                "rule {} already ran in this chain ({} → {}): a chain may not come back to a rule it already ran for the same model",
+                spec.name,
+                chain.join(" → "),
+                spec.name
+            ))
+        } else if chain.len() >= MAX_DEPTH {
+            Some(format!(
+                "the chain {} is {MAX_DEPTH} steps deep already: rule {} would make it deeper than allowed",
+                chain.join(" → "),
+                spec.name
+            ))
+        } else {
+            None
+        };
+        let fired = match refused {
+            Some(error) => pipeline.fire_failed(&cause, model.id, &error).await?,
+            None => match template::expand(&spec.deploy.options, &model, previous.as_ref()) {
+                Err(e) => {
+                    let error = format!("rule {}: {e}", spec.name);
+                    pipeline.fire_failed(&cause, model.id, &error).await?
+                }
+                Ok(options) => {
+                    let options_json = serde_json::Value::Object(options).to_string();
+                    pipeline
+                        .fire(Firing {
+                            cause,
+                            model: &model,
+                            deployer: &spec.deploy.deployer,
+                            options_json: &options_json,
+                            held: spec.require_approval,
+                        })
+                        .await?
+                }
+            },
+        };
+        if let Fired::Recorded(id, status) = fired {
+            tracing::debug!(
+                rule = spec.name,
+                event_id,
+                deploy_id = id,
+                status = status.as_str(),
+                "rule fired"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The rules that led to deployment `last`, oldest first.
+async fn chain(db: &Db, last: &Deployment) -> Result<Vec<String>, String> {
+    let mut rules = Vec::new();
+    let mut at = last.clone();
+    while let Some(cause) = at.cause.clone() {
+        rules.push(cause.rule);
+        let Some(previous) = cause.previous else {
+            break;
+        };
+        if rules.len() > MAX_DEPTH {
+            break;
+        }
+        match db.deployment(previous).await.map_err(|e| e.to_string())? {
+            Some(d) => at = d,
+            None => break,
+        }
+    }
+    rules.reverse();
+    Ok(rules)
+}

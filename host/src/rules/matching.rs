@@ -1,0 +1,163 @@
+//! Whether a model, and a completed deployment, match a rule's `match`.
+//! Pure.
+
+use serde_json::Value;
+
+use super::Match;
+use crate::model::{Deployment, TrainedModel};
+
+/// Whether `text` matches `pattern`: `*` any run of characters, `?` one,
+/// everything else itself.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    // The classic two-pointer walk, going back to the last `*` on a miss.
+    let (mut i, mut j, mut star, mut mark) = (0, 0, None, 0);
+    while j < t.len() {
+        if i < p.len() && (p[i] == '?' || p[i] == t[j]) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some(i);
+            mark = j;
+            i += 1;
+        } else if let Some(s) = star {
+            i = s + 1;
+            mark += 1;
+            j = mark;
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&c| c == '*')
+}
+
+/// Whether `wanted` (from a rule) matches `value` (from a record): a
+/// string is a glob over a string; numbers compare as numbers; anything
+/// else must be equal.
+fn value_matches(wanted: &Value, value: Option<&Value>) -> bool {
+    match (wanted, value) {
+        (_, None) => false,
+        (Value::String(pattern), Some(Value::String(text))) => glob(pattern, text),
+        (Value::Number(a), Some(Value::Number(b))) => a.as_f64() == b.as_f64(),
+        (a, Some(b)) => a == b,
+    }
+}
+
+/// Whether `model` (and, for a completed deployment, `previous`) matches.
+pub fn matches(rule: &Match, model: &TrainedModel, previous: Option<&Deployment>) -> bool {
+    let text =
+        |pattern: &Option<String>, value: &str| pattern.as_deref().is_none_or(|p| glob(p, value));
+    if !(text(&rule.name, &model.name)
+        && text(&rule.job_id, &model.job_id)
+        && text(&rule.base_model, &model.base_model)
+        && text(&rule.dataset, &model.dataset))
+    {
+        return false;
+    }
+    if let Some(bounds) = rule.final_loss {
+        let Some(loss) = model.final_loss else {
+            return false;
+        };
+        if bounds.min.is_some_and(|min| loss < min) || bounds.max.is_some_and(|max| loss > max) {
+            return false;
+        }
+    }
+    if !rule.params.is_empty() {
+        let params: Value = serde_json::from_str(&model.params_json).unwrap_or(Value::Null);
+        if !rule
+            .params
+            .iter()
+            .all(|(k, v)| value_matches(v, params.get(k)))
+        {
+            return false;
+        }
+    }
+    if !rule.details.is_empty() {
+        let Some(previous) = previous else {
+            return false;
+        };
+        let details: Value = serde_json::from_str(&previous.details_json).unwrap_or(Value::Null);
+        if !rule
+            .details
+            .iter()
+            .all(|(k, v)| value_matches(v, details.get(k)))
+        {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::Bounds;
+    use serde_json::json;
+
+    #[test]
+    fn globs() {
+        #[rustfmt::skip]
+        let cases = [
+            ("meta-llama/*", "meta-llama/Llama-3.1-8B", true),
+            ("meta-llama/*", "mistralai/Mistral-7B", false),
+            ("*", "", true),
+            ("", "", true),
+            ("", "a", false),
+            ("ft-?", "ft-1", true),
+            ("ft-?", "ft-12", false),
+            ("*-8B", "meta-llama/Llama-3.1-8B", true),
+            ("a*b*c", "aXXbYYc", true),
+            ("a*b*c", "aXXbYY", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+        ];
+        for (pattern, text, expected) in cases {
+            assert_eq!(glob(pattern, text), expected, "{pattern:?} on {text:?}");
+        }
+    }
+
+    fn model() -> TrainedModel {
+        let mut model = TrainedModel::from_files("ft-1", String::new(), Vec::new());
+        model.base_model = "meta-llama/Llama-3.1-8B".into();
+        model.dataset = "support-tickets".into();
+        model.final_loss = Some(0.42);
+        model.params_json = r#"{"lr": 0.0002, "rank": 16, "kind": "lora"}"#.into();
+        model
+    }
+
+    #[test]
+    fn a_model_matches_on_each_field() {
+        let loss = |min, max| Some(Bounds { min, max });
+        #[rustfmt::skip]
+        let cases: Vec<(Match, bool)> = vec![
+            (Match::default(), true),
+            (Match { base_model: Some("meta-llama/*".into()), ..Default::default() }, true),
+            (Match { base_model: Some("mistralai/*".into()), ..Default::default() }, false),
+            (Match { job_id: Some("ft-*".into()), name: Some("ft-?".into()), ..Default::default() }, true),
+            (Match { dataset: Some("support-tickets".into()), ..Default::default() }, true),
+            (Match { dataset: Some("other".into()), ..Default::default() }, false),
+            (Match { final_loss: loss(None, Some(0.5)), ..Default::default() }, true),
+            (Match { final_loss: loss(None, Some(0.4)), ..Default::default() }, false),
+            (Match { final_loss: loss(Some(0.42), Some(0.42)), ..Default::default() }, true),
+            (Match { params: [("rank".into(), json!(16))].into(), ..Default::default() }, true),
+            (Match { params: [("rank".into(), json!(16.0))].into(), ..Default::default() }, true),
+            (Match { params: [("rank".into(), json!(8))].into(), ..Default::default() }, false),
+            (Match { params: [("kind".into(), json!("lo*"))].into(), ..Default::default() }, true),
+            (Match { params: [("missing".into(), json!(1))].into(), ..Default::default() }, false),
+            (Match { details: [("verdict".into(), json!("ok"))].into(), ..Default::default() }, false),
+        ];
+        for (rule, expected) in cases {
+            assert_eq!(matches(&rule, &model(), None), expected, "{rule:?}");
+        }
+        let mut no_loss = model();
+        no_loss.final_loss = None;
+        let bounded = Match {
+            final_loss: loss(None, Some(1.0)),
+            ..Default::default()
+        };
+        assert!(
+            !matches(&bounded, &no_loss, None),
+            "no loss is not within bounds"
+        );
+    }
+}
