@@ -56,6 +56,19 @@ async fn call(
 }
 
 /// The model's deployments, oldest first.
+/// The model's first deployment, once it has ended; `what` names the
+/// wait if it never does.
+async fn first_ended(berth: &Berth, model: i64, what: &str) -> Value {
+    eventually(
+        || what.to_string(),
+        async || {
+            let rows = deployments_of(berth, model).await;
+            rows.first().filter(|r| has_ended(r)).cloned()
+        },
+    )
+    .await
+}
+
 async fn deployments_of(berth: &Berth, model_id: i64) -> Vec<Value> {
     let (status, list) = berth
         .get(&format!("/v1/models/{model_id}/deployments?limit=500"))
@@ -340,14 +353,7 @@ async fn a_held_step_runs_once_an_admin_approves_and_fails_when_rejected_or_expi
     let id = short
         .register(&model(&files, "job-held-3", &contents))
         .await;
-    let expired = eventually(
-        || "the held deployment to expire".into(),
-        async || {
-            let rows = deployments_of(&short, id).await;
-            rows.first().filter(|r| has_ended(r)).cloned()
-        },
-    )
-    .await;
+    let expired = first_ended(&short, id, "the held deployment to expire").await;
     assert_eq!(expired["status"], "failed");
     assert!(
         expired["error"]
@@ -707,14 +713,7 @@ deploy = { deployer = "misbehave", options = { mode = "ok", job = "${model.job_i
     let id = berth
         .register(&model(&files, "job-file-1", &contents))
         .await;
-    let fired = eventually(
-        || "the declared rule's deployment to end".into(),
-        async || {
-            let rows = deployments_of(&berth, id).await;
-            rows.first().filter(|r| has_ended(r)).cloned()
-        },
-    )
-    .await;
+    let fired = first_ended(&berth, id, "the declared rule's deployment to end").await;
     assert_eq!(fired["status"], "completed", "{fired}");
     assert_eq!(fired["created_by"], "rule:declared");
     assert_eq!(fired["options"]["job"], "job-file-1");

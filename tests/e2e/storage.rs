@@ -23,7 +23,7 @@ on_both_backends!(
 
 /// The model `id`'s entry in a `/v1/storage` answer.
 #[track_caller]
-fn entry(storage: &Value, id: i64) -> &Value {
+pub(crate) fn entry(storage: &Value, id: i64) -> &Value {
     storage["models"]
         .as_array()
         .unwrap()

@@ -9,8 +9,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 
+use crate::storage::entry;
 use crate::support::files::{Fault, FileServer};
 use crate::support::server::{Backend, Berth, Shared, servers};
 use crate::support::{bytes, eventually, model, on_both_backends, sha256_hex};
@@ -19,17 +20,6 @@ on_both_backends!(
     models_that_share_files_download_and_store_them_once,
     the_budget_drops_the_least_recently_deployed_copy_never_a_pinned_one,
 );
-
-/// The model `id`'s entry in a `/v1/storage` answer.
-#[track_caller]
-fn entry(storage: &Value, id: i64) -> &Value {
-    storage["models"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["id"] == id)
-        .unwrap_or_else(|| panic!("model {id} is not in {storage}"))
-}
 
 fn inode(path: &Path) -> (u64, u64) {
     let meta = std::fs::metadata(path).unwrap();
