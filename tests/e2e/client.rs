@@ -496,13 +496,33 @@ async fn deployers_are_pushed_listed_rolled_back_and_removed() {
         "{run:?}"
     );
     assert!(run.stdout.contains("(with its manifest "), "{run:?}");
-    let misbehave = crate::support::plugins::test_plugin("misbehave");
+    // Asking for no more than version 1: served at once.
+    let misbehave = dir.path().join("misbehave.wasm");
+    std::fs::copy(
+        crate::support::plugins::test_plugin("misbehave"),
+        &misbehave,
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("misbehave.toml"), "memory_mib = 64\n").unwrap();
     let misbehave = misbehave.display().to_string();
     let run = berth(url, &["deployers", "push", &misbehave, "--name", "packer"]).await;
     assert_eq!(run.code, Some(0), "{run:?}");
     assert!(
         run.stdout
             .starts_with("deployer packer now serves version 2"),
+        "{run:?}"
+    );
+    // Asking for more: held, version 2 goes on serving.
+    let wider = dir.path().join("wider.wasm");
+    std::fs::copy(&misbehave, &wider).unwrap();
+    std::fs::write(dir.path().join("wider.toml"), "memory_mib = 128\n").unwrap();
+    let wider = wider.display().to_string();
+    let run = berth(url, &["deployers", "push", &wider, "--name", "packer"]).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout
+            .starts_with("deployer packer: version 3 (sha256 ")
+            && run.stdout.contains("is stored but held"),
         "{run:?}"
     );
 
@@ -518,6 +538,7 @@ async fn deployers_are_pushed_listed_rolled_back_and_removed() {
     assert_eq!(rows[0][..3], ["VERSION", "SHA256", "SIZE"], "{run:?}");
     assert_eq!(rows[1][0], "1", "{run:?}");
     assert_eq!(rows[2][..2], ["*", "2"], "{run:?}");
+    assert_eq!(rows[3][0], "3", "{run:?}");
 
     let run = berth(url, &["deployers", "rollback", "packer"]).await;
     assert_eq!(run.code, Some(0), "{run:?}");

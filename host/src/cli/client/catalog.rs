@@ -10,7 +10,7 @@ use clap::Subcommand;
 use super::api::{Api, Error};
 use super::text::{Table, timestamp};
 use super::{Common, print_json};
-use crate::http::json::{Deployer, DeployerVersions, PullBody, RollbackBody};
+use crate::http::json::{Deployer, DeployerVersions, HeldVersion, PullBody, RollbackBody};
 use crate::oci::Reference;
 
 #[derive(Debug, Subcommand)]
@@ -161,7 +161,7 @@ async fn push(
             sent.push(format!("{part} {}", path.display()));
         }
     }
-    let answer = api.put_form::<Deployer>(&path(&name, ""), form).await?;
+    let answer = api.put_form::<Pushed>(&path(&name, ""), form).await?;
     if json {
         print_json(&answer.raw);
         return Ok(());
@@ -170,12 +170,34 @@ async fn push(
         true => String::new(),
         false => format!(" (with its {})", sent.join(" and ")),
     };
-    println!(
-        "deployer {name} now serves {} on {}{with}",
-        serves(&answer.body),
-        api.server()
-    );
+    match &answer.body {
+        Pushed::Served(deployer) => println!(
+            "deployer {name} now serves {} on {}{with}",
+            serves(deployer),
+            api.server()
+        ),
+        Pushed::Held(held) => say_held(&name, held),
+    }
     Ok(())
+}
+
+/// What a push answers: the version now served, or (202) the version held
+/// until an admin approves what it adds.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Pushed {
+    Served(Box<Deployer>),
+    Held(HeldVersion),
+}
+
+fn say_held(name: &str, held: &HeldVersion) {
+    println!(
+        "deployer {name}: version {} (sha256 {}) is stored but held, and the version served before goes on serving: \
+         it asks for more ({}); an admin approves it with POST /v1/deployers/{name}/approve (or on the page)",
+        held.number,
+        short(&held.sha256),
+        held.adds.join("; ")
+    );
 }
 
 /// `berth deployers push oci://…`: the server pulls the component.
@@ -208,15 +230,22 @@ async fn pull(
         oci: reference.to_string(),
         signature: text(signature)?,
     };
-    let answer = api.put::<Deployer>(&path(&name, ""), &body).await?;
+    let answer = api.put::<Pushed>(&path(&name, ""), &body).await?;
     if json {
         print_json(&answer.raw);
         return Ok(());
     }
-    let from = answer.body.source.as_deref().unwrap_or(reference);
+    let deployer = match &answer.body {
+        Pushed::Served(deployer) => deployer,
+        Pushed::Held(held) => {
+            say_held(&name, held);
+            return Ok(());
+        }
+    };
+    let from = deployer.source.as_deref().unwrap_or(reference);
     println!(
         "deployer {name} now serves {} on {}, pulled from {from}",
-        serves(&answer.body),
+        serves(deployer),
         api.server()
     );
     Ok(())
