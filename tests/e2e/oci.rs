@@ -17,7 +17,7 @@ use crate::support::{bytes, sha256_hex};
 const REPO: &str = "team/support-bot";
 
 /// A registry with a login, a counting proxy in front of it that caps each
-/// connection at 6 MB/s (as a CDN would: more connections pay), and berth
+/// connection at 2 MB/s (as a CDN would: more connections pay, and pay clearly however loaded the machine), and berth
 /// with a sources file giving `password` for the proxy's `oci://` prefix.
 struct Setup {
     registry: Registry,
@@ -28,7 +28,7 @@ struct Setup {
 
 async fn setup(password: &str) -> Setup {
     let registry = Registry::with_login();
-    let proxy = Proxy::capped(registry.host.parse().unwrap(), Some(6_000_000)).await;
+    let proxy = Proxy::capped(registry.host.parse().unwrap(), Some(2_000_000)).await;
     let temp = tempfile::tempdir().unwrap();
     let sources_file = temp.path().join("sources.toml");
     std::fs::write(
