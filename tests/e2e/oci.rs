@@ -17,8 +17,9 @@ use crate::support::{bytes, sha256_hex};
 const REPO: &str = "team/support-bot";
 
 /// A registry with a login, a counting proxy in front of it that caps each
-/// connection at 2 MB/s (as a CDN would: more connections pay, and pay clearly however loaded the machine), and berth
-/// with a sources file giving `password` for the proxy's `oci://` prefix.
+/// connection at 2 MB/s (as a CDN would: more connections pay, clearly
+/// enough on a loaded machine), and berth with a sources file giving
+/// `password` for the proxy's `oci://` prefix.
 struct Setup {
     registry: Registry,
     proxy: Proxy,
