@@ -82,6 +82,23 @@ fn one_stream_fetcher(ctx: &Ctx, name: &str) -> anyhow::Result<Fetcher> {
     }))
 }
 
+/// The disk's own floor for durable writes of `bytes` (`dd` then
+/// `fdatasync`), median seconds of `ctx.rounds`: no fetch that fsyncs
+/// what it wrote ends sooner.
+pub fn durable_write_floor(ctx: &Ctx, bytes: u64) -> anyhow::Result<f64> {
+    let mut disk = Vec::new();
+    for _ in 0..ctx.rounds {
+        settle();
+        let to = shell_quote(&fresh_dir(ctx, "dd")?.join("zeros"));
+        let script = format!(
+            "dd if=/dev/zero of={to} bs=1M count={} conv=fdatasync 2>/dev/null",
+            bytes / MIB
+        );
+        disk.push(sh(&script)?.0.as_secs_f64());
+    }
+    Ok(median(&disk))
+}
+
 pub fn fresh_dir(ctx: &Ctx, name: &str) -> anyhow::Result<std::path::PathBuf> {
     let dir = ctx.out_dir.join(name);
     let _ = std::fs::remove_dir_all(&dir);
@@ -192,17 +209,7 @@ pub async fn throughput(ctx: &Ctx) -> anyhow::Result<()> {
                 cpu.entry(contender).or_default().push(used);
             }
         }
-        // The disk's own floor for durable writes of as many bytes.
-        let mut disk = Vec::new();
-        for _ in 0..ctx.rounds {
-            settle();
-            let to = shell_quote(&fresh_dir(ctx, "dd")?.join("zeros"));
-            let script = format!(
-                "dd if=/dev/zero of={to} bs=1M count={} conv=fdatasync 2>/dev/null",
-                bytes / MIB
-            );
-            disk.push(sh(&script)?.0.as_secs_f64());
-        }
+        let floor = durable_write_floor(ctx, bytes)?;
         let berth = median(&times["berth"]);
         let mut table = Table::new(&format!("{title}, median of {} rounds", ctx.rounds));
         for contender in CONTENDERS {
@@ -239,7 +246,6 @@ pub async fn throughput(ctx: &Ctx) -> anyhow::Result<()> {
                 .as_secs_f64(),
             );
         }
-        let floor = median(&disk);
         table.row(
             "disk: dd + fdatasync",
             format!("{} ({})", secs(floor), gbps(bytes, floor)),

@@ -5,8 +5,9 @@
 //! in the `.fetch-*` file by one disk thread; a hash thread follows the run
 //! of written bytes from the start, so the SHA-256 (one sequential chain)
 //! ends moments after the last byte arrives. It hashes a chunk from memory
-//! when the chunk lands where the hash has got to (always, on one
-//! connection), and reads the run back from the file otherwise.
+//! when the chunk extended the run as it was written (always, on one
+//! connection, while the hash keeps up), and reads the run back from the
+//! file otherwise.
 //! An interruption leaves the written pieces and a checkpoint of the hash
 //! and of which bytes are written, and the next fetch asks only for the
 //! rest. Memory stays bounded: chunks go to disk as they come, and the hash
@@ -199,11 +200,13 @@ impl Claims<'_> {
                 },
                 _ = ticks.tick() => match pace.tick(self.received.load(Ordering::Relaxed), Instant::now()) {
                     Step::Add(n) => {
+                        tracing::debug!(location = %self.location, connections = pace.connections(), "more connections paid so far: opening {n} more");
                         for _ in 0..n {
                             readers.push(self.read(None));
                         }
                     }
                     Step::Drop(n) => {
+                        tracing::debug!(location = %self.location, connections = pace.connections(), "the last {n} connections did not pay: they stop after their piece");
                         self.retiring.fetch_add(n, Ordering::Relaxed);
                     }
                     Step::Hold => {}
@@ -315,10 +318,10 @@ struct Progress {
     have: Ranges,
     /// How far the hash has got.
     hashed: u64,
-    /// Written chunks at or past `hashed`, by offset, kept for the hash
-    /// so it need not read them back; at most `FRESH_MAX` bytes.
+    /// Written chunks that extended the run from the start, by offset,
+    /// kept for the hash so it need not read them back; at most
+    /// `FRESH_CHUNKS`.
     fresh: std::collections::BTreeMap<u64, Bytes>,
-    fresh_bytes: usize,
     /// The disk thread is done: the hash takes what is there and ends.
     ended: bool,
     /// The download is gone: the hash stops where it is.
@@ -455,12 +458,14 @@ fn write(
                     file.write_all_at(&bytes, at)?;
                     let end = at + bytes.len() as u64;
                     shared.update(|p| {
+                        // Only a chunk that extends the run from the start
+                        // is next for the hash; one written further on
+                        // would wait in memory, pinning the connection's
+                        // whole read buffer, until the run reaches it.
+                        let next = p.have.contiguous() == at && at >= p.hashed;
                         p.have.insert(at, end);
-                        if at >= p.hashed && p.fresh_bytes + bytes.len() <= FRESH_MAX {
-                            p.fresh_bytes += bytes.len();
-                            if let Some(again) = p.fresh.insert(at, bytes) {
-                                p.fresh_bytes -= again.len();
-                            }
+                        if next && p.fresh.len() < FRESH_CHUNKS {
+                            p.fresh.insert(at, bytes);
                         }
                     });
                     unflushed.insert(at, end);
@@ -502,8 +507,12 @@ fn write(
     Err(std::io::Error::other("the download stopped"))
 }
 
-/// The most bytes of written chunks kept in memory for the hash.
-const FRESH_MAX: usize = 8 << 20;
+/// The most written chunks kept in memory for the hash. A chunk can hold
+/// on to its connection's read buffer (up to hyper's 400 KiB) however
+/// small it is, so chunks are counted, not their bytes: this bounds what
+/// they keep to 16 MiB, and it is reached only when the hash falls behind
+/// one fast connection.
+const FRESH_CHUNKS: usize = 40;
 
 /// Follows the written run from the start, hashing each chunk kept in
 /// memory where one starts at the hash's end and reading the run back
@@ -554,11 +563,9 @@ impl Progress {
             if *entry.key() >= at {
                 break;
             }
-            self.fresh_bytes -= entry.remove().len();
+            entry.remove();
         }
-        let chunk = self.fresh.remove(&at)?;
-        self.fresh_bytes -= chunk.len();
-        Some(chunk)
+        self.fresh.remove(&at)
     }
 }
 
