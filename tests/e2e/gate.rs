@@ -277,6 +277,8 @@ async fn plugin_run_takes_targets_env_values_and_a_deployment_id() {
     });
     let printed: Value = serde_json::from_str(&expect_success(&output)).unwrap();
     assert_eq!(printed["ref"], format!("http://{host}/mirror/42/"));
+    // It wrote nothing under /out: the out-dir berth chose is not left behind.
+    assert_eq!(printed["out_dir"], Value::Null, "{printed:#}");
     assert_eq!(
         authorizations(&mirror.received()),
         [(

@@ -351,6 +351,20 @@ impl Berth {
         self.log.lock().unwrap().clone()
     }
 
+    /// The log once it holds `text`: lines are read from the server's
+    /// stderr as they come, so a line written before a response can reach
+    /// the test after it.
+    pub async fn logged(&self, text: &str) -> String {
+        super::eventually(
+            || format!("the log to say {text:?}:\n{}", self.log()),
+            async || {
+                let log = self.log();
+                log.contains(text).then_some(log)
+            },
+        )
+        .await
+    }
+
     pub fn client(&self) -> &reqwest::Client {
         &self.client
     }

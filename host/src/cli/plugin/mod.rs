@@ -77,7 +77,8 @@ pub enum PluginCommand {
         #[arg(long, value_name = "JSON", default_value = "{}")]
         options: String,
         /// Where the plugin's out-dir is created (default: a new directory
-        /// under the system's temp dir).
+        /// under the system's temp dir, removed again if the plugin writes
+        /// nothing to it).
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
         /// The deployment's id, as the plugin is handed it (default: the
@@ -374,12 +375,15 @@ async fn run_once(args: RunArgs, code: &CacheArgs) -> anyhow::Result<ExitCode> {
     if let Some(lines) = lines {
         lines.finish();
     }
+    // An out-dir of our choosing that the deployer left empty would only
+    // litter the temp dir (`remove_dir` removes only an empty one).
+    let kept = args.out.is_some() || std::fs::remove_dir(&out_dir).is_err();
     match deployed {
         Ok(deployed) => {
             let result = serde_json::json!({
                 "ref": deployed.reference,
                 "details": deployed.details,
-                "out_dir": out_dir,
+                "out_dir": kept.then_some(&out_dir),
             });
             println!("{}", serde_json::to_string_pretty(&result)?);
             Ok(ExitCode::SUCCESS)
