@@ -462,7 +462,7 @@ fn write(
                         // is next for the hash; one written further on
                         // would wait in memory, pinning the connection's
                         // whole read buffer, until the run reaches it.
-                        let next = p.have.contiguous() == at && at >= p.hashed;
+                        let next = p.have.contiguous() == at;
                         p.have.insert(at, end);
                         if next && p.fresh.len() < FRESH_CHUNKS {
                             p.fresh.insert(at, bytes);
