@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde::Deserialize;
+use tokio::sync::Notify;
 
 use super::{Spec, graph, template};
 use crate::db::{self, Db, StoredRule};
@@ -48,6 +49,8 @@ pub struct Rules {
     db: Db,
     deployers: Arc<Deployers>,
     declared: Vec<Spec>,
+    /// Told of each change stored here (the follower waits on it).
+    changed: Notify,
 }
 
 /// The rules file: `[[rule]]` tables.
@@ -64,7 +67,14 @@ impl Rules {
             db,
             deployers,
             declared,
+            changed: Notify::new(),
         }
+    }
+
+    /// Returns once a rule was stored, changed or deleted on this server
+    /// since the last call.
+    pub async fn changed(&self) {
+        self.changed.notified().await
     }
 
     /// Reads and checks a rules file: every rule's problems, its names
@@ -169,6 +179,7 @@ impl Rules {
         if !stored {
             return Err(RuleError::Exists(spec.name));
         }
+        self.changed.notify_one();
         self.get(&spec.name).await
     }
 
@@ -191,6 +202,7 @@ impl Rules {
         if !self.db.update_rule(name, &body(&spec)?).await? {
             return Err(RuleError::Unknown(name.to_string()));
         }
+        self.changed.notify_one();
         self.get(name).await
     }
 
@@ -199,7 +211,10 @@ impl Rules {
             return Err(RuleError::Declared(name.to_string()));
         }
         match self.db.delete_rule(name).await? {
-            true => Ok(()),
+            true => {
+                self.changed.notify_one();
+                Ok(())
+            }
             false => Err(RuleError::Unknown(name.to_string())),
         }
     }
