@@ -228,6 +228,7 @@ impl Events {
                 let _request = span.enter();
                 word(row).iter().map(|e| shared.stamp(e)).collect()
             }),
+            wake: None,
         }
     }
 

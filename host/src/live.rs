@@ -10,8 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tokio_util::sync::CancellationToken;
 
 use crate::fetch;
-use crate::model::Receipt;
-use crate::model::{Phase, Progress};
+use crate::model::{Deployment, Phase, Progress, Receipt};
 use crate::runtime::{GuestLevel, LogReporter, Reporter};
 
 /// A deployment's log keeps at most this many bytes; older lines go first.
@@ -56,6 +55,8 @@ pub struct Running {
     pub deploy_id: i64,
     cancel: CancellationToken,
     finished: CancellationToken,
+    /// The row as its end was recorded here.
+    ended: OnceLock<Deployment>,
     reason: OnceLock<String>,
     state: Mutex<State>,
     log: LogReporter,
@@ -83,6 +84,7 @@ impl Running {
             deploy_id,
             cancel,
             finished: CancellationToken::new(),
+            ended: OnceLock::new(),
             reason: OnceLock::new(),
             state: Mutex::new(State {
                 phase: Phase::Fetching,
@@ -120,9 +122,19 @@ impl Running {
         &self.cancel
     }
 
-    /// Marks the deployment's row as final.
-    pub fn finish(&self) {
+    /// Marks the run over, with the row that recorded its end (none when
+    /// another server had ended it first).
+    pub fn finish(&self, ended: Option<Deployment>) {
+        if let Some(row) = ended {
+            let _ = self.ended.set(row);
+        }
         self.finished.cancel();
+    }
+
+    /// The row that recorded its end here, once `finished`: a caller
+    /// waiting here needs no read of it.
+    pub fn ended(&self) -> Option<&Deployment> {
+        self.ended.get()
     }
 
     pub fn is_finished(&self) -> bool {

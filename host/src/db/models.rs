@@ -46,7 +46,7 @@ impl Db {
             .write(statements!(|conn| {
                 let row = insert_model(&mut *conn, model).await?;
                 let events = (report.events)(&row);
-                let last = events::insert(conn, backend, &report.server_id, events).await?;
+                let last = events::insert(conn, backend, &report.server_id, events, None).await?;
                 Ok((row, last))
             }))
             .await?;

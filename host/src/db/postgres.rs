@@ -21,17 +21,30 @@ use crate::fetch::SharedLocks;
 /// one after the other and ids become visible in id order: a reader
 /// following `id > cursor` never sees a later id before an earlier one
 /// that was still to commit. ("berth ev" in ASCII.)
-const APPEND_LOCK: i64 = 0x6265_7274_6820_6576;
+pub(super) const APPEND_LOCK: i64 = 0x6265_7274_6820_6576;
 
 /// How often a waiter for a model directory's lock asks again, at most:
 /// locks are held for a fetch.
 const RETRY_MAX: Duration = Duration::from_millis(200);
 
-/// A pool of `connections` to the database at `url`.
+/// A pooled connection idle this long is pinged before it is handed out.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// A pool of `connections` to the database at `url`. A connection is
+/// pinged before use only when it sat idle (`PING_AFTER_IDLE`): a ping on
+/// every use was a round trip of each query's, a fifth of a deployment's;
+/// one in use a moment ago is up unless the server just went away, which
+/// the query then says as any outage.
 pub(super) async fn pool(url: &str, connections: u32) -> Result<AnyPool> {
     Ok(AnyPoolOptions::new()
         .max_connections(connections)
         .acquire_timeout(super::ACQUIRE_TIMEOUT)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(
+                async move { Ok(meta.idle_for < PING_AFTER_IDLE || conn.ping().await.is_ok()) },
+            )
+        })
         .connect(url)
         .await?)
 }
@@ -48,15 +61,6 @@ pub(super) async fn notify<'e>(
         .bind(topic.channel())
         .bind(payload)
         .execute(executor)
-        .await?;
-    Ok(())
-}
-
-/// Holds the append lock until the transaction on `conn` ends.
-pub(super) async fn lock_appends(conn: &mut AnyConnection) -> Result<()> {
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(APPEND_LOCK)
-        .execute(conn)
         .await?;
     Ok(())
 }

@@ -175,7 +175,8 @@ impl Db {
                     .bind(firing)
                     .execute(&mut *conn)
                     .await?;
-                let last = events::insert(conn, backend, &server_id, words(&deployment)).await?;
+                let last =
+                    events::insert(conn, backend, &server_id, words(&deployment), None).await?;
                 Ok(Some((deployment, last)))
             }))
             .await?;
@@ -212,7 +213,7 @@ impl Db {
                 .await?;
                 match firing {
                     Some(_) => Ok(Some(
-                        events::insert(conn, backend, &server_id, events).await?,
+                        events::insert(conn, backend, &server_id, events, None).await?,
                     )),
                     None => Ok(None),
                 }

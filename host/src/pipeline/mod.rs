@@ -214,10 +214,25 @@ impl Pipeline {
                 let until = deadline
                     .unwrap_or_else(|| tokio::time::Instant::now() + QUEUE_POLL)
                     .min(tokio::time::Instant::now() + QUEUE_POLL);
+                // One running here hands over the row it recorded, or
+                // says it was ended elsewhere: its wake-up is not awaited,
+                // since it may come before the hand-over.
+                let here = self.live.get(id);
+                let ended_here = async {
+                    match &here {
+                        Some(running) => running.finished().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     _ = self.shutdown.cancelled(), if !stopped => {}
                     _ = tokio::time::sleep_until(until) => {}
-                    _ = heard_of(ended, id) => {}
+                    _ = heard_of(ended, id), if here.is_none() => {}
+                    _ = ended_here => {}
+                }
+                if let Some(recorded) = here.as_ref().and_then(|r| r.ended()) {
+                    row = recorded.clone();
+                    continue;
                 }
             }
             // An unreachable database is waited out, not answered: the

@@ -102,10 +102,8 @@ impl Pipeline {
         }
         self.live.remove(deployment.id);
         metrics::deployment_ended(&deployment.deployer, &outcome, took);
-        running.finish();
-        let stored = stored?;
-        self.wake(Topic::Ended, stored.id).await;
-        Ok(stored)
+        running.finish(stored.as_ref().ok().cloned());
+        stored
     }
 
     /// Stores how a deployment ended. A database that refuses (a full
@@ -120,7 +118,11 @@ impl Pipeline {
     ) -> Result<Deployment, db::Error> {
         let mut backoff = Backoff::new();
         loop {
-            let report = self.events.report(|row| vec![super::ended(row)]);
+            // Its waiters on every server are woken at the commit.
+            let report = self
+                .events
+                .report(|row| vec![super::ended(row)])
+                .waking(Topic::Ended);
             match self
                 .db
                 .finish_deployment(deploy_id, ending, Some(report))
