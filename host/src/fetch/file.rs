@@ -128,7 +128,10 @@ impl Fetcher {
             target.location,
             pieces,
             body,
-            self.split.connections,
+            pieces::Connections {
+                most: self.split.connections,
+                spare: &self.spare,
+            },
             writer,
             target.tally,
         )

@@ -124,7 +124,8 @@ impl Observer for Quiet {
 /// is measured as the bytes arrive (`pace`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Split {
-    /// The most connections per file (1: every file in one stream).
+    /// The most connections per file (1: every file in one stream); all
+    /// files fetched at once share `connections - 1` beyond their first.
     pub connections: usize,
     /// The size of one piece. A file with less than two pieces' worth to
     /// download is read in one stream.
@@ -148,6 +149,11 @@ pub struct Fetcher {
     /// How many files of one model download at once.
     parallel: usize,
     split: Split,
+    /// The connections beyond each file's first, shared by every file
+    /// this process fetches at once (`split.connections - 1`): four files
+    /// at once read over 19 connections, not 64, and so hold a quarter of
+    /// the read buffers.
+    spare: Arc<tokio::sync::Semaphore>,
     /// Bytes of the models volume a fetch leaves free.
     reserve: u64,
     /// Taken with each model directory's file lock, by servers on several
@@ -157,6 +163,12 @@ pub struct Fetcher {
     blobs: blobs::Blobs,
     /// The most the models dir may hold (`--models-max-gib`).
     budget: Option<budget::Budget>,
+}
+
+fn spare_connections(split: Split) -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new(
+        split.connections.saturating_sub(1),
+    ))
 }
 
 /// Where berth keeps its own bookkeeping of the models dir: locks,
@@ -178,6 +190,7 @@ impl Fetcher {
             timeout,
             parallel: 4,
             split: Split::default(),
+            spare: spare_connections(Split::default()),
             reserve: 0,
             shared_locks: None,
         })
@@ -200,6 +213,7 @@ impl Fetcher {
     /// Reads large files over `split.connections` connections at once.
     pub fn split(mut self, split: Split) -> Self {
         self.split = split;
+        self.spare = spare_connections(split);
         self
     }
 

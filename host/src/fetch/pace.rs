@@ -102,6 +102,20 @@ impl Pace {
         self.probe = None;
     }
 
+    /// Only `got` of the `asked` connections of the last `Step::Add`
+    /// opened: the files fetched at the same time hold the others. A step
+    /// that opened none is no step; the next window asks again.
+    pub(crate) fn granted(&mut self, asked: usize, got: usize) {
+        if got >= asked {
+            return;
+        }
+        self.now -= asked - got;
+        if got == 0 {
+            self.probe = None;
+            self.warming = false;
+        }
+    }
+
     fn step_up(&mut self, rate: f64) -> Step {
         let mut target = (self.now * GROWTH).min(self.limit);
         // `now < ceiling` always, so this ends at `now` at the latest.
@@ -205,6 +219,25 @@ mod tests {
             );
         }
         assert_eq!(pace.connections(), 1);
+    }
+
+    #[test]
+    fn a_step_granted_in_part_is_judged_by_what_opened() {
+        let start = Instant::now();
+        let mut pace = Pace::new(16, start);
+        pace.tick(0, start + WINDOW);
+        // 1 → 4 asked, none free: no step, and the next window asks again.
+        assert_eq!(pace.tick(5_000_000, start + WINDOW * 2), Step::Add(3));
+        pace.granted(3, 0);
+        assert_eq!(pace.connections(), 1);
+        assert_eq!(pace.tick(10_000_000, start + WINDOW * 3), Step::Add(3));
+        // One opened: 1 → 2, which paid (5 → 10 MB a window), so the next
+        // step multiplies 2.
+        pace.granted(3, 1);
+        assert_eq!(pace.connections(), 2);
+        pace.tick(15_000_000, start + WINDOW * 4);
+        assert_eq!(pace.tick(25_000_000, start + WINDOW * 5), Step::Add(6));
+        assert_eq!(pace.connections(), 8);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::pace::{Pace, Step, WINDOW};
 use super::partial::{
@@ -106,9 +106,16 @@ impl Iterator for Pieces {
     }
 }
 
-/// Reads `pieces` into `writer` over at most `connections` connections,
-/// as many as pay (`Pace`); `first` is the already opened answer for the
-/// first piece. A connection that fails while others still read gives its
+/// How many connections a file may be read over.
+pub(crate) struct Connections<'a> {
+    /// At most this many (`--fetch-connections`).
+    pub(crate) most: usize,
+    /// Those beyond the first, shared by every file fetched at once.
+    pub(crate) spare: &'a Arc<Semaphore>,
+}
+
+/// Reads `pieces` into `writer` over as many `connections` as pay
+/// (`Pace`); `first` is the already opened answer for the first piece. A connection that fails while others still read gives its
 /// piece back to them. Returns the hash of the whole file, or why the
 /// download stopped (the writer then leaves what it has, with a
 /// checkpoint).
@@ -117,7 +124,7 @@ pub(crate) async fn download(
     location: &Location,
     mut pieces: Pieces,
     first: Body,
-    connections: usize,
+    connections: Connections<'_>,
     writer: PieceWriter,
     tally: &Tally,
 ) -> Result<Written, String> {
@@ -171,11 +178,17 @@ struct Claims<'a> {
 
 impl Claims<'_> {
     /// Reads every piece over the connections `Pace` asks for, starting
-    /// with one, up to `limit`.
-    async fn read_all(&self, first_piece: Piece, first: Body, limit: usize) -> Result<(), Stop> {
-        let mut pace = Pace::new(limit, Instant::now());
+    /// with one; each beyond the first holds a spare one while it reads.
+    async fn read_all(
+        &self,
+        first_piece: Piece,
+        first: Body,
+        connections: Connections<'_>,
+    ) -> Result<(), Stop> {
+        let Connections { most, spare } = connections;
+        let mut pace = Pace::new(most, Instant::now());
         let mut readers = FuturesUnordered::new();
-        readers.push(self.read(Some((first_piece, first))));
+        readers.push(self.read(Some((first_piece, first)), None));
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + WINDOW, WINDOW);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -194,15 +207,19 @@ impl Claims<'_> {
                     }
                     Some(Err(stop)) => return Err(stop),
                     None if !self.queue.lock().expect("queue lock").is_empty() => {
-                        readers.push(self.read(None));
+                        readers.push(self.read(None, None));
                     }
                     None => return Ok(()),
                 },
                 _ = ticks.tick() => match pace.tick(self.received.load(Ordering::Relaxed), Instant::now()) {
                     Step::Add(n) => {
-                        tracing::debug!(location = %self.location, connections = pace.connections(), "more connections paid so far: opening {n} more");
-                        for _ in 0..n {
-                            readers.push(self.read(None));
+                        let permits: Vec<_> = (0..n)
+                            .map_while(|_| spare.clone().try_acquire_owned().ok())
+                            .collect();
+                        pace.granted(n, permits.len());
+                        tracing::debug!(location = %self.location, connections = pace.connections(), "more connections paid so far: opening {} more ({n} asked for)", permits.len());
+                        for permit in permits {
+                            readers.push(self.read(None, Some(permit)));
                         }
                     }
                     Step::Drop(n) => {
@@ -217,8 +234,13 @@ impl Claims<'_> {
 
     /// One connection: reads the pieces it claims, one after another,
     /// until none is left or it is asked to retire. A piece it does not
-    /// get whole is given back.
-    async fn read(&self, mut opened: Option<(Piece, Body)>) -> Result<(), Stop> {
+    /// get whole is given back. `_permit` is its place among the spare
+    /// connections, given back when it ends.
+    async fn read(
+        &self,
+        mut opened: Option<(Piece, Body)>,
+        _permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<(), Stop> {
         loop {
             let (piece, body) = match opened.take() {
                 Some(opened) => opened,

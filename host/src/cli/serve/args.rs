@@ -93,7 +93,8 @@ pub struct ServeArgs {
     pub(super) fetch_timeout_s: u64,
     /// The most connections per large file on sources that honour ranges
     /// (object stores and CDNs cap each connection's rate): a file starts
-    /// on one and adds more while they pay; 1 reads every file in one
+    /// on one and adds more while they pay; those beyond each file's first
+    /// are shared by all files fetched at once; 1 reads every file in one
     /// stream.
     #[arg(long, env = "BERTH_FETCH_CONNECTIONS", default_value_t = 16,
           value_parser = clap::value_parser!(u16).range(1..=64))]

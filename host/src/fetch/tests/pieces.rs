@@ -56,6 +56,31 @@ async fn a_large_file_is_read_in_pieces_over_several_connections_and_verified() 
 }
 
 #[tokio::test]
+async fn files_fetched_at_once_share_the_connections_beyond_their_first() {
+    let (a, b) = (bytes(22, BIG), bytes(23, BIG));
+    let mut setup = Setup::new(&[("a.bin", a.clone()), ("b.bin", b.clone())]).await;
+    setup.fetcher = setup.fetcher.clone().split(Split {
+        connections: 4,
+        piece_bytes: PIECE,
+    });
+    setup
+        .source
+        .with(|s| s.slow = Some(Duration::from_millis(20)));
+    setup.fetch().await.unwrap();
+    assert_file(&setup, "a.bin", &a);
+    assert_file(&setup, "b.bin", &b);
+    // Each file its first, and 3 spare between them: 5, where each file
+    // on its own would take 4.
+    let most = setup.source.with(|s| s.most_in_flight);
+    assert!(
+        (3..=5).contains(&most),
+        "{most} answers at once for two files with 4 connections at most"
+    );
+    // Every spare connection was given back.
+    assert_eq!(setup.fetcher.spare.available_permits(), 3);
+}
+
+#[tokio::test]
 async fn a_source_that_allows_one_connection_gets_one_and_the_file_arrives() {
     let (setup, contents) = in_pieces(25, 4).await;
     setup.source.with(|s| {
