@@ -63,7 +63,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
                     "--max-running",
                     MAX_RUNNING,
                 ];
-                let bin = &ctx.builds[0].1;
+                let bin = ctx.newest();
                 servers.push(Server::start_binary(
                     ctx,
                     bin,

@@ -53,7 +53,7 @@ pub async fn counts(ctx: &Ctx, admin: &str, tiny: &[DataFile]) -> anyhow::Result
             "--max-running",
             max_running,
         ];
-        Server::start_binary(ctx, &ctx.builds[0].1, name, &args, None, None)
+        Server::start_binary(ctx, ctx.newest(), name, &args, None, None)
     };
     // `full` runs one deployment at a time, `roomy` several.
     let full = start("coordination-full", "1")?;

@@ -80,7 +80,8 @@ pub struct Ctx {
     /// The capped source's rate per connection, MB/s.
     pub cap_mbps: u64,
     /// The berth binaries the load benchmark runs, by label: this build
-    /// unless `--berth` names others.
+    /// unless `--berth` names others. Sections of one build run the last
+    /// (`Ctx::newest`).
     pub builds: Vec<(String, PathBuf)>,
     /// How long each load runs, seconds.
     pub load_secs: u64,
@@ -97,6 +98,15 @@ pub struct Ctx {
     /// Builds of the archive example it runs, by label (`--archive
     /// LABEL=PATH`, for a before and after); this build's if none.
     pub archives: Vec<(String, PathBuf)>,
+}
+
+impl Ctx {
+    /// The build a section of one build runs: the last `--berth`, which is
+    /// the build under test (an older one named before it for comparison
+    /// may lack the flags such a section starts servers with).
+    pub fn newest(&self) -> &std::path::Path {
+        &self.builds.last().expect("there is always a build").1
+    }
 }
 
 const SECTIONS: [&str; 18] = [
