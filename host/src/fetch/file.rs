@@ -121,6 +121,7 @@ impl Fetcher {
             kept.hash,
             target.resumable.clone(),
             target.lock.clone(),
+            &self.allowance,
         )
         .map_err(Failure::Interrupted)?;
         let written = pieces::download(
@@ -128,10 +129,7 @@ impl Fetcher {
             target.location,
             pieces,
             body,
-            pieces::Connections {
-                most: self.split.connections,
-                spare: &self.spare,
-            },
+            &self.allowance,
             writer,
             target.tally,
         )

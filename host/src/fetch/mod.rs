@@ -149,11 +149,10 @@ pub struct Fetcher {
     /// How many files of one model download at once.
     parallel: usize,
     split: Split,
-    /// The connections beyond each file's first, shared by every file
-    /// this process fetches at once (`split.connections - 1`): four files
-    /// at once read over 19 connections, not 64, and so hold a quarter of
-    /// the read buffers.
-    spare: Arc<tokio::sync::Semaphore>,
+    /// What the files fetched in pieces at once share: four 1 GiB files
+    /// read over at most 19 connections, not 64, and keep as many chunks
+    /// for their hashes as one would.
+    allowance: pieces::Allowance,
     /// Bytes of the models volume a fetch leaves free.
     reserve: u64,
     /// Taken with each model directory's file lock, by servers on several
@@ -163,12 +162,6 @@ pub struct Fetcher {
     blobs: blobs::Blobs,
     /// The most the models dir may hold (`--models-max-gib`).
     budget: Option<budget::Budget>,
-}
-
-fn spare_connections(split: Split) -> Arc<tokio::sync::Semaphore> {
-    Arc::new(tokio::sync::Semaphore::new(
-        split.connections.saturating_sub(1),
-    ))
 }
 
 /// Where berth keeps its own bookkeeping of the models dir: locks,
@@ -190,7 +183,7 @@ impl Fetcher {
             timeout,
             parallel: 4,
             split: Split::default(),
-            spare: spare_connections(Split::default()),
+            allowance: pieces::Allowance::new(Split::default().connections),
             reserve: 0,
             shared_locks: None,
         })
@@ -213,7 +206,7 @@ impl Fetcher {
     /// Reads large files over `split.connections` connections at once.
     pub fn split(mut self, split: Split) -> Self {
         self.split = split;
-        self.spare = spare_connections(split);
+        self.allowance = pieces::Allowance::new(split.connections);
         self
     }
 

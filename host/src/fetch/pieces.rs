@@ -106,16 +106,43 @@ impl Iterator for Pieces {
     }
 }
 
-/// How many connections a file may be read over.
-pub(crate) struct Connections<'a> {
-    /// At most this many (`--fetch-connections`).
-    pub(crate) most: usize,
-    /// Those beyond the first, shared by every file fetched at once.
-    pub(crate) spare: &'a Arc<Semaphore>,
+/// What every file this process fetches in pieces at once shares: the
+/// connections beyond each file's first, the chunks queued for the disks,
+/// and the written chunks kept in memory for the hashes. Each file alone
+/// may use all of it; several at once hold no more than one would.
+#[derive(Clone)]
+pub(crate) struct Allowance {
+    /// The most connections one file is read over (`--fetch-connections`).
+    most: usize,
+    /// `most - 1` permits, one for each connection beyond a file's first.
+    spare: Arc<Semaphore>,
+    /// `QUEUE` permits, one for each chunk on its way to a disk thread.
+    queued: Arc<Semaphore>,
+    /// `FRESH_CHUNKS` permits, one for each chunk kept for a hash.
+    kept: Arc<Semaphore>,
 }
 
-/// Reads `pieces` into `writer` over as many `connections` as pay
-/// (`Pace`); `first` is the already opened answer for the first piece. A connection that fails while others still read gives its
+impl Allowance {
+    pub(crate) fn new(connections: usize) -> Self {
+        Self {
+            most: connections.max(1),
+            spare: Arc::new(Semaphore::new(connections.saturating_sub(1))),
+            queued: Arc::new(Semaphore::new(QUEUE)),
+            kept: Arc::new(Semaphore::new(FRESH_CHUNKS)),
+        }
+    }
+
+    /// Connections, queued chunks and kept chunks none of the files holds
+    /// now.
+    #[cfg(test)]
+    pub(crate) fn free(&self) -> [usize; 3] {
+        [&self.spare, &self.queued, &self.kept].map(|s| s.available_permits())
+    }
+}
+
+/// Reads `pieces` into `writer` over as many connections as pay (`Pace`)
+/// and `allowance` has; `first` is the already opened answer for the first
+/// piece. A connection that fails while others still read gives its
 /// piece back to them. Returns the hash of the whole file, or why the
 /// download stopped (the writer then leaves what it has, with a
 /// checkpoint).
@@ -124,7 +151,7 @@ pub(crate) async fn download(
     location: &Location,
     mut pieces: Pieces,
     first: Body,
-    connections: Connections<'_>,
+    allowance: &Allowance,
     writer: PieceWriter,
     tally: &Tally,
 ) -> Result<Written, String> {
@@ -140,7 +167,7 @@ pub(crate) async fn download(
         received: AtomicU64::new(0),
         retiring: AtomicUsize::new(0),
     };
-    let read = claims.read_all(first_piece, first, connections).await;
+    let read = claims.read_all(first_piece, first, allowance).await;
     drop(claims);
     match read {
         Ok(()) => writer.finish().await,
@@ -183,10 +210,9 @@ impl Claims<'_> {
         &self,
         first_piece: Piece,
         first: Body,
-        connections: Connections<'_>,
+        allowance: &Allowance,
     ) -> Result<(), Stop> {
-        let Connections { most, spare } = connections;
-        let mut pace = Pace::new(most, Instant::now());
+        let mut pace = Pace::new(allowance.most, Instant::now());
         let mut readers = FuturesUnordered::new();
         readers.push(self.read(Some((first_piece, first)), None));
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + WINDOW, WINDOW);
@@ -214,7 +240,7 @@ impl Claims<'_> {
                 _ = ticks.tick() => match pace.tick(self.received.load(Ordering::Relaxed), Instant::now()) {
                     Step::Add(n) => {
                         let permits: Vec<_> = (0..n)
-                            .map_while(|_| spare.clone().try_acquire_owned().ok())
+                            .map_while(|_| allowance.spare.clone().try_acquire_owned().ok())
                             .collect();
                         pace.granted(n, permits.len());
                         tracing::debug!(location = %self.location, connections = pace.connections(), "more connections paid so far: opening {} more ({n} asked for)", permits.len());
@@ -329,6 +355,8 @@ enum Message {
     Chunk {
         at: u64,
         bytes: Bytes,
+        /// Its place in the `Allowance`'s queue, given back once written.
+        _queued: OwnedSemaphorePermit,
     },
     /// Every piece is in: make the bytes durable.
     Finish,
@@ -341,19 +369,20 @@ struct Progress {
     /// How far the hash has got.
     hashed: u64,
     /// Written chunks that extended the run from the start, by offset,
-    /// kept for the hash so it need not read them back; at most
-    /// `FRESH_CHUNKS`.
-    fresh: std::collections::BTreeMap<u64, Bytes>,
+    /// kept for the hash so it need not read them back, each holding one
+    /// of the `Allowance`'s kept chunks.
+    fresh: std::collections::BTreeMap<u64, (Bytes, OwnedSemaphorePermit)>,
     /// The disk thread is done: the hash takes what is there and ends.
     ended: bool,
     /// The download is gone: the hash stops where it is.
     stopped: bool,
 }
 
-#[derive(Default)]
 struct Shared {
     progress: Mutex<Progress>,
     changed: Condvar,
+    /// The `Allowance`'s kept chunks.
+    kept: Arc<Semaphore>,
 }
 
 impl Shared {
@@ -375,6 +404,8 @@ impl StopHash for Shared {
 /// download) leaves the file and a checkpoint for the next attempt.
 pub(crate) struct PieceWriter {
     to_disk: mpsc::Sender<Message>,
+    /// The `Allowance`'s queued chunks.
+    queued: Arc<Semaphore>,
     threads: Threads<Shared>,
     size: u64,
 }
@@ -383,7 +414,8 @@ impl PieceWriter {
     /// Writes the missing bytes of `path`, a file of `size` bytes of which
     /// `have` are already written; `hashed`, if known, covers a prefix of
     /// them (else they are read back and hashed). `hold` is kept until both
-    /// threads end (`Threads`).
+    /// threads end (`Threads`); chunks are kept for the hash while
+    /// `allowance` has room.
     pub(crate) fn start<H: Send + Sync + 'static>(
         path: &Path,
         size: u64,
@@ -391,6 +423,7 @@ impl PieceWriter {
         hashed: Option<Sha256>,
         resumable: Option<Resumable>,
         hold: Arc<H>,
+        allowance: &Allowance,
     ) -> Result<Self, String> {
         let hasher = hashed
             .filter(|h| h.len() <= have.contiguous())
@@ -401,6 +434,7 @@ impl PieceWriter {
                 ..Progress::default()
             }),
             changed: Condvar::new(),
+            kept: allowance.kept.clone(),
         });
         let (to_disk, rx) = mpsc::channel(QUEUE);
         let (disk_shared, hash_shared) = (shared.clone(), shared.clone());
@@ -415,15 +449,21 @@ impl PieceWriter {
         )?;
         Ok(Self {
             to_disk,
+            queued: allowance.queued.clone(),
             threads,
             size,
         })
     }
 
-    /// Queues a chunk for the disk; waits while the disk is behind.
+    /// Queues a chunk for the disk; waits while the disks are behind.
     async fn write(&self, at: u64, bytes: Bytes) -> Result<(), ()> {
+        let queued = self.queued.clone().acquire_owned().await.map_err(drop)?;
         self.to_disk
-            .send(Message::Chunk { at, bytes })
+            .send(Message::Chunk {
+                at,
+                bytes,
+                _queued: queued,
+            })
             .await
             .map_err(drop)
     }
@@ -476,7 +516,7 @@ fn write(
         let mut unflushed = Ranges::default();
         while let Some(message) = rx.blocking_recv() {
             match message {
-                Message::Chunk { at, bytes } => {
+                Message::Chunk { at, bytes, .. } => {
                     file.write_all_at(&bytes, at)?;
                     let end = at + bytes.len() as u64;
                     shared.update(|p| {
@@ -486,8 +526,8 @@ fn write(
                         // whole read buffer, until the run reaches it.
                         let next = p.have.contiguous() == at;
                         p.have.insert(at, end);
-                        if next && p.fresh.len() < FRESH_CHUNKS {
-                            p.fresh.insert(at, bytes);
+                        if next && let Ok(kept) = shared.kept.clone().try_acquire_owned() {
+                            p.fresh.insert(at, (bytes, kept));
                         }
                     });
                     unflushed.insert(at, end);
@@ -529,11 +569,11 @@ fn write(
     Err(std::io::Error::other("the download stopped"))
 }
 
-/// The most written chunks kept in memory for the hash. A chunk can hold
-/// on to its connection's read buffer (up to hyper's 400 KiB) however
-/// small it is, so chunks are counted, not their bytes: this bounds what
-/// they keep to 16 MiB, and it is reached only when the hash falls behind
-/// one fast connection.
+/// The most written chunks kept in memory for the hashes of all files
+/// fetched at once. A chunk can hold on to its connection's read buffer
+/// (up to hyper's 400 KiB) however small it is, so chunks are counted, not
+/// their bytes: this bounds what they keep to 16 MiB, and it is reached
+/// only when a hash falls behind.
 const FRESH_CHUNKS: usize = 40;
 
 /// Follows the written run from the start, hashing each chunk kept in
@@ -585,9 +625,9 @@ impl Progress {
             if *entry.key() >= at {
                 break;
             }
-            entry.remove();
+            drop(entry.remove());
         }
-        self.fresh.remove(&at)
+        self.fresh.remove(&at).map(|(chunk, _kept)| chunk)
     }
 }
 

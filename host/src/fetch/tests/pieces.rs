@@ -76,8 +76,8 @@ async fn files_fetched_at_once_share_the_connections_beyond_their_first() {
         (3..=5).contains(&most),
         "{most} answers at once for two files with 4 connections at most"
     );
-    // Every spare connection was given back.
-    assert_eq!(setup.fetcher.spare.available_permits(), 3);
+    // Every spare connection, queued and kept chunk was given back.
+    assert_eq!(setup.fetcher.allowance.free(), [3, 16, 40]);
 }
 
 #[tokio::test]
