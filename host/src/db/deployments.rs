@@ -56,17 +56,6 @@ impl Db {
         self.write_deployment(
             report,
             statements!(|conn| {
-                let claim = match claim {
-                    Some(claim) => {
-                        sqlx::query("SELECT 1 FROM deployments WHERE status = $1 LIMIT 1")
-                            .bind(Status::Queued.as_str())
-                            .fetch_optional(&mut *conn)
-                            .await?
-                            .is_none()
-                            .then_some(claim)
-                    }
-                    None => None,
-                };
                 let now = now();
                 let (status, server_id, lease_until, phase, started_at) = match &claim {
                     Some(c) => (
@@ -78,11 +67,17 @@ impl Db {
                     ),
                     None => (Status::Queued, "", None, None, None),
                 };
+                // The claim holds only if nothing is queued before it; asked
+                // in the same statement, a round trip fewer than asking first.
                 let row = sqlx::query(&format!(
                     "INSERT INTO deployments (model_id, deployer, options, status, dir, \
                  out_dir, details, server_id, created_at, created_by, plugin_sha256, \
                  lease_until, phase, started_at) \
-                 VALUES ($1, $2, $3, $4, $5, '', '{{}}', $6, $7, $8, $9, $10, $11, $12) \
+                 SELECT $1, $2, $3, CASE WHEN behind THEN $13 ELSE $4 END, $5, '', '{{}}', \
+                 CASE WHEN behind THEN '' ELSE $6 END, $7, $8, $9, \
+                 CASE WHEN behind THEN NULL ELSE $10 END, CASE WHEN behind THEN NULL ELSE $11 END, \
+                 CASE WHEN behind THEN NULL ELSE $12 END \
+                 FROM (SELECT EXISTS (SELECT 1 FROM deployments WHERE status = $13) AS behind) ahead \
                  RETURNING {DEPLOYMENT_COLUMNS}"
                 ))
                 .bind(model_id)
@@ -97,10 +92,11 @@ impl Db {
                 .bind(lease_until)
                 .bind(phase)
                 .bind(started_at)
+                .bind(Status::Queued.as_str())
                 .fetch_one(&mut *conn)
                 .await?;
                 let deployment = deployment_row(&row)?;
-                let Some(claim) = claim else {
+                let (Some(claim), Status::Running) = (claim, deployment.status) else {
                     return Ok(deployment);
                 };
                 let row = sqlx::query(&format!(

@@ -2,9 +2,9 @@
 //! claims which row, what the sweeps fail and what they leave, and what a
 //! cancel does to each status.
 
-use super::{Beat, CancelAsked, Runnable};
+use super::{Beat, CancelAsked, Claim, Runnable};
 use crate::db::testing::{model, open, queue};
-use crate::db::{Db, now_ms};
+use crate::db::{Db, NewDeployment, now_ms};
 use crate::model::{Deployment, Phase, Status};
 
 fn runnable(keys: &[&str]) -> Runnable {
@@ -89,6 +89,58 @@ async fn queued_rows_are_claimed_in_order_once_by_the_server_that_runs_their_ver
 
 /// Servers claiming at once take each row once, and a row runs on the
 /// server whose claim returned it.
+/// A deployment recorded with a claim of `server`: running there at once
+/// unless something is queued before it.
+async fn take_at_once(db: &Db, model_id: i64, server: &str) -> Deployment {
+    let new = NewDeployment {
+        model_id,
+        deployer: "a",
+        options_json: "{}",
+        dir: "/m",
+        plugin_sha256: "1",
+        created_by: None,
+    };
+    let claim = Claim {
+        server_id: server.into(),
+        lease_until: 5_000,
+        phase: Phase::Deploying,
+        out_dir: Box::new(|id| format!("/out/{id}")),
+    };
+    db.insert_deployment(new, Some(claim), None).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_claim_at_insert_holds_only_with_nothing_queued_before_it() {
+    let (_dir, db) = open().await;
+    let model_id = db.insert_model(&model("job")).await.unwrap().id;
+    let taken = take_at_once(&db, model_id, "s1").await;
+    assert_eq!(taken.status, Status::Running);
+    assert_eq!(taken.server.as_deref(), Some("s1"));
+    assert_eq!(taken.phase, Some(Phase::Deploying));
+    assert_eq!(taken.out_dir, format!("/out/{}", taken.id));
+    assert!(taken.started_at.is_some());
+    assert_eq!(stored(&db, taken.id).await, taken, "as stored");
+
+    let waiting = queue(&db, model_id, "a", "1").await;
+    let behind = take_at_once(&db, model_id, "s1").await;
+    assert_eq!(
+        behind.status,
+        Status::Queued,
+        "it does not overtake {}",
+        waiting.id
+    );
+    assert_eq!(behind.server, None);
+    assert_eq!(behind.phase, None);
+    assert_eq!(behind.out_dir, "");
+    assert_eq!(behind.started_at, None);
+    assert_eq!(stored(&db, behind.id).await, behind, "as stored");
+
+    let claimed = claim(&db, "s2", &["a@1"], 5_000, 2).await;
+    assert_eq!(ids(&claimed), [waiting.id, behind.id], "in order");
+    let again = take_at_once(&db, model_id, "s1").await;
+    assert_eq!(again.status, Status::Running, "nothing is queued any more");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_claiming_at_once_take_each_row_once() {
     let (_dir, db) = open().await;
