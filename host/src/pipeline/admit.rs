@@ -18,6 +18,10 @@ use crate::runtime::Plugin;
 use super::sentences::CLIENT_LEFT;
 use super::{Pipeline, Started};
 
+/// The most files a model may have for its verification record to be
+/// checked on an async thread (a `stat` each, and a read of the record).
+const LOOKED_AT_HERE: usize = 16;
+
 /// Options larger than this are refused before anything else happens.
 pub const MAX_OPTIONS_BYTES: usize = 64 * 1024;
 
@@ -253,9 +257,15 @@ impl Pipeline {
     }
 
     /// The model's directory, if its verification record vouches for
-    /// every file as it is now (`Fetcher::verified`), looked at off the
-    /// async threads: it reads the record and the metadata of each file.
+    /// every file as it is now (`Fetcher::verified`). That reads the record
+    /// and the metadata of each file: for a large model off the async
+    /// threads; a small one is looked at here, where the hand-off to a
+    /// blocking thread and back would cost more than the few `stat`s.
     pub(super) async fn verified(&self, model: TrainedModel) -> (TrainedModel, Option<PathBuf>) {
+        if model.files.len() <= LOOKED_AT_HERE {
+            let verified = self.fetcher.verified(&model);
+            return (model, verified);
+        }
         let fetcher = self.fetcher.clone();
         tokio::task::spawn_blocking(move || {
             let verified = fetcher.verified(&model);
