@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use sqlx::any::AnyPoolOptions;
 use sqlx::postgres::PgListener;
-use sqlx::{AnyConnection, AnyPool, Connection, Row};
+use sqlx::{AnyConnection, AnyPool, Connection, Executor, Row};
 use tokio_util::sync::CancellationToken;
 
 use super::notify::{TOPICS, Topic, Wakeups};
@@ -47,6 +47,44 @@ pub(super) async fn pool(url: &str, connections: u32) -> Result<AnyPool> {
         })
         .connect(url)
         .await?)
+}
+
+/// Runs `work` in a transaction and ends it with the SQL `work` answers
+/// (statements written out, the last a `COMMIT`), sent as one simple
+/// query: a write whose last statement holds a lock until the commit
+/// holds it for no round trip (`events::appended_and_committed`). On a
+/// task of its own, as `Db::write`, so a caller that goes away cannot
+/// leave the transaction half made. Anything that fails rolls back; a
+/// connection that cannot is closed rather than pooled mid-transaction.
+pub(super) async fn ending_with<T, F>(pool: &AnyPool, work: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<(T, String)>> + Send + 'static,
+{
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        let mut pooled = pool.acquire().await?;
+        let conn: &mut AnyConnection = &mut pooled;
+        // Statements without arguments go as simple queries, several to one.
+        conn.execute("BEGIN").await?;
+        let done = match work(&mut *conn).await {
+            Ok((value, end)) => conn
+                .execute(end.as_str())
+                .await
+                .map(|_| value)
+                .map_err(Into::into),
+            Err(e) => Err(e),
+        };
+        if done.is_err() && conn.execute("ROLLBACK").await.is_err() {
+            pooled.close_on_drop();
+        }
+        done
+    })
+    .await
+    .unwrap_or_else(|e| match e.try_into_panic() {
+        Ok(panic) => std::panic::resume_unwind(panic),
+        Err(_) => Err(super::Error::Unwritten("the server is stopping".into())),
+    })
 }
 
 /// Tells every server on the database that `topic` changed. On the pool it
