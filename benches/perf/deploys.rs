@@ -6,7 +6,9 @@
 //! in flight (the HTTP floor) and the disk's synced-commit bound, single-row
 //! SQLite WAL commits with berth's settings (`synchronous` at its default,
 //! FULL) in a loop, alone; and the same with 16 rows a commit, what grouping
-//! commits could reach.
+//! commits could reach. Each row has the server's CPU a deployment; on
+//! PostgreSQL also the database's (its processes on this machine), which
+//! shares the same cores.
 
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,9 @@ struct Rounds {
     cpu: Vec<f64>,
     /// The disks' flush requests per request (see `syncs`).
     flushes: Vec<f64>,
+    /// On PostgreSQL, the CPU seconds per request of every `postgres`
+    /// process on this machine (see `database_cpu`).
+    database_cpu: Vec<f64>,
 }
 
 impl Rounds {
@@ -52,7 +57,13 @@ impl Rounds {
             secs(percentile(&self.latencies, 99.0)),
             median(&self.cpu) * 1e3,
             median(&self.flushes),
-        )
+        ) + &match self.database_cpu.is_empty() {
+            true => String::new(),
+            false => format!(
+                " · database CPU {:.2} ms/deploy",
+                median(&self.database_cpu) * 1e3
+            ),
+        }
     }
 }
 
@@ -113,9 +124,14 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
             for (at, &in_flight) in ctx.in_flight.iter().enumerate() {
                 // One client at a time is slow: fewer requests.
                 let total = if in_flight == 1 { total / 4 } else { total };
-                let (cpu, flushes) = (cpu_of(pid), syncs());
+                let (cpu, flushes, database) = (cpu_of(pid), syncs(), database_cpu());
                 let (rate, latencies) = load_at(total, in_flight, || server.deploy(id)).await?;
                 let figures = &mut subject.rounds[at + 1];
+                if subject.database.is_some() {
+                    figures
+                        .database_cpu
+                        .push((database_cpu() - database) / total as f64);
+                }
                 figures
                     .flushes
                     .push((syncs() - flushes) as f64 / total as f64);
@@ -263,5 +279,24 @@ fn syncs() -> u64 {
         .filter(|b| !b.file_name().to_string_lossy().starts_with("loop"))
         .filter_map(|b| std::fs::read_to_string(b.path().join("stat")).ok())
         .filter_map(|stat| stat.split_whitespace().nth(15)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The CPU seconds of every `postgres` process on this machine: the
+/// database's own work, which shares the cores with berth and the client
+/// when the server is local (the test server is). A backend that exits
+/// meanwhile takes its share with it; the pooled ones stay.
+fn database_cpu() -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim_end() == "postgres")
+        })
+        .map(cpu_of)
         .sum()
 }
