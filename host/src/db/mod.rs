@@ -31,6 +31,7 @@ macro_rules! statements {
     };
 }
 
+mod append;
 mod approvals;
 mod catalog;
 mod deployments;

@@ -5,7 +5,8 @@
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
-use super::events::{self, ModelReport};
+use super::append;
+use super::events::ModelReport;
 use super::{Db, Error, Result, now};
 use crate::model::{ModelFile, TrainedModel};
 
@@ -46,7 +47,7 @@ impl Db {
             .write(statements!(|conn| {
                 let row = insert_model(&mut *conn, model).await?;
                 let events = (report.events)(&row);
-                let last = events::insert(conn, backend, &report.server_id, events, None).await?;
+                let last = append::insert(conn, backend, &report.server_id, events, None).await?;
                 Ok((row, last))
             }))
             .await?;

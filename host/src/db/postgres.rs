@@ -52,7 +52,7 @@ pub(super) async fn pool(url: &str, connections: u32) -> Result<AnyPool> {
 /// Runs `work` in a transaction and ends it with the SQL `work` answers
 /// (statements written out, the last a `COMMIT`), sent as one simple
 /// query: a write whose last statement holds a lock until the commit
-/// holds it for no round trip (`events::appended_and_committed`). On a
+/// holds it for no round trip (`append::appended_and_committed`). On a
 /// task of its own, as `Db::write`, so a caller that goes away cannot
 /// leave the transaction half made. Anything that fails rolls back; a
 /// connection that cannot is closed rather than pooled mid-transaction.

@@ -7,8 +7,9 @@
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
+use super::append::{self, NewEvent};
 use super::deployments::{DEPLOYMENT_COLUMNS, deployment_row};
-use super::events::{self, NewEvent, Wording};
+use super::events::Wording;
 use super::{Db, Error, Result, now};
 use crate::model::{Cause, Deployment, Status};
 
@@ -176,7 +177,7 @@ impl Db {
                     .execute(&mut *conn)
                     .await?;
                 let last =
-                    events::insert(conn, backend, &server_id, words(&deployment), None).await?;
+                    append::insert(conn, backend, &server_id, words(&deployment), None).await?;
                 Ok(Some((deployment, last)))
             }))
             .await?;
@@ -213,7 +214,7 @@ impl Db {
                 .await?;
                 match firing {
                     Some(_) => Ok(Some(
-                        events::insert(conn, backend, &server_id, events, None).await?,
+                        append::insert(conn, backend, &server_id, events, None).await?,
                     )),
                     None => Ok(None),
                 }

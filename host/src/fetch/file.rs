@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 
+use super::cut;
 use super::lock::DirLock;
 use super::partial::{Checkpoint, Kept, Resumable, Writer, Written, partial_path};
 use super::pieces::{self, PieceWriter};
@@ -102,7 +103,7 @@ impl Fetcher {
             };
             return self.stream(target, body, from, kept.hash).await;
         }
-        let pieces = pieces::cut(&missing, self.split.piece_bytes);
+        let pieces = cut::pieces(&missing, self.split.piece_bytes);
         let first = pieces
             .clone()
             .next()

@@ -21,9 +21,11 @@
 
 mod access;
 mod adopt;
+mod allowance;
 mod blobs;
 mod budget;
 mod copy;
+mod cut;
 mod disk;
 mod file;
 mod local;
@@ -152,7 +154,7 @@ pub struct Fetcher {
     /// What the files fetched in pieces at once share: four 1 GiB files
     /// read over at most 19 connections, not 64, and keep as many chunks
     /// for their hashes as one would.
-    allowance: pieces::Allowance,
+    allowance: allowance::Allowance,
     /// Bytes of the models volume a fetch leaves free.
     reserve: u64,
     /// Taken with each model directory's file lock, by servers on several
@@ -183,7 +185,7 @@ impl Fetcher {
             timeout,
             parallel: 4,
             split: Split::default(),
-            allowance: pieces::Allowance::new(Split::default().connections),
+            allowance: allowance::Allowance::new(Split::default().connections),
             reserve: 0,
             shared_locks: None,
         })
@@ -206,7 +208,7 @@ impl Fetcher {
     /// Reads large files over `split.connections` connections at once.
     pub fn split(mut self, split: Split) -> Self {
         self.split = split;
-        self.allowance = pieces::Allowance::new(split.connections);
+        self.allowance = allowance::Allowance::new(split.connections);
         self
     }
 

@@ -1,7 +1,7 @@
 //! A large file read over several connections at once, as object stores and
 //! CDNs cap each connection's rate; how many is chosen as the bytes arrive
-//! (`pace`). The bytes still missing are cut into pieces that the
-//! connections claim in file order, each written in place
+//! (`pace`) and the shared `allowance` has. The bytes still missing are cut
+//! into pieces (`cut`) that the connections claim in file order, each written in place
 //! in the `.fetch-*` file by one disk thread; a hash thread follows the run
 //! of written bytes from the start, so the SHA-256 (one sequential chain)
 //! ends moments after the last byte arrives. It hashes a chunk from memory
@@ -13,7 +13,6 @@
 //! rest. Memory stays bounded: chunks go to disk as they come, and the hash
 //! reads back through one buffer. Knows nothing of verification records.
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -26,6 +25,8 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
+use super::allowance::Allowance;
+use super::cut::{Piece, Pieces};
 use super::pace::{Pace, Step, WINDOW};
 use super::partial::{
     Checkpoint, LastHash, QUEUE, READ_BUF, Resumable, StopHash, Threads, WRITEBACK_WINDOW, Written,
@@ -33,112 +34,9 @@ use super::partial::{
 };
 use super::ranges::Ranges;
 use super::sha::Sha256;
-use super::source::{Body, Location, Sources, Span};
+use super::source::{Body, Location, Sources};
 use super::stamp::Stamp;
 use super::tally::Tally;
-
-/// The bytes `start..end` of the file, asked for with one range request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Piece {
-    pub(crate) start: u64,
-    pub(crate) end: u64,
-}
-
-impl Piece {
-    pub(crate) fn span(&self) -> Span {
-        Span {
-            start: self.start,
-            end: Some(self.end),
-        }
-    }
-}
-
-/// The missing ranges, cut into pieces of at most `piece_bytes` as the
-/// connections claim them, in file order, so that the run of written bytes
-/// from the start, which the hash follows, grows first. Cut one at a time:
-/// a file costs one entry per missing range whatever its size (a recorded
-/// size of 2^61 bytes once asked for 2^37 pieces up front, found by
-/// schemathesis).
-#[derive(Debug, Clone)]
-pub(crate) struct Pieces {
-    missing: VecDeque<(u64, u64)>,
-    piece_bytes: u64,
-}
-
-pub(crate) fn cut(missing: &[(u64, u64)], piece_bytes: u64) -> Pieces {
-    Pieces {
-        missing: missing
-            .iter()
-            .copied()
-            .filter(|(start, end)| start < end)
-            .collect(),
-        piece_bytes: piece_bytes.max(1),
-    }
-}
-
-impl Pieces {
-    /// Puts back the bytes `start..end` that a connection claimed but did
-    /// not get: the next claim takes them.
-    fn give_back(&mut self, start: u64, end: u64) {
-        if start < end {
-            self.missing.push_front((start, end));
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.missing.is_empty()
-    }
-}
-
-impl Iterator for Pieces {
-    type Item = Piece;
-
-    fn next(&mut self) -> Option<Piece> {
-        let (start, end) = self.missing.pop_front()?;
-        let piece = Piece {
-            start,
-            end: end.min(start.saturating_add(self.piece_bytes)),
-        };
-        if piece.end < end {
-            self.missing.push_front((piece.end, end));
-        }
-        Some(piece)
-    }
-}
-
-/// What every file this process fetches in pieces at once shares: the
-/// connections beyond each file's first, the chunks queued for the disks,
-/// and the written chunks kept in memory for the hashes. Each file alone
-/// may use all of it; several at once hold no more than one would.
-#[derive(Clone)]
-pub(crate) struct Allowance {
-    /// The most connections one file is read over (`--fetch-connections`).
-    most: usize,
-    /// `most - 1` permits, one for each connection beyond a file's first.
-    spare: Arc<Semaphore>,
-    /// `QUEUE` permits, one for each chunk on its way to a disk thread.
-    queued: Arc<Semaphore>,
-    /// `FRESH_CHUNKS` permits, one for each chunk kept for a hash.
-    kept: Arc<Semaphore>,
-}
-
-impl Allowance {
-    pub(crate) fn new(connections: usize) -> Self {
-        Self {
-            most: connections.max(1),
-            spare: Arc::new(Semaphore::new(connections.saturating_sub(1))),
-            queued: Arc::new(Semaphore::new(QUEUE)),
-            kept: Arc::new(Semaphore::new(FRESH_CHUNKS)),
-        }
-    }
-
-    /// Connections, queued chunks and kept chunks none of the files holds
-    /// now.
-    #[cfg(test)]
-    pub(crate) fn free(&self) -> [usize; 3] {
-        [&self.spare, &self.queued, &self.kept].map(|s| s.available_permits())
-    }
-}
 
 /// Reads `pieces` into `writer` over as many connections as pay (`Pace`)
 /// and `allowance` has; `first` is the already opened answer for the first
@@ -569,13 +467,6 @@ fn write(
     Err(std::io::Error::other("the download stopped"))
 }
 
-/// The most written chunks kept in memory for the hashes of all files
-/// fetched at once. A chunk can hold on to its connection's read buffer
-/// (up to hyper's 400 KiB) however small it is, so chunks are counted, not
-/// their bytes: this bounds what they keep to 16 MiB, and it is reached
-/// only when a hash falls behind.
-const FRESH_CHUNKS: usize = 40;
-
 /// Follows the written run from the start, hashing each chunk kept in
 /// memory where one starts at the hash's end and reading the run back
 /// otherwise, until the whole file is hashed, the disk thread ended, or
@@ -628,30 +519,5 @@ impl Progress {
             drop(entry.remove());
         }
         self.fresh.remove(&at).map(|(chunk, _kept)| chunk)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn missing_ranges_are_cut_into_pieces_in_file_order() {
-        let piece = |start, end| Piece { start, end };
-        assert_eq!(
-            cut(&[(0, 10), (15, 16), (20, 45)], 10).collect::<Vec<_>>(),
-            [
-                piece(0, 10),
-                piece(15, 16),
-                piece(20, 30),
-                piece(30, 40),
-                piece(40, 45)
-            ]
-        );
-        assert_eq!(cut(&[], 10).next(), None);
-        // The largest file costs no more than the smallest.
-        let mut huge = cut(&[(0, u64::MAX)], 16 << 20);
-        assert_eq!(huge.next(), Some(piece(0, 16 << 20)));
-        assert_eq!(huge.next(), Some(piece(16 << 20, 32 << 20)));
     }
 }

@@ -3,8 +3,8 @@
 //! for, and one stream where pieces cannot help.
 
 use super::*;
+use crate::fetch::cut::pieces as cut;
 use crate::fetch::partial::Checkpoint;
-use crate::fetch::pieces::cut;
 use crate::fetch::stamp::Stamp;
 
 /// The `(first, end)` byte spans of `bytes=FIRST-LAST` ranges.
