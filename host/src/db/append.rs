@@ -23,19 +23,16 @@ pub struct NewEvent {
 /// append lock, held until that transaction ends (so ids commit in id
 /// order: callers make this the transaction's last statement, to hold it
 /// briefly), inserts the events in order and queues the `NOTIFY` of the
-/// last id, and of `wake` if given, which PostgreSQL sends at the commit.
-/// On SQLite the caller wakes after the commit (`Db::appended`).
+/// last id, which PostgreSQL sends at the commit. On SQLite the caller
+/// wakes after the commit (`Db::appended`). A reported write on
+/// PostgreSQL ends with `appended_and_committed` instead.
 pub(super) async fn insert(
     conn: &mut AnyConnection,
     backend: Backend,
     server_id: &str,
     events: Vec<NewEvent>,
-    wake: Option<(Topic, i64)>,
 ) -> Result<i64> {
     if events.is_empty() {
-        if let (Some((topic, id)), true) = (wake, backend.is_postgres()) {
-            postgres::notify(&mut *conn, topic, &id.to_string()).await?;
-        }
         return Ok(0);
     }
     let postgres = backend.is_postgres();
@@ -56,7 +53,7 @@ pub(super) async fn insert(
             &values,
             &format!("${next}"),
             &format!("${}", next + 1),
-            wake.map(|_| [format!("${}", next + 2), format!("${}", next + 3)]),
+            None,
         ),
         false => {
             let rows: Vec<String> = values
@@ -80,9 +77,6 @@ pub(super) async fn insert(
         query = query
             .bind(postgres::APPEND_LOCK)
             .bind(Topic::Events.channel());
-        if let Some((topic, id)) = wake {
-            query = query.bind(topic.channel()).bind(id.to_string());
-        }
     }
     let rows = query.fetch_all(&mut *conn).await?;
     let mut last = 0;

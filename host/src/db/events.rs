@@ -116,7 +116,7 @@ impl Db {
         let server_id = server_id.to_string();
         let last = self
             .write(statements!(|conn| {
-                insert(conn, backend, &server_id, events, None).await
+                insert(conn, backend, &server_id, events).await
             }))
             .await?;
         self.appended(last);
@@ -151,8 +151,7 @@ impl Db {
             .write(statements!(|conn| {
                 let row = work(&mut *conn).await?;
                 let events = (report.events)(&row);
-                let wake = woken.map(|topic| (topic, row.id));
-                let last = insert(conn, backend, &report.server_id, events, wake).await?;
+                let last = insert(conn, backend, &report.server_id, events).await?;
                 Ok((row, last))
             }))
             .await?;

@@ -282,23 +282,30 @@ impl Db {
         if let Some(committer) = &self.committer {
             return committer.write(work).await;
         }
-        // On a task of its own: a caller that goes away (a client that
-        // left, a beat that timed out) must not cancel a transaction
-        // midway. sqlx 0.8 does not roll back a `begin` cancelled after
-        // its BEGIN was sent, and the connection would go back to the pool
-        // inside that transaction (the soak saw PostgreSQL's "there is no
-        // transaction in progress" notices).
         let pool = self.pool.clone();
-        tokio::spawn(async move {
+        uncancelled(async move {
             let mut tx = pool.begin().await?;
             let value = work(&mut tx).await?;
             tx.commit().await?;
             Ok(value)
         })
         .await
+    }
+}
+
+/// Runs `transaction` on a task of its own: a caller that goes away (a
+/// client that left, a beat that timed out) must not cancel a transaction
+/// midway. sqlx 0.8 does not roll back a `begin` cancelled after its BEGIN
+/// was sent, and the connection would go back to the pool inside that
+/// transaction (the soak saw PostgreSQL's "there is no transaction in
+/// progress" notices).
+async fn uncancelled<T: Send + 'static>(
+    transaction: impl Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    tokio::spawn(transaction)
+        .await
         .unwrap_or_else(|e| match e.try_into_panic() {
             Ok(panic) => std::panic::resume_unwind(panic),
             Err(_) => Err(Error::Unwritten("the server is stopping".into())),
         })
-    }
 }

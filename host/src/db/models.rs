@@ -47,7 +47,7 @@ impl Db {
             .write(statements!(|conn| {
                 let row = insert_model(&mut *conn, model).await?;
                 let events = (report.events)(&row);
-                let last = append::insert(conn, backend, &report.server_id, events, None).await?;
+                let last = append::insert(conn, backend, &report.server_id, events).await?;
                 Ok((row, last))
             }))
             .await?;

@@ -52,9 +52,8 @@ pub(super) async fn pool(url: &str, connections: u32) -> Result<AnyPool> {
 /// Runs `work` in a transaction and ends it with the SQL `work` answers
 /// (statements written out, the last a `COMMIT`), sent as one simple
 /// query: a write whose last statement holds a lock until the commit
-/// holds it for no round trip (`append::appended_and_committed`). On a
-/// task of its own, as `Db::write`, so a caller that goes away cannot
-/// leave the transaction half made. Anything that fails rolls back; a
+/// holds it for no round trip (`append::appended_and_committed`).
+/// `uncancelled`, as `Db::write`. Anything that fails rolls back; a
 /// connection that cannot is closed rather than pooled mid-transaction.
 pub(super) async fn ending_with<T, F>(pool: &AnyPool, work: F) -> Result<T>
 where
@@ -62,7 +61,7 @@ where
     F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<(T, String)>> + Send + 'static,
 {
     let pool = pool.clone();
-    tokio::spawn(async move {
+    super::uncancelled(async move {
         let mut pooled = pool.acquire().await?;
         let conn: &mut AnyConnection = &mut pooled;
         // Statements without arguments go as simple queries, several to one.
@@ -81,10 +80,6 @@ where
         done
     })
     .await
-    .unwrap_or_else(|e| match e.try_into_panic() {
-        Ok(panic) => std::panic::resume_unwind(panic),
-        Err(_) => Err(super::Error::Unwritten("the server is stopping".into())),
-    })
 }
 
 /// Tells every server on the database that `topic` changed. On the pool it

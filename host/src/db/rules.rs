@@ -176,8 +176,7 @@ impl Db {
                     .bind(firing)
                     .execute(&mut *conn)
                     .await?;
-                let last =
-                    append::insert(conn, backend, &server_id, words(&deployment), None).await?;
+                let last = append::insert(conn, backend, &server_id, words(&deployment)).await?;
                 Ok(Some((deployment, last)))
             }))
             .await?;
@@ -214,7 +213,7 @@ impl Db {
                 .await?;
                 match firing {
                     Some(_) => Ok(Some(
-                        append::insert(conn, backend, &server_id, events, None).await?,
+                        append::insert(conn, backend, &server_id, events).await?,
                     )),
                     None => Ok(None),
                 }
