@@ -8,7 +8,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::support::files::FileServer;
-use crate::support::server::{Backend, Berth};
+use crate::support::server::{Backend, Berth, Shared, servers};
 use crate::support::{adapter_files, eventually, has_ended, model, most_at_once, on_both_backends};
 
 on_both_backends!(
@@ -158,4 +158,105 @@ async fn a_client_that_leaves_while_its_deployment_waits_cancels_it(backend: Bac
         )
         .await;
     assert_eq!(status, StatusCode::OK);
+}
+
+/// The deployments table scanned from end to end so far: PostgreSQL's
+/// count, once every session that read it has ended (a session reports
+/// its counts when it goes).
+async fn whole_reads(conn: &mut sqlx::PgConnection) -> i64 {
+    eventually(
+        || "the server's sessions to end".to_string(),
+        async || {
+            let others: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+            (others == 0).then_some(())
+        },
+    )
+    .await;
+    sqlx::query_scalar("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'deployments'")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+}
+
+/// A long history does not slow what comes next: with 20,000 ended
+/// deployments recorded, deployments taken at once, queued and claimed,
+/// and the sweeps meanwhile find rows by status through the index, never
+/// by reading the whole table. (PostgreSQL plans a prepared statement once
+/// for every value after five runs, and that plan of `status = $1` read
+/// every row: a deployment cost a scan of its whole history.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_history_is_never_read_whole_to_queue_run_or_sweep() {
+    use sqlx::Connection;
+    let files = FileServer::start().await;
+    let shared = Shared::new().await;
+    let id = {
+        let berth = servers(&shared, 1, &[]).await.remove(0);
+        let id = berth
+            .register(&model(&files, "job-history", &adapter_files()))
+            .await;
+        let (status, first) = berth.deploy(id, "misbehave", json!({ "mode": "ok" })).await;
+        assert_eq!(status, StatusCode::OK, "{first}");
+        id
+    };
+    // Filled on a session of its own, ended before counting: a session's
+    // counts (this fill's scan among them) arrive when it ends.
+    let mut fill = sqlx::PgConnection::connect(&shared.database_url)
+        .await
+        .unwrap();
+    for statement in [
+        "INSERT INTO deployments (model_id, deployer, options, status, dir, out_dir, details, \
+         server_id, created_at, plugin_sha256) SELECT model_id, deployer, options, status, dir, \
+         out_dir, details, server_id, created_at, plugin_sha256 \
+         FROM deployments, generate_series(1, 20000)",
+        "ANALYZE deployments",
+    ] {
+        sqlx::query(statement).execute(&mut fill).await.unwrap();
+    }
+    fill.close().await.unwrap();
+    let mut conn = sqlx::PgConnection::connect(&shared.database_url)
+        .await
+        .unwrap();
+    let before = whole_reads(&mut conn).await;
+
+    let berth = servers(&shared, 1, &["--max-running", "1"]).await.remove(0);
+    for _ in 0..40 {
+        let (status, row) = berth.deploy(id, "misbehave", json!({ "mode": "ok" })).await;
+        assert_eq!(status, StatusCode::OK, "{row}");
+    }
+    let busy = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 500 }))
+        .await;
+    let mut queued = Vec::new();
+    for _ in 0..3 {
+        let row = berth
+            .deploy_detached(id, "misbehave", json!({ "mode": "ok" }))
+            .await;
+        assert_eq!(row["status"], "queued", "behind {busy}: {row}");
+        queued.push(row["id"].as_i64().unwrap());
+    }
+    for deployment in queued {
+        let row = eventually(
+            || format!("queued deployment {deployment} to be claimed and end"),
+            async || {
+                let (_, row) = berth.get(&format!("/v1/deployments/{deployment}")).await;
+                has_ended(&row).then_some(row)
+            },
+        )
+        .await;
+        assert_eq!(row["status"], "completed", "{row}");
+    }
+    drop(berth);
+    let after = whole_reads(&mut conn).await;
+    assert_eq!(
+        after - before,
+        0,
+        "the deployments table was read whole {} times",
+        after - before
+    );
 }

@@ -7,7 +7,7 @@ use sqlx::Row;
 
 use super::deployments::{DEPLOYMENT_COLUMNS, deployment_row};
 use super::events::Report;
-use super::{Db, Error, Result, now};
+use super::{Db, Error, Result, now, status_is};
 use crate::model::{Approval, Decision, Deployment, Status};
 
 impl Db {
@@ -75,12 +75,12 @@ impl Db {
         self.write(statements!(|conn| {
             let rows = sqlx::query(&format!(
                 "UPDATE deployments SET status = $1, error = $2, completed_at = $3 \
-                 WHERE status = $4 AND created_at < $5 RETURNING {DEPLOYMENT_COLUMNS}"
+                 WHERE {awaiting} AND created_at < $4 RETURNING {DEPLOYMENT_COLUMNS}",
+                awaiting = status_is(Status::AwaitingApproval)
             ))
             .bind(Status::Failed.as_str())
             .bind(error)
             .bind(now())
-            .bind(Status::AwaitingApproval.as_str())
             .bind(recorded_before)
             .fetch_all(conn)
             .await?;
@@ -92,9 +92,9 @@ impl Db {
     /// The deployments awaiting approval, oldest first.
     pub async fn awaiting_approval(&self, limit: u32) -> Result<Vec<Deployment>> {
         let rows = sqlx::query(&format!(
-            "SELECT {DEPLOYMENT_COLUMNS} FROM deployments WHERE status = $1 ORDER BY id LIMIT $2"
+            "SELECT {DEPLOYMENT_COLUMNS} FROM deployments WHERE {} ORDER BY id LIMIT $1",
+            status_is(Status::AwaitingApproval)
         ))
-        .bind(Status::AwaitingApproval.as_str())
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;

@@ -8,7 +8,7 @@ use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
 use super::events::Report;
-use super::{Claim, Db, Error, Result, now};
+use super::{Claim, Db, Error, Result, now, status_is};
 use crate::model::Receipt;
 use crate::model::{Approval, Cause, Deployment, Outcome, Phase, Progress, Status};
 
@@ -77,8 +77,9 @@ impl Db {
                  CASE WHEN behind THEN '' ELSE $6 END, $7, $8, $9, \
                  CASE WHEN behind THEN NULL ELSE $10 END, CASE WHEN behind THEN NULL ELSE $11 END, \
                  CASE WHEN behind THEN NULL ELSE $12 END \
-                 FROM (SELECT EXISTS (SELECT 1 FROM deployments WHERE status = $13) AS behind) ahead \
-                 RETURNING {DEPLOYMENT_COLUMNS}"
+                 FROM (SELECT (SELECT min(id) FROM deployments WHERE {queued}) IS NOT NULL AS behind) ahead \
+                 RETURNING {DEPLOYMENT_COLUMNS}",
+                    queued = status_is(Status::Queued)
                 ))
                 .bind(model_id)
                 .bind(deployer)
@@ -274,7 +275,8 @@ impl Db {
                 "UPDATE deployments SET status = $1, \
                  error = CASE phase WHEN $2 THEN $3 WHEN $4 THEN $5 ELSE $6 END, \
                  completed_at = $7, phase = NULL \
-                 WHERE server_id = $8 AND status = $9 RETURNING {DEPLOYMENT_COLUMNS}"
+                 WHERE server_id = $8 AND {running} RETURNING {DEPLOYMENT_COLUMNS}",
+                running = status_is(Status::Running)
             ))
             .bind(Status::Failed.as_str())
             .bind(Phase::Fetching.as_str())

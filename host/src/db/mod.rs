@@ -194,6 +194,16 @@ pub struct Db {
     reach: Arc<reach::Reach>,
 }
 
+/// `status` as an SQL literal, for a statement that finds rows by their
+/// status. Written into the statement, not bound: PostgreSQL plans a
+/// prepared statement once for any value after five runs, and that plan of
+/// `status = $1` reads the whole table (most rows have ended, so any status
+/// looks common); a literal is planned for what the table holds, where
+/// queued and running rows are few: the index on status.
+fn status_is(status: crate::model::Status) -> String {
+    format!("status = '{}'", status.as_str())
+}
+
 pub fn now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }

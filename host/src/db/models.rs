@@ -99,12 +99,14 @@ impl Db {
     /// in to keep the models dir within its budget.
     pub async fn models_by_last_deployed(&self) -> Result<Vec<LastDeployed>> {
         // A subquery per model, on the index by model: no GROUP BY whose
-        // output PostgreSQL would refuse to order by an expression of.
+        // output PostgreSQL would refuse to order by an expression of. The
+        // newest row's time, read from the end of that index, stands for the
+        // latest time: one row a model, not every deployment it ever had.
         let rows = sqlx::query(
             "SELECT id, job_id, last_deployed FROM (\
                SELECT m.id, m.job_id, \
-                 (SELECT MAX(d.created_at) FROM deployments d WHERE d.model_id = m.id) \
-                   AS last_deployed \
+                 (SELECT d.created_at FROM deployments d WHERE d.model_id = m.id \
+                  ORDER BY d.id DESC LIMIT 1) AS last_deployed \
                FROM models m) AS t \
              ORDER BY CASE WHEN last_deployed IS NULL THEN 0 ELSE 1 END, last_deployed, id",
         )

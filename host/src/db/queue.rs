@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use sqlx::Row;
 
 use super::deployments::{DEPLOYMENT_COLUMNS, deployment_row};
-use super::{Db, Error, Result, now};
+use super::{Db, Error, Result, now, status_is};
 use crate::model::{Deployment, Phase, Status};
 
 /// What a server can run: `deployer@sha256` of each loaded deployer. A
@@ -79,13 +79,14 @@ impl Db {
         let server_id = server_id.to_string();
         let skip_locked = self.backend.skip_locked();
         self.write(statements!(|conn| {
-            let placeholders = placeholders(3, keys.len());
+            let placeholders = placeholders(2, keys.len());
             let sql = format!(
-                "SELECT id FROM deployments WHERE status = $1 \
+                "SELECT id FROM deployments WHERE {queued} \
                  AND deployer || '@' || plugin_sha256 IN ({placeholders}) \
-                 ORDER BY id LIMIT $2{skip_locked}"
+                 ORDER BY id LIMIT $1{skip_locked}",
+                queued = status_is(Status::Queued)
             );
-            let mut query = sqlx::query(&sql).bind(Status::Queued.as_str()).bind(limit);
+            let mut query = sqlx::query(&sql).bind(limit);
             for key in keys {
                 query = query.bind(key);
             }
@@ -210,9 +211,9 @@ impl Db {
             let expired = sqlx::query(&format!(
                 "SELECT d.id, d.phase, d.server_id, \
                  (SELECT s.name FROM servers s WHERE s.id = d.server_id) AS name \
-                 FROM deployments d WHERE d.status = $1 AND d.lease_until < $2{skip_locked}"
+                 FROM deployments d WHERE d.{running} AND d.lease_until < $1{skip_locked}",
+                running = status_is(Status::Running)
             ))
-            .bind(Status::Running.as_str())
             .bind(now_ms)
             .fetch_all(&mut *conn)
             .await?;
@@ -257,9 +258,9 @@ impl Db {
             }
             let waiting = sqlx::query(&format!(
                 "SELECT id, deployer, plugin_sha256 FROM deployments \
-                 WHERE status = $1 AND created_at < $2 ORDER BY id{skip_locked}"
+                 WHERE {queued} AND created_at < $1 ORDER BY id{skip_locked}",
+                queued = status_is(Status::Queued)
             ))
-            .bind(Status::Queued.as_str())
             .bind(queued_before)
             .fetch_all(&mut *conn)
             .await?;
@@ -329,22 +330,22 @@ impl Db {
 
     /// How many deployments wait in the queue, for any server.
     pub async fn queued_count(&self) -> Result<u64> {
-        let row = sqlx::query("SELECT COUNT(*) FROM deployments WHERE status = $1")
-            .bind(Status::Queued.as_str())
-            .fetch_one(&self.pool)
-            .await?;
+        let sql = format!(
+            "SELECT COUNT(*) FROM deployments WHERE {}",
+            status_is(Status::Queued)
+        );
+        let row = sqlx::query(&sql).fetch_one(&self.pool).await?;
         let count: i64 = row.try_get(0)?;
         Ok(u64::try_from(count).unwrap_or_default())
     }
 
     /// The `deployer@sha256` keys of the queued deployments.
     pub async fn queued_keys(&self) -> Result<std::collections::HashSet<String>> {
-        let rows = sqlx::query(
-            "SELECT DISTINCT deployer, plugin_sha256 FROM deployments WHERE status = $1",
-        )
-        .bind(Status::Queued.as_str())
-        .fetch_all(&self.pool)
-        .await?;
+        let sql = format!(
+            "SELECT DISTINCT deployer, plugin_sha256 FROM deployments WHERE {}",
+            status_is(Status::Queued)
+        );
+        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
         rows.iter()
             .map(|row| {
                 let sha256: Option<String> = row.try_get("plugin_sha256")?;
