@@ -11,7 +11,8 @@
 //! of berth to compare, `--load-secs N`), `quota` (how far a deployer gets
 //! past its out-dir quota), `deploys` (synchronous deployments at 1, 16
 //! and 100 in flight on SQLite and on each `--pg LABEL=URL`, beside the
-//! disk's synced-commit bound; every `--berth` build), `dropin` (from a
+//! disk's synced-commit bound; every `--berth` build; `--history N` ended
+//! deployments recorded first), `dropin` (from a
 //! plugin dropped into the folder to its first deployment, cold),
 //! `cluster` (queued deployments and events on one server against three
 //! sharing the first `--pg`), `push` (from a deployer pushed over the API
@@ -91,6 +92,10 @@ pub struct Ctx {
     /// The deployments benchmark's concurrencies (`--in-flight N`, again
     /// for more): 1, 16 and 100 unless given.
     pub in_flight: Vec<usize>,
+    /// Ended deployments each server of the deployments benchmark has
+    /// recorded before it is measured (`--history N`; none unless given):
+    /// a server in use for a while, not one started a moment ago.
+    pub history: u64,
     /// Size of each of the 4 files the publishing benchmark puts, MiB.
     pub publish_mib: u64,
     /// Size of the model the native-speed benchmark gzips and hashes, MiB.
@@ -120,7 +125,7 @@ fn main() -> anyhow::Result<()> {
     let (mut capped_gib, mut rss_gib, mut cap_mbps) = (2, 4, 50);
     let (mut builds, mut load_secs, mut pg) = (Vec::new(), 20, Vec::new());
     let (mut in_flight, mut publish_mib, mut native_mib) = (Vec::new(), 1024, 512);
-    let mut archives = Vec::new();
+    let (mut archives, mut history) = (Vec::new(), 0);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut number = |name: &str| -> anyhow::Result<u64> {
@@ -145,6 +150,7 @@ fn main() -> anyhow::Result<()> {
             "--in-flight" => in_flight.push(number("--in-flight")? as usize),
             "--publish-mib" => publish_mib = number("--publish-mib")?,
             "--native-mib" => native_mib = number("--native-mib")?,
+            "--history" => history = number("--history")?,
             "--archive" => {
                 let arg = args.next().context("--archive needs LABEL=PATH")?;
                 let (label, path) = arg.split_once('=').context("--archive takes LABEL=PATH")?;
@@ -201,6 +207,7 @@ fn main() -> anyhow::Result<()> {
         publish_mib,
         native_mib,
         archives,
+        history,
     };
     machine();
 
