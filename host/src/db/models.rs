@@ -74,21 +74,25 @@ impl Db {
         Ok(models)
     }
 
+    /// A model with its files, read in one statement: the model's row
+    /// first (position -1), then its files' rows in order: one round trip
+    /// a deployment fewer than two reads.
     pub async fn model(&self, id: i64) -> Result<Option<TrainedModel>> {
-        let Some(row) = sqlx::query(&format!("SELECT {MODEL_COLUMNS} FROM models WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
-        else {
-            return Ok(None);
-        };
-        let mut model = model_row(&row)?;
-        let files = sqlx::query(
-            "SELECT path, size_bytes, sha256 FROM model_files WHERE model_id = $1 ORDER BY position",
-        )
+        let nothing = vec!["NULL"; MODEL_COLUMNS.split(',').count()].join(", ");
+        let rows = sqlx::query(&format!(
+            "SELECT {MODEL_COLUMNS}, NULL AS path, NULL AS size_bytes, NULL AS sha256, \
+             -1 AS position FROM models WHERE id = $1 \
+             UNION ALL SELECT {nothing}, path, size_bytes, sha256, position \
+             FROM model_files WHERE model_id = $1 ORDER BY position"
+        ))
         .bind(id)
         .fetch_all(&self.pool)
         .await?;
+        // No model, no files (they go with it): nothing at all.
+        let Some((first, files)) = rows.split_first() else {
+            return Ok(None);
+        };
+        let mut model = model_row(first)?;
         model.files = files.iter().map(file_row).collect::<Result<_>>()?;
         Ok(Some(model))
     }
