@@ -229,8 +229,9 @@ async fn a_long_history_is_never_read_whole_to_queue_run_or_sweep() {
         let (status, row) = berth.deploy(id, "misbehave", json!({ "mode": "ok" })).await;
         assert_eq!(status, StatusCode::OK, "{row}");
     }
+    // Busy until cancelled: the three after it wait, then are claimed.
     let busy = berth
-        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 500 }))
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 60_000 }))
         .await;
     let mut queued = Vec::new();
     for _ in 0..3 {
@@ -240,6 +241,13 @@ async fn a_long_history_is_never_read_whole_to_queue_run_or_sweep() {
         assert_eq!(row["status"], "queued", "behind {busy}: {row}");
         queued.push(row["id"].as_i64().unwrap());
     }
+    let (status, _) = berth
+        .post(
+            &format!("/v1/deployments/{}/cancel", busy["id"]),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
     for deployment in queued {
         let row = eventually(
             || format!("queued deployment {deployment} to be claimed and end"),
