@@ -401,12 +401,7 @@ async fn a_queued_deployment_runs_the_version_it_was_accepted_for(backend: Backe
         still["status"], "queued",
         "the new version was served while it waited: {still}"
     );
-    let (status, cancelled) = berth
-        .post(
-            &format!("/v1/deployments/{}/cancel", running["id"]),
-            &json!({}),
-        )
-        .await;
+    let (status, cancelled) = berth.cancel(&running).await;
     assert_eq!(status, StatusCode::OK, "{cancelled}");
     assert_eq!(cancelled["plugin_sha256"], misbehave_sha, "{cancelled}");
     let ended = ended(&berth, queued_id).await;

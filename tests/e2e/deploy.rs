@@ -511,12 +511,7 @@ async fn a_models_files_are_dropped_only_when_no_deployment_uses_them(backend: B
         contents.len(),
         "files dropped in use"
     );
-    let (status, _) = berth
-        .post(
-            &format!("/v1/deployments/{}/cancel", running["id"]),
-            &json!({}),
-        )
-        .await;
+    let (status, _) = berth.cancel(&running).await;
     assert!(status.is_success(), "{status}");
     let (status, body) = berth.delete(&format!("/v1/models/{id}")).await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{body}");

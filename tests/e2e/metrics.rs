@@ -256,12 +256,7 @@ async fn the_gauges_follow_the_plugins_folder_and_running_deployments() {
         },
     )
     .await;
-    let (status, cancelled) = berth
-        .post(
-            &format!("/v1/deployments/{}/cancel", running["id"]),
-            &json!({}),
-        )
-        .await;
+    let (status, cancelled) = berth.cancel(&running).await;
     assert_eq!(status, StatusCode::OK, "{cancelled}");
     assert_eq!(cancelled["status"], "failed");
     let now = scrape(berth.client(), &metrics).await;
@@ -346,12 +341,7 @@ async fn a_queued_deployment_counts_its_verified_bytes_once() {
     assert_eq!(busy["status"], "running", "{busy}");
     let queued = berth.deploy_detached(fetched, "misbehave", json!({})).await;
     assert_eq!(queued["status"], "queued", "{queued}");
-    let (status, cancelled) = berth
-        .post(
-            &format!("/v1/deployments/{}/cancel", busy["id"]),
-            &json!({}),
-        )
-        .await;
+    let (status, cancelled) = berth.cancel(&busy).await;
     assert_eq!(status, StatusCode::OK, "{cancelled}");
     let path = format!("/v1/deployments/{}", queued["id"]);
     let row = eventually(

@@ -56,12 +56,7 @@ async fn a_full_server_queues_the_rest_in_order_and_a_cancelled_one_never_starts
         )
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{again}");
-    let (status, stopped) = berth
-        .post(
-            &format!("/v1/deployments/{}/cancel", busy["id"]),
-            &json!({}),
-        )
-        .await;
+    let (status, stopped) = berth.cancel(&busy).await;
     assert_eq!(status, StatusCode::OK, "{stopped}");
 
     let (_, list) = eventually(
@@ -151,12 +146,7 @@ async fn a_client_that_leaves_while_its_deployment_waits_cancels_it(backend: Bac
         row["error"],
         "cancelled: the client disconnected (before it started)"
     );
-    let (status, _) = berth
-        .post(
-            &format!("/v1/deployments/{}/cancel", busy["id"]),
-            &json!({}),
-        )
-        .await;
+    let (status, _) = berth.cancel(&busy).await;
     assert_eq!(status, StatusCode::OK);
 }
 
@@ -241,12 +231,7 @@ async fn a_long_history_is_never_read_whole_to_queue_run_or_sweep() {
         assert_eq!(row["status"], "queued", "behind {busy}: {row}");
         queued.push(row["id"].as_i64().unwrap());
     }
-    let (status, _) = berth
-        .post(
-            &format!("/v1/deployments/{}/cancel", busy["id"]),
-            &json!({}),
-        )
-        .await;
+    let (status, _) = berth.cancel(&busy).await;
     assert_eq!(status, StatusCode::OK);
     for deployment in queued {
         let row = eventually(

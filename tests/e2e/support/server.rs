@@ -436,6 +436,12 @@ impl Berth {
             .await
     }
 
+    /// Asks to cancel the deployment whose row is `row`: the answer.
+    pub async fn cancel(&self, row: &Value) -> (StatusCode, Value) {
+        let path = format!("/v1/deployments/{}/cancel", row["id"]);
+        self.post(&path, &serde_json::json!({})).await
+    }
+
     /// Starts a deployment in the background (`?wait=false`): its row,
     /// asserting the 202 (running if the server took it at once, queued
     /// if it was full or others waited).
