@@ -91,17 +91,14 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
             let model_id = server.register(ctx, "tiny", &tiny).await?;
             // Fetched once: every timed deployment finds it verified.
             server.deploy(model_id).await?;
-            let database = match &database {
-                Some((admin, database)) => {
-                    record_history(&database.1, ctx.history).await?;
-                    Some((admin.clone(), database.clone()))
-                }
-                None => {
-                    let file = ctx.out_dir.join(&name).join("data/berth.db");
-                    record_history(&format!("sqlite://{}", file.display()), ctx.history).await?;
-                    None
-                }
+            let url = match &database {
+                Some((_, (_, url))) => url.clone(),
+                None => format!(
+                    "sqlite://{}",
+                    ctx.out_dir.join(&name).join("data/berth.db").display()
+                ),
             };
+            record_history(&url, ctx.history).await?;
             subjects.push(Subject {
                 label,
                 server,
@@ -216,8 +213,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
 }
 
 /// Records `rows` ended deployments more in the database at `url`, copies
-/// of the one there (in the columns every build has), and refreshes the planner's statistics, as a server
-/// in use for a while has them.
+/// of the one there (in the columns every build has), and refreshes the
+/// planner's statistics, as a server in use for a while has them.
 async fn record_history(url: &str, rows: u64) -> anyhow::Result<()> {
     if rows == 0 {
         return Ok(());
