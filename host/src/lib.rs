@@ -27,6 +27,7 @@ pub mod pipeline;
 pub mod publish;
 pub mod rules;
 pub mod runtime;
+pub mod scrub;
 pub mod space;
 pub mod targets;
 pub mod trust;

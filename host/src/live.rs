@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fetch;
 use crate::model::{Deployment, Phase, Progress, Receipt};
-use crate::runtime::{GuestLevel, LogReporter, Reporter};
+use crate::runtime::{GuestLevel, LogReporter, OwnCall, Reporter};
 
 /// A deployment's log keeps at most this many bytes; older lines go first.
 const MAX_LOG_BYTES: usize = 256 * 1024;
@@ -225,6 +225,19 @@ impl Reporter for Running {
     fn publishing(&self, bytes: u64) {
         let mut state = self.state.lock().expect("running lock");
         state.progress.published_bytes += bytes;
+        state.dirty = true;
+    }
+
+    /// Counted in the progress, which is always kept, and said in the
+    /// deployment's log, which keeps its newest lines.
+    fn called(&self, call: &OwnCall) {
+        self.log.called(call);
+        self.keep(format!("berth {call}"));
+        let mut state = self.state.lock().expect("running lock");
+        let p = &mut state.progress;
+        p.calls += 1;
+        p.calls_sent_bytes += call.sent;
+        p.calls_received_bytes += call.received;
         state.dirty = true;
     }
 

@@ -242,4 +242,9 @@ pub struct Progress {
     /// Put into publishing targets so far (`published` lists each put).
     pub published_bytes: u64,
     pub published_files: usize,
+    /// The deployer's own requests under targets so far, and their body
+    /// bytes each way (the deployment's log has a line for each).
+    pub calls: u64,
+    pub calls_sent_bytes: u64,
+    pub calls_received_bytes: u64,
 }

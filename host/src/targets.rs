@@ -29,6 +29,8 @@ use toml::Spanned;
 
 use crate::host_env::{header_value, registry_login, s3_option};
 use crate::oci::Login;
+use crate::publish::Key;
+use crate::scrub::{Scrubber, Secret};
 
 /// A target name is at most this long.
 const MAX_NAME_LEN: usize = 64;
@@ -64,7 +66,12 @@ pub enum Kind {
         options: Vec<(AmazonS3ConfigKey, String)>,
     },
     /// A mirror that takes `PUT`; the values are marked sensitive.
-    Http { headers: HeaderMap },
+    /// `call`: the deployer's own requests under the url that carry the
+    /// headers; none unless the operator says so.
+    Http {
+        headers: HeaderMap,
+        call: Option<Call>,
+    },
     /// An OCI registry (`oci://REGISTRY/NAMESPACE/`): keys are
     /// `REPO:TAG/PATH`, repositories under the namespace; the login, if
     /// any, from the options `username` and `password`.
@@ -100,6 +107,108 @@ struct RawTarget {
     #[serde(default)]
     options: BTreeMap<Spanned<String>, String>,
     max_gib: Option<Spanned<i64>>,
+    call: Option<Spanned<RawCall>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCall {
+    methods: Vec<String>,
+    paths: Option<Vec<String>>,
+}
+
+/// Methods a deployer may be let call a target's url with, its
+/// credentials added. `TRACE` echoes the request, credentials and all, and
+/// `CONNECT` opens a tunnel past the gate: never.
+const CALL_METHODS: [&str; 7] = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+
+/// The requests of a deployer's own that an http(s) target's credentials
+/// go with (`call = { methods = [...], paths = [...] }`): these methods, at
+/// these paths relative to the target's url (`/` is the url itself; `*`
+/// is any text, `/` included).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    methods: Vec<http::Method>,
+    paths: Vec<String>,
+}
+
+impl Call {
+    fn parse(raw: RawCall) -> Result<Self, String> {
+        if raw.methods.is_empty() {
+            return Err(
+                "call.methods is empty: name the methods the deployer may send (e.g. [\"POST\"]), \
+                 or leave call out"
+                    .into(),
+            );
+        }
+        let mut methods = Vec::new();
+        for method in &raw.methods {
+            let upper = method.to_ascii_uppercase();
+            if upper == "TRACE" || upper == "CONNECT" {
+                return Err(format!(
+                    "call.methods: {method} is never allowed (TRACE echoes the request with its \
+                     credentials; CONNECT tunnels past berth's gate)"
+                ));
+            }
+            if !CALL_METHODS.contains(&upper.as_str()) {
+                return Err(format!(
+                    "call.methods: {method:?} is not one of {}",
+                    CALL_METHODS.join(", ")
+                ));
+            }
+            methods.push(http::Method::from_bytes(upper.as_bytes()).expect("a known method"));
+        }
+        let paths = raw.paths.unwrap_or_else(|| vec!["/*".to_string()]);
+        if paths.is_empty() {
+            return Err("call.paths is empty: leave it out to allow every path".into());
+        }
+        for path in &paths {
+            let relative = path.strip_prefix('/').ok_or_else(|| {
+                format!("call.paths: {path:?} must start with / (the target's url)")
+            })?;
+            // `*` stands for text of the key's own kind.
+            if !relative.is_empty() {
+                Key::parse(&relative.replace('*', "x"))
+                    .map_err(|e| format!("call.paths: {path:?}: {e}"))?;
+            }
+        }
+        Ok(Self { methods, paths })
+    }
+
+    /// Whether `method` at `relative` (the request's path past the
+    /// target's url, starting with `/`) is allowed.
+    pub fn allows(&self, method: &http::Method, relative: &str) -> bool {
+        self.methods.contains(method) && self.paths.iter().any(|p| glob(p, relative))
+    }
+
+    /// As a sentence: `POST, PUT at /hooks/*`.
+    pub fn said(&self) -> String {
+        let methods: Vec<&str> = self.methods.iter().map(http::Method::as_str).collect();
+        format!("{} at {}", methods.join(", "), self.paths.join(", "))
+    }
+}
+
+/// Whether `text` matches `pattern`, where `*` is any run of characters.
+fn glob(pattern: &str, text: &str) -> bool {
+    let (pattern, text) = (pattern.as_bytes(), text.as_bytes());
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if p < pattern.len() && pattern[p] == text[t] {
+            p += 1;
+            t += 1;
+        } else if let Some((sp, st)) = star {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&b| b == b'*')
 }
 
 impl Targets {
@@ -152,6 +261,17 @@ impl Targets {
             return Err(sentences.join("; "));
         }
         Ok(Self { entries })
+    }
+
+    /// What finds the credentials of the targets `names` (those this
+    /// server configures) in text.
+    pub fn scrubber(&self, names: &[String]) -> Scrubber {
+        Scrubber::new(
+            self.entries
+                .iter()
+                .filter(|t| names.contains(&t.name))
+                .flat_map(Target::secrets),
+        )
     }
 
     /// The target named `name`, if this server configures it.
@@ -219,6 +339,18 @@ impl Targets {
                 };
                 lines.push(format!("{table} = {}", redacted(&t.credential_names)));
             }
+            if let Kind::Http {
+                call: Some(call), ..
+            } = &t.kind
+            {
+                let methods: Vec<String> = call.methods.iter().map(|m| quoted(m.as_str())).collect();
+                let paths: Vec<String> = call.paths.iter().map(|p| quoted(p)).collect();
+                lines.push(format!(
+                    "call = {{ methods = [{}], paths = [{}] }}",
+                    methods.join(", "),
+                    paths.join(", ")
+                ));
+            }
             if let Some(bytes) = t.max_bytes {
                 lines.push(format!("max_gib = {}", bytes >> 30));
             }
@@ -256,6 +388,7 @@ impl Target {
             },
             "http" | "https" => Kind::Http {
                 headers: HeaderMap::new(),
+                call: None,
             },
             _ => Kind::File,
         };
@@ -281,8 +414,24 @@ impl Target {
                 ),
             ));
         }
+        if let Some(call) = raw.call {
+            let at = line_of(call.span().start);
+            match &mut kind {
+                Kind::Http { call: slot, .. } => match Call::parse(call.into_inner()) {
+                    Ok(parsed) => *slot = Some(parsed),
+                    Err(e) => problems.push((at, format!("{subject}: {e}"))),
+                },
+                _ => problems.push((
+                    at,
+                    format!(
+                        "{subject}: call is for http and https targets: a deployer reaches a \
+                         {kind_name} target through the publish interface only"
+                    ),
+                )),
+            }
+        }
         match &mut kind {
-            Kind::Http { headers } => {
+            Kind::Http { headers, .. } => {
                 for (header, template) in &raw.headers {
                     match header_value(header.get_ref(), template, lookup) {
                         Ok((header_name, value)) => {
@@ -366,6 +515,39 @@ impl Target {
 
     pub fn max_bytes(&self) -> Option<u64> {
         self.max_bytes
+    }
+
+    /// Its credentials, each in the forms `crate::scrub` looks for.
+    fn secrets(&self) -> Vec<Secret<'_>> {
+        match &self.kind {
+            Kind::Http { headers, .. } => headers
+                .values()
+                .map(|v| Secret::Header(v.as_bytes()))
+                .collect(),
+            Kind::S3 { options } => options
+                .iter()
+                .filter(|(key, _)| {
+                    matches!(
+                        key,
+                        AmazonS3ConfigKey::SecretAccessKey | AmazonS3ConfigKey::Token
+                    )
+                })
+                .map(|(_, value)| Secret::Value(value))
+                .collect(),
+            Kind::Oci { login, .. } => login
+                .iter()
+                .map(|l| Secret::Login {
+                    username: &l.username,
+                    password: &l.password,
+                })
+                .collect(),
+            Kind::File => Vec::new(),
+        }
+    }
+
+    /// What finds this target's credentials in text.
+    pub fn scrubber(&self) -> Scrubber {
+        Scrubber::new(self.secrets())
     }
 }
 

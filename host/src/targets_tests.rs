@@ -23,6 +23,7 @@ max_gib = 50
 name = "mirror"
 url = "https://mirror.internal/base/"
 headers = { Authorization = "Bearer ${MIRROR_TOKEN}" }
+call = { methods = ["post"], paths = ["/hooks/*"] }
 
 [[target]]
 name = "scratch"
@@ -48,11 +49,16 @@ fn targets_are_resolved_by_kind() {
         "bucket-s3cret".to_string()
     )));
     let mirror = targets.get("mirror").unwrap();
-    let Kind::Http { headers } = mirror.kind() else {
+    let Kind::Http { headers, call } = mirror.kind() else {
         panic!("{mirror:?}")
     };
     assert_eq!(headers["authorization"], "Bearer mirror-s3cret");
     assert!(headers["authorization"].is_sensitive());
+    let call = call.as_ref().unwrap();
+    assert_eq!(call.said(), "POST at /hooks/*");
+    assert!(call.allows(&http::Method::POST, "/hooks/a/b"));
+    assert!(!call.allows(&http::Method::POST, "/hook"));
+    assert!(!call.allows(&http::Method::GET, "/hooks/a"));
     let scratch = targets.get("scratch").unwrap();
     assert!(matches!(scratch.kind(), Kind::File));
     assert_eq!(scratch.max_bytes(), None);
@@ -236,4 +242,82 @@ fn opening_a_target_needs_a_grant_and_the_servers_configuration() {
             }
         }
     }
+}
+
+#[test]
+fn a_call_grant_is_checked_and_trace_and_connect_are_never_allowed() {
+    let file = |call: &str, url: &str| {
+        format!("[[target]]\nname = \"m\"\nurl = \"{url}\"\ncall = {call}\n")
+    };
+    for (call, url, expected) in [
+        (
+            r#"{ methods = ["TRACE"] }"#,
+            "http://h/",
+            "s.toml:4: target \"m\": call.methods: TRACE is never allowed (TRACE echoes the \
+             request with its credentials; CONNECT tunnels past berth's gate)",
+        ),
+        (
+            r#"{ methods = ["connect"] }"#,
+            "http://h/",
+            "s.toml:4: target \"m\": call.methods: connect is never allowed (TRACE echoes the \
+             request with its credentials; CONNECT tunnels past berth's gate)",
+        ),
+        (
+            r#"{ methods = ["FETCH"] }"#,
+            "http://h/",
+            "s.toml:4: target \"m\": call.methods: \"FETCH\" is not one of GET, HEAD, POST, PUT, \
+             PATCH, DELETE, OPTIONS",
+        ),
+        (
+            r#"{ methods = [] }"#,
+            "http://h/",
+            "s.toml:4: target \"m\": call.methods is empty: name the methods the deployer may \
+             send (e.g. [\"POST\"]), or leave call out",
+        ),
+        (
+            r#"{ methods = ["POST"], paths = ["hooks"] }"#,
+            "http://h/",
+            "s.toml:4: target \"m\": call.paths: \"hooks\" must start with / (the target's url)",
+        ),
+        (
+            r#"{ methods = ["POST"], paths = ["/a/..;/b"] }"#,
+            "http://h/",
+            "s.toml:4: target \"m\": call.paths: \"/a/..;/b\": key \"a/..;/b\" has ';', which is \
+             not allowed in a key (\\, ?, #, % and ; are refused)",
+        ),
+        (
+            r#"{ methods = ["POST"] }"#,
+            "s3://bucket/",
+            "s.toml:4: target \"m\": call is for http and https targets: a deployer reaches a s3 \
+             target through the publish interface only",
+        ),
+    ] {
+        let text = file(call, url);
+        assert_eq!(
+            Targets::parse(&text, "s.toml", |_| None).unwrap_err(),
+            expected,
+            "{call}"
+        );
+    }
+}
+
+#[test]
+fn a_targets_scrubber_knows_each_kind_of_credential() {
+    let targets = Targets::parse(FILE, "ops.toml", env).unwrap();
+    let all: Vec<String> = ["releases", "mirror", "scratch", "registry"]
+        .map(String::from)
+        .to_vec();
+    let scrubber = targets.scrubber(&all);
+    let text = "mirror-s3cret bucket-s3cret registry-s3cret Y2k6cmVnaXN0cnktczNjcmV0";
+    assert_eq!(
+        scrubber.text(text),
+        "(redacted) (redacted) (redacted) (redacted)"
+    );
+    // Only the targets named.
+    let mirror = targets.scrubber(&["mirror".to_string()]);
+    assert_eq!(
+        mirror.text(text),
+        "(redacted) bucket-s3cret registry-s3cret Y2k6cmVnaXN0cnktczNjcmV0"
+    );
+    assert!(targets.scrubber(&["scratch".to_string()]).is_empty());
 }

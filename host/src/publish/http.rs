@@ -31,8 +31,6 @@ use crate::trust::Trust;
 const TRIES: u32 = 4;
 /// Bytes read from disk at a time; a few are buffered.
 const CHUNK: usize = 256 << 10;
-/// How much of a refusal's body a message quotes.
-const QUOTED: usize = 300;
 /// How often the bytes sent are told to the caller during a request.
 const TELL_EVERY: Duration = Duration::from_millis(100);
 
@@ -124,7 +122,7 @@ impl Mirror {
                 etag: etag(response.headers()),
             });
         }
-        Err(subject.refused(&what, self.answered(response).await))
+        Err(subject.refused(&what, answered(subject, response).await))
     }
 
     pub(super) async fn stat(
@@ -164,7 +162,7 @@ impl Mirror {
                     etag: etag(response.headers()),
                 }))
             }
-            _ => Err(subject.refused(&what, self.answered(response).await)),
+            _ => Err(subject.refused(&what, answered(subject, response).await)),
         }
     }
 
@@ -205,48 +203,30 @@ impl Mirror {
             super::wait_to_try_again(subject, what, &why, &mut backoff, cancel).await?;
         }
     }
+}
 
-    /// An answer that is not a yes, for a message: its status, where a
-    /// redirect points, and the start of its body (a mirror says why
-    /// there), with the target's header values cut out should a mirror
-    /// echo them.
-    async fn answered(&self, response: Response) -> String {
-        let status = response.status();
-        if status.is_redirection() {
-            let to = response
-                .headers()
-                .get(LOCATION)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("nowhere said");
-            return format!(
-                "it answered {status}, to {to}: berth does not follow a target's redirects (its \
-                 credentials would go along); set the target's url to where the mirror takes uploads"
-            );
-        }
-        let mut said = Vec::new();
-        let mut response = response;
-        while said.len() < QUOTED {
-            match response.chunk().await {
-                Ok(Some(chunk)) => said.extend_from_slice(&chunk),
-                _ => break,
-            }
-        }
-        let mut said = String::from_utf8_lossy(&said[..said.len().min(QUOTED)])
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ");
-        for value in self.headers.values() {
-            if let Ok(value) = value.to_str()
-                && !value.is_empty()
-            {
-                said = said.replace(value, "(redacted)");
-            }
-        }
-        if said.is_empty() {
-            format!("it answered {status}")
-        } else {
-            format!("it answered {status}: {said}")
-        }
+/// An answer that is not a yes, for a message: its status, where a
+/// redirect points, and the start of its body (a mirror says why there),
+/// scrubbed of the target's credentials should a mirror echo them.
+async fn answered(subject: &Subject, response: Response) -> String {
+    let status = response.status();
+    if status.is_redirection() {
+        let to = response
+            .headers()
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("nowhere said");
+        let to = subject.scrubber.text(to);
+        return format!(
+            "it answered {status}, to {to}: berth does not follow a target's redirects (its \
+             credentials would go along); set the target's url to where the mirror takes uploads"
+        );
+    }
+    let said = super::quote(response, &subject.scrubber).await;
+    if said.is_empty() {
+        format!("it answered {status}")
+    } else {
+        format!("it answered {status}: {said}")
     }
 }
 

@@ -1,14 +1,19 @@
 //! A key under a target: checked once, where a plugin's text becomes one,
-//! so every backend joins it under its prefix without looking again.
+//! so every backend joins it under its prefix without looking again. The
+//! same rule judges the path of a deployer's own request under a target's
+//! url (`Key::of_request_path`): what a server might normalise into
+//! another path (`..;`, `%2e`, `%252e`, empty or dot segments) is refused
+//! in both, so a key and a request stay where they say.
 
 /// A key is at most this long, in bytes (S3's own limit on a whole key).
 pub const MAX_KEY_BYTES: usize = 1024;
 
 /// A checked key: relative, '/'-separated, no empty/'.'/'..' segment, no
-/// leading '/', no '\\', '?', '#', '%', no control chars, at most 1,024
-/// bytes. Anything else could leave the target's prefix, mean another
-/// object than the one written (`%2e%2e`, a query) or be read differently
-/// by each kind of store.
+/// leading '/', no '\\', '?', '#', '%', ';', no control chars, at most
+/// 1,024 bytes. Anything else could leave the target's prefix, mean
+/// another object than the one written (`%2e%2e`, a query, `..;` which
+/// Tomcat-style servers read as `..`) or be read differently by each kind
+/// of store.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Key(String);
 
@@ -34,9 +39,12 @@ impl Key {
         if let Some(c) = text.chars().find(|c| c.is_control()) {
             return refuse(&format!("has a control character ({:?})", c));
         }
-        if let Some(c) = text.chars().find(|c| matches!(c, '\\' | '?' | '#' | '%')) {
+        if let Some(c) = text
+            .chars()
+            .find(|c| matches!(c, '\\' | '?' | '#' | '%' | ';'))
+        {
             return refuse(&format!(
-                "has {c:?}, which is not allowed in a key (\\, ?, # and % are refused)"
+                "has {c:?}, which is not allowed in a key (\\, ?, #, % and ; are refused)"
             ));
         }
         for segment in text.split('/') {
@@ -51,6 +59,26 @@ impl Key {
             }
         }
         Ok(Key(text.to_string()))
+    }
+
+    /// The key a request path names, `relative` being the path as sent
+    /// past the target's url (percent-encoded): each segment decoded once
+    /// and the whole held to the key's rule, so `%2e%2e`, `%252e` (`%`
+    /// after decoding) and an encoded `/` are refused like `..` itself.
+    pub fn of_request_path(relative: &str) -> Result<Key, String> {
+        let mut decoded = Vec::new();
+        for segment in relative.split('/') {
+            let text = percent_encoding::percent_decode_str(segment)
+                .decode_utf8()
+                .map_err(|_| format!("the path {relative:?} does not decode to UTF-8"))?;
+            if text.contains('/') {
+                return Err(format!(
+                    "the path {relative:?} has an encoded /, which servers read differently"
+                ));
+            }
+            decoded.push(text);
+        }
+        Key::parse(&decoded.join("/")).map_err(|e| format!("the path {relative:?}: {e}"))
     }
 
     pub fn as_str(&self) -> &str {
@@ -89,7 +117,7 @@ mod tests {
         let cases: &[(&str, Result<(), &str>)] = &[
             ("model.safetensors", Ok(())),
             ("job-1/deploy-3/adapter_model.safetensors", Ok(())),
-            ("a b/ünïcode: ok;=,+@!~*'()[]", Ok(())),
+            ("a b/ünïcode: ok=,+@!~*'()[]", Ok(())),
             ("a:b", Ok(())),
             ("...", Ok(())),
             (".hidden/x..y", Ok(())),
@@ -129,31 +157,37 @@ mod tests {
             (
                 "a\\b",
                 Err(
-                    "key \"a\\\\b\" has '\\\\', which is not allowed in a key (\\, ?, # and % are refused)",
+                    "key \"a\\\\b\" has '\\\\', which is not allowed in a key (\\, ?, #, % and ; are refused)",
                 ),
             ),
             (
                 "..\\x",
                 Err(
-                    "key \"..\\\\x\" has '\\\\', which is not allowed in a key (\\, ?, # and % are refused)",
+                    "key \"..\\\\x\" has '\\\\', which is not allowed in a key (\\, ?, #, % and ; are refused)",
                 ),
             ),
             (
                 "a?x=1",
                 Err(
-                    "key \"a?x=1\" has '?', which is not allowed in a key (\\, ?, # and % are refused)",
+                    "key \"a?x=1\" has '?', which is not allowed in a key (\\, ?, #, % and ; are refused)",
                 ),
             ),
             (
                 "a#frag",
                 Err(
-                    "key \"a#frag\" has '#', which is not allowed in a key (\\, ?, # and % are refused)",
+                    "key \"a#frag\" has '#', which is not allowed in a key (\\, ?, #, % and ; are refused)",
                 ),
             ),
             (
                 "%2e%2e/x",
                 Err(
-                    "key \"%2e%2e/x\" has '%', which is not allowed in a key (\\, ?, # and % are refused)",
+                    "key \"%2e%2e/x\" has '%', which is not allowed in a key (\\, ?, #, % and ; are refused)",
+                ),
+            ),
+            (
+                "..;/shared/x",
+                Err(
+                    "key \"..;/shared/x\" has ';', which is not allowed in a key (\\, ?, #, % and ; are refused)",
                 ),
             ),
             ("a\nb", Err("key \"a\\nb\" has a control character ('\\n')")),
@@ -176,6 +210,24 @@ mod tests {
                 "the key (2048 bytes, starting {:?}) is longer than 1024 bytes",
                 "a".repeat(40)
             ))
+        );
+        for path in [
+            "..%3b/shared",
+            "..;/shared",
+            "%2e%2e/admin",
+            "%2E/a",
+            "%252e%252e/x",
+            "a/..%2Fb",
+            "a%5c..%5cb",
+            "a//b",
+            "a/",
+            "%ff",
+        ] {
+            assert!(Key::of_request_path(path).is_err(), "{path}");
+        }
+        assert_eq!(
+            Key::of_request_path("job%201/a%3Ab.bin").map(|k| k.0),
+            Ok("job 1/a:b.bin".to_string())
         );
         let over = format!("{at_limit}c");
         assert!(

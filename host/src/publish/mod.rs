@@ -6,8 +6,9 @@
 //! (`read`), checked against the digest they were verified with, and the
 //! destination is given that digest to check in turn; a put that fails or
 //! is cancelled leaves nothing behind (no partial file, no unfinished
-//! multipart upload). Credentials stay here: no error, `Debug` or receipt
-//! carries one.
+//! multipart upload). Credentials stay here: every error is scrubbed of
+//! the target's (`crate::scrub`), and no `Debug` or receipt carries one;
+//! a remote answer is quoted only once scrubbed (`quote`).
 //!
 //! Knows targets and uploads only: nothing of plugins and their grants
 //! (`Targets::open` is the caller's), the database, or berth's API.
@@ -191,7 +192,7 @@ impl Publishers {
                 s3::Bucket::build(target.url(), options, &self.trust, self.tuning)
                     .map_err(setup)?,
             ),
-            Kind::Http { headers } => {
+            Kind::Http { headers, .. } => {
                 Backend::Http(http::Mirror::build(headers.clone(), &self.trust).map_err(setup)?)
             }
             Kind::Oci {
@@ -216,6 +217,7 @@ impl Publishers {
                 subject: Subject {
                     target: name.to_string(),
                     url: target.url().clone(),
+                    scrubber: target.scrubber(),
                 },
                 backend,
             }),
@@ -278,7 +280,8 @@ impl Publisher {
         self.put_into(&alone, key, body, progress, cancel).await
     }
 
-    /// Puts `body` at `key` as `put` does; on an oci target, also records
+    /// Puts `body` at `key` as `put` does, its error scrubbed; on an oci
+    /// target, also records
     /// its layer in `pending`, for `finish`. The layer's place among its
     /// manifest's is taken when this is called, not when the future is
     /// first polled or ends: puts made in an order and run at once keep
@@ -296,7 +299,7 @@ impl Publisher {
             Backend::Oci(registry) => registry.reserve(subject, pending, key).map(Some),
             _ => Ok(None),
         };
-        async move {
+        let put = async move {
             let reserved = reserved?;
             if cancel.is_cancelled() {
                 return Err(Error::Cancelled);
@@ -342,7 +345,8 @@ impl Publisher {
                 sha256: put.sha256,
                 etag: put.etag,
             })
-        }
+        };
+        async move { put.await.map_err(|e| e.scrubbed(&subject.scrubber)) }
     }
 
     /// Writes what `pending` holds: on an oci target, one image manifest
@@ -359,7 +363,10 @@ impl Publisher {
         let Backend::Oci(registry) = &self.inner.backend else {
             return Ok(Vec::new());
         };
-        let written = registry.finish(subject, pending, cancel).await?;
+        let written = registry
+            .finish(subject, pending, cancel)
+            .await
+            .map_err(|e| e.scrubbed(&subject.scrubber))?;
         Ok(written
             .into_iter()
             .map(|(key, url, put)| Receipt {
@@ -379,7 +386,8 @@ impl Publisher {
     pub async fn stat(&self, key: &Key) -> Result<Option<ObjectInfo>, Error> {
         let subject = &self.inner.subject;
         let url = subject.join(key);
-        match &self.inner.backend {
+        let stat = async {
+            match &self.inner.backend {
             Backend::S3(bucket) => bucket.stat(subject, key, &url).await,
             Backend::Http(mirror) => mirror.stat(subject, key, &url).await,
             Backend::Oci(registry) => {
@@ -387,7 +395,9 @@ impl Publisher {
                 registry.stat(subject, key, &place).await
             }
             Backend::File(folder) => folder.stat(subject, key, &url).await,
-        }
+            }
+        };
+        stat.await.map_err(|e| e.scrubbed(&subject.scrubber))
     }
 }
 
@@ -437,6 +447,8 @@ struct Subject {
     target: String,
     /// Ends with `/`.
     url: url::Url,
+    /// Finds its credentials in what a destination says.
+    scrubber: crate::scrub::Scrubber,
 }
 
 impl Subject {
@@ -476,6 +488,80 @@ impl Subject {
             reason: reason.to_string(),
         }
     }
+}
+
+impl Error {
+    /// The same error with `scrubber`'s credentials cut out of its words.
+    fn scrubbed(self, scrubber: &crate::scrub::Scrubber) -> Self {
+        let clean = |text: String| scrubber.text(&text).into_owned();
+        match self {
+            Error::Key { target, reason } => Error::Key {
+                target,
+                reason: clean(reason),
+            },
+            Error::Setup {
+                target,
+                url,
+                reason,
+            } => Error::Setup {
+                target,
+                url,
+                reason: clean(reason),
+            },
+            Error::Source {
+                target,
+                key,
+                reason,
+            } => Error::Source {
+                target,
+                key,
+                reason: clean(reason),
+            },
+            Error::Refused {
+                target,
+                url,
+                what,
+                reason,
+            } => Error::Refused {
+                target,
+                url,
+                what,
+                reason: clean(reason),
+            },
+            Error::Unreachable {
+                target,
+                url,
+                what,
+                reason,
+            } => Error::Unreachable {
+                target,
+                url,
+                what,
+                reason: clean(reason),
+            },
+            e @ (Error::NotConfigured { .. } | Error::Cancelled) => e,
+        }
+    }
+}
+
+/// How much of a destination's refusal a sentence quotes.
+const QUOTED: usize = 300;
+
+/// The start of `response`'s body, for a sentence: read a credential's
+/// length beyond what is quoted, scrubbed, then cut, so that no part of
+/// a credential is left at the cut.
+async fn quote(response: reqwest::Response, scrubber: &crate::scrub::Scrubber) -> String {
+    let wanted = QUOTED + scrubber.longest();
+    let mut said = Vec::new();
+    let mut response = response;
+    while said.len() < wanted {
+        match response.chunk().await {
+            Ok(Some(chunk)) => said.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    said.truncate(wanted);
+    scrubber.quote(&said, QUOTED)
 }
 
 /// What a request is, in error sentences.

@@ -6,12 +6,17 @@
 //! the host and ignores WASI socket permissions, so this hook is the only
 //! gate.
 //!
-//! A request under a granted target gets the target's headers (its
-//! credentials), added here at send time, after the checks and the address
-//! resolution: the guest never holds them. A guest that sets a header of
-//! the same name itself is refused with a sentence naming the header,
-//! never its value; a request to the target's host outside its path gets
-//! no headers and passes only if `allowed_hosts` lets it.
+//! A request under a granted target passes only where the target's
+//! `call` (the operator's, in the sources file) allows its method and
+//! path; it then gets the target's headers (its credentials), added here
+//! at send time, after the checks and the address resolution: the guest
+//! never holds them. Its bytes count against the target's `max_gib` and
+//! it is recorded (`own_calls`); every answer a guest reads is masked of
+//! its targets' credentials. A guest that sets a header of the same name
+//! itself is refused with a sentence naming the header, never its value;
+//! a path at a target's host that a server could read as another one
+//! (`..;`, `%2e`, …) is refused; a request to the target's host outside
+//! its path gets no headers and passes only if `allowed_hosts` lets it.
 //!
 //! Every refusal is said in the server's log and in the call's own log
 //! (`Reporter::host_line`, the deployment's log), since many guests only
@@ -41,8 +46,11 @@ use std::sync::Arc;
 use wasmtime_wasi_http::{WasiBody, WasiHttpHooks};
 
 use super::connect::{Connector, Failure, Sent};
-use super::http_targets::{HttpTarget, HttpTargets};
+use super::http_targets::{Covering, HttpTarget, HttpTargets};
+use super::own_calls::{self, Meter, OwnCall};
 use super::report::Reporter;
+use super::spending::Spending;
+use crate::scrub::Scrubber;
 
 /// One entry of a manifest's `allowed_hosts`: `host`, `host:port` or
 /// `scheme://host[:port]`.
@@ -156,6 +164,10 @@ pub(crate) struct HttpGate {
     connector: Connector,
     /// The call's log, where refusals are said.
     reporter: Arc<dyn Reporter>,
+    /// What the call's requests under targets spend.
+    spending: Arc<Spending>,
+    /// Finds the call's targets' credentials in the answers.
+    scrubber: Scrubber,
 }
 
 /// Where a request is going: scheme, host (normalized) and port.
@@ -183,6 +195,8 @@ impl HttpGate {
         targets: HttpTargets,
         connector: Connector,
         reporter: Arc<dyn Reporter>,
+        spending: Arc<Spending>,
+        scrubber: Scrubber,
     ) -> Self {
         Self {
             plugin: plugin.to_string(),
@@ -190,6 +204,8 @@ impl HttpGate {
             targets,
             connector,
             reporter,
+            spending,
+            scrubber,
         }
     }
 
@@ -338,22 +354,42 @@ impl WasiHttpHooks for HttpGate {
             );
             return denied();
         };
-        let covering: Option<Arc<HttpTarget>> = self.targets.covering(request.uri()).cloned();
-        if let Some(target) = &covering
-            && let Some(header) = target.clash(request.headers())
-        {
-            let reason = format!(
-                "it sets its own {header} header under target {:?} ({}), whose credentials berth adds; \
-                 leave the header out",
-                target.name(),
-                target.url()
-            );
-            refused(&self.plugin, &*self.reporter, &to.authority(), &reason);
+        // A refusal the guest is told the reason of, besides the logs.
+        let told = |gate: &Self, reason: String| -> Box<dyn Future<Output = SendResult> + Send> {
+            refused(&gate.plugin, &*gate.reporter, &to.authority(), &reason);
             let guest = format!("refused by berth: {reason}");
-            return Box::new(
-                async move { Err(wasmtime_wasi_http::Error::InternalError(Some(guest))) },
-            );
-        }
+            Box::new(async move { Err(wasmtime_wasi_http::Error::InternalError(Some(guest))) })
+        };
+        let covering: Option<Arc<HttpTarget>> = match self.targets.covering(request.uri()) {
+            Covering::Outside => None,
+            Covering::Ambiguous { why } => {
+                return told(
+                    self,
+                    format!(
+                        "{why}; at a target's host berth sends no path a server could read as \
+                         another"
+                    ),
+                );
+            }
+            Covering::Under { target, relative } => {
+                if let Err(reason) = target.allows(request.method(), &relative) {
+                    return told(self, reason);
+                }
+                if let Some(header) = target.clash(request.headers()) {
+                    let reason = format!(
+                        "it sets its own {header} header under target {:?} ({}), whose \
+                         credentials berth adds; leave the header out",
+                        target.name(),
+                        target.url()
+                    );
+                    return told(self, reason);
+                }
+                if let Err(reason) = self.spending.call() {
+                    return told(self, reason);
+                }
+                Some(target)
+            }
+        };
         if covering.is_none() && !self.allows(&to) {
             refused(
                 &self.plugin,
@@ -363,6 +399,26 @@ impl WasiHttpHooks for HttpGate {
             );
             return denied();
         }
+        let meter = covering.as_ref().map(|target| {
+            Meter::new(
+                OwnCall {
+                    target: target.name().to_string(),
+                    method: request.method().to_string(),
+                    url: loggable(request.uri()),
+                    status: None,
+                    sent: 0,
+                    received: 0,
+                    stopped: None,
+                },
+                self.spending.clone(),
+                self.reporter.clone(),
+            )
+        });
+        if let Some(meter) = &meter {
+            let (parts, body) = request.into_parts();
+            request = http::Request::from_parts(parts, own_calls::request(body, meter.clone()));
+        }
+        let scrubber = self.scrubber.clone();
         // Unused, as by wasmtime's default sender: errors reach the guest
         // through the answer and the response body.
         drop(fut);
@@ -375,6 +431,9 @@ impl WasiHttpHooks for HttpGate {
                 Ok(addr) => addr,
                 Err(Failure { error, reason }) => {
                     refused(&plugin, &*reporter, &to.authority(), &reason);
+                    if let Some(meter) = &meter {
+                        meter.stopped(&reason);
+                    }
                     return Err(error);
                 }
             };
@@ -391,7 +450,7 @@ impl WasiHttpHooks for HttpGate {
                 "outgoing request allowed"
             );
             let tls_name = (to.scheme == "https").then_some(to.host.as_str());
-            connector
+            let (response, rest) = connector
                 .send(request, addr, tls_name, options)
                 .await
                 .map_err(|Failure { error, reason }| {
@@ -399,8 +458,15 @@ impl WasiHttpHooks for HttpGate {
                         format!("outgoing request to {} failed: {reason}", to.authority());
                     tracing::warn!(plugin = %plugin, to = %path, "{sentence}");
                     reporter.host_line(&sentence);
+                    if let Some(meter) = &meter {
+                        meter.stopped(&reason);
+                    }
                     error
-                })
+                })?;
+            if let Some(meter) = &meter {
+                meter.answered(response.status().as_u16());
+            }
+            Ok((own_calls::response(response, &scrubber, meter), rest))
         })
     }
 }

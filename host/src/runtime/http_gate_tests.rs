@@ -2,6 +2,8 @@
 //! entries over generated text (`props`).
 
 use super::*;
+use crate::targets::Targets;
+use crate::scrub::Scrubber;
 
 #[test]
 fn internal_addresses_are_told_apart_from_public_ones() {
@@ -57,6 +59,11 @@ fn gate(allowed: Vec<AllowedHost>) -> HttpGate {
         HttpTargets::default(),
         Connector::new(&Default::default()),
         reporter,
+        Arc::new(Spending::new(
+            Arc::new(Targets::default()),
+            &crate::runtime::Manifest::default(),
+        )),
+        Scrubber::default(),
     )
 }
 

@@ -27,6 +27,12 @@ pub struct Manifest {
     pub memory_mib: Option<u64>,
     pub timeout: Option<Duration>,
     pub out_mib: Option<u64>,
+    /// What one deployment may make the host record: puts, requests of
+    /// its own under targets, and the record's size (`runtime::spending`
+    /// has the defaults).
+    pub max_puts: Option<u64>,
+    pub max_calls: Option<u64>,
+    pub max_records_kib: Option<u64>,
     /// The `.wasm` this manifest is for, pinned by its sha256 (64 lowercase
     /// hex digits): another build is refused, so a manifest's grants never
     /// pass to a plugin they were not written for.
@@ -46,8 +52,19 @@ struct RawManifest {
     memory_mib: Option<u64>,
     timeout_s: Option<u64>,
     out_mib: Option<u64>,
+    max_puts: Option<u64>,
+    max_calls: Option<u64>,
+    max_records_kib: Option<u64>,
     sha256: Option<String>,
 }
+
+/// Caps of a deployment's records beyond which the record itself is the
+/// burden: a million puts, a million requests, 1 GiB of record.
+const MAX_RECORD_CAPS: [(&str, u64); 3] = [
+    ("max_puts", 1_000_000),
+    ("max_calls", 1_000_000),
+    ("max_records_kib", 1 << 20),
+];
 
 /// At most this much memory may be granted: 16 GiB, far beyond a deployer's needs.
 const MAX_MEMORY_MIB: u64 = 16 * 1024;
@@ -109,6 +126,17 @@ impl Manifest {
                 "out_mib = {mib}: must be between 1 and {MAX_OUT_MIB}"
             ));
         }
+        for ((key, max), value) in
+            MAX_RECORD_CAPS
+                .iter()
+                .zip([raw.max_puts, raw.max_calls, raw.max_records_kib])
+        {
+            if let Some(value) = value
+                && !(1..=*max).contains(&value)
+            {
+                problems.push(format!("{key} = {value}: must be between 1 and {max}"));
+            }
+        }
         if let Some(seconds) = raw.timeout_s
             && !(1..=MAX_TIMEOUT_S).contains(&seconds)
         {
@@ -143,6 +171,9 @@ impl Manifest {
             memory_mib: raw.memory_mib,
             timeout: raw.timeout_s.map(Duration::from_secs),
             out_mib: raw.out_mib,
+            max_puts: raw.max_puts,
+            max_calls: raw.max_calls,
+            max_records_kib: raw.max_records_kib,
             sha256: raw.sha256.map(|s| s.to_ascii_lowercase()),
         })
     }
@@ -206,6 +237,9 @@ mod tests {
             ("memory_mib = 0", "memory_mib = 0: must be between"),
             ("out_mib = 0", "out_mib = 0: must be between 1 and 1048576"),
             ("out_mib = 1048577", "out_mib = 1048577: must be between"),
+            ("max_puts = 0", "max_puts = 0: must be between 1 and 1000000"),
+            ("max_calls = 1000001", "max_calls = 1000001: must be between"),
+            ("max_records_kib = 0", "max_records_kib = 0: must be between 1 and 1048576"),
             (
                 "timeout_s = 0",
                 "timeout_s = 0: must be between 1 and 604800",

@@ -3,7 +3,10 @@
 //! the plugin's manifest grants it and this server configures it; a model
 //! file is put by its recorded path (with its verified sha256), an out
 //! file only from under the deployment's out-dir; what a deployment
-//! publishes to a target stays within the target's `max_gib`. Every put is
+//! publishes to a target stays within the target's `max_gib`, and its puts
+//! within the manifest's caps (`Spending`, shared with the HTTP gate).
+//! Every sentence the guest reads is scrubbed of the call's targets'
+//! credentials (`crate::scrub`). Every put is
 //! reported (`Reporter::published`) before the guest sees its receipt; so
 //! is every manifest `finish` writes (an oci target's puts wait in the
 //! deployment's `Pending` of that target until then).
@@ -24,10 +27,16 @@ use crate::model::TrainedModel;
 use crate::publish::{
     Body, FILES_AT_ONCE, Key, ObjectInfo, Pending, Publisher, Publishers, Receipt,
 };
+use crate::scrub::Scrubber;
 use crate::targets::Targets;
 
 use super::OUT_DIR;
 use super::report::Reporter;
+use super::spending::Spending;
+
+/// What a receipt's record holds besides its texts: its field names, its
+/// size, its JSON punctuation.
+const RECEIPT_OVERHEAD: usize = 80;
 
 /// `put-bytes` takes at most this much: generated content (a manifest, a
 /// card), not files, which go through `put-out-file` from disk.
@@ -62,8 +71,10 @@ pub(crate) struct Publishing {
     deployment: Option<Deployment>,
     reporter: Arc<dyn Reporter>,
     cancel: CancellationToken,
-    /// Bytes put so far, by target, against each target's `max_gib`.
-    sent: HashMap<String, u64>,
+    /// What its puts and its own requests under targets spend.
+    spending: Arc<Spending>,
+    /// Finds the granted targets' credentials in what the guest reads.
+    scrubber: Scrubber,
     /// What this call's puts left for `finish`, by target: every handle
     /// of a target shares it.
     pending: HashMap<String, Arc<Pending>>,
@@ -130,6 +141,8 @@ impl Publishing {
         Self {
             plugin: plugin.name.clone(),
             granted: plugin.manifest.targets.clone(),
+            spending: Arc::new(Spending::new(targets.clone(), &plugin.manifest)),
+            scrubber: targets.scrubber(&plugin.manifest.targets),
             targets,
             publishers,
             deployment,
@@ -139,7 +152,6 @@ impl Publishing {
             }),
             reporter,
             cancel,
-            sent: HashMap::new(),
             pending: HashMap::new(),
             model_source,
         }
@@ -150,10 +162,23 @@ impl Publishing {
         &self.targets
     }
 
+    pub(crate) fn spending(&self) -> Arc<Spending> {
+        self.spending.clone()
+    }
+
+    pub(crate) fn scrubber(&self) -> &Scrubber {
+        &self.scrubber
+    }
+
+    /// A sentence for the guest, without a credential in any form.
+    fn said(&self, sentence: impl ToString) -> String {
+        self.scrubber.text(&sentence.to_string()).into_owned()
+    }
+
     /// Opens the target `name`: deny by default.
     pub(crate) fn open(&mut self, name: &str) -> Result<Opened, String> {
         self.targets.open(&self.plugin, &self.granted, name)?;
-        let publisher = self.publishers.get(name).map_err(|e| e.to_string())?;
+        let publisher = self.publishers.get(name).map_err(|e| self.said(e))?;
         let source = self.model_source.as_deref().unwrap_or_default();
         let pending = self
             .pending
@@ -165,7 +190,7 @@ impl Publishing {
 
     pub(crate) fn url(&self, target: &Opened, key: &str) -> Result<String, String> {
         let key = self.key(target, key)?;
-        target.publisher.url(&key).map_err(|e| e.to_string())
+        target.publisher.url(&key).map_err(|e| self.said(e))
     }
 
     /// Writes what the target's puts left pending (an oci target's
@@ -175,11 +200,11 @@ impl Publishing {
             .publisher
             .finish(&target.pending, &self.cancel)
             .await
-            .map_err(|e| e.to_string())?;
-        for receipt in &receipts {
-            self.reporter.published(receipt);
-        }
-        Ok(receipts)
+            .map_err(|e| self.said(e))?;
+        Ok(receipts
+            .into_iter()
+            .map(|receipt| self.recorded(receipt))
+            .collect())
     }
 
     pub(crate) async fn stat(
@@ -188,7 +213,11 @@ impl Publishing {
         key: &str,
     ) -> Result<Option<ObjectInfo>, String> {
         let key = self.key(target, key)?;
-        target.publisher.stat(&key).await.map_err(|e| e.to_string())
+        let info = target.publisher.stat(&key).await.map_err(|e| self.said(e))?;
+        Ok(info.map(|info| ObjectInfo {
+            etag: info.etag.map(|e| self.said(e)),
+            ..info
+        }))
     }
 
     /// Puts the model's file recorded at `path`.
@@ -220,7 +249,7 @@ impl Publishing {
         let mut keys = Vec::new();
         let mut puts = Vec::new();
         let mut given = HashSet::new();
-        let mut reserved = self.sent.get(name).copied().unwrap_or(0);
+        let mut reserved = self.spending.sent(name);
         for (index, (path, key)) in files.iter().enumerate() {
             let put = self
                 .model_file(target, stamps.as_deref(), path, key)
@@ -233,6 +262,7 @@ impl Publishing {
                         ));
                     }
                     self.within_budget(name, reserved, &key, bytes)?;
+                    self.spending.put()?;
                     reserved += bytes;
                     Ok((key, body))
                 });
@@ -259,7 +289,7 @@ impl Publishing {
         }
         drop(sending);
         let landed: u64 = results.iter().flatten().flatten().map(|r| r.bytes).sum();
-        *self.sent.entry(name.to_string()).or_default() += landed;
+        self.spending.add(name, landed);
         results
             .into_iter()
             .map(|result| result.expect("every pair was refused or sent"))
@@ -367,27 +397,17 @@ impl Publishing {
         size: u64,
     ) -> Result<Receipt, String> {
         let name = target.name();
-        let sent = self.sent.get(name).copied().unwrap_or(0);
-        self.within_budget(name, sent, &key, size)?;
+        self.within_budget(name, self.spending.sent(name), &key, size)?;
+        self.spending.put()?;
         let receipt = self.send(target, &key, body).await?;
-        *self.sent.entry(name.to_string()).or_default() += receipt.bytes;
+        self.spending.add(name, receipt.bytes);
         Ok(receipt)
     }
 
     /// Whether `size` more bytes at `key` keep what this deployment puts
     /// to the target `name` (`sent` so far) within its `max_gib`.
     fn within_budget(&self, name: &str, sent: u64, key: &Key, size: u64) -> Result<(), String> {
-        match self.targets.get(name).and_then(|t| t.max_bytes()) {
-            Some(max) if sent.saturating_add(size) > max => Err(format!(
-                "target {name:?} takes at most {} from one deployment (its max_gib); this one \
-                 has put {} and {} is {} more",
-                human::size(max),
-                human::size(sent),
-                key.as_str(),
-                human::size(size)
-            )),
-            _ => Ok(()),
-        }
+        self.spending.within_budget(name, sent, key.as_str(), size)
     }
 
     /// Sends `body` to `key`, reporting its progress and its receipt. The
@@ -404,10 +424,27 @@ impl Publishing {
                 .publisher
                 .put_into(&target.pending, key, body, &*self.progress, &self.cancel);
         async move {
-            let receipt = put.await.map_err(|e| e.to_string())?;
-            self.reporter.published(&receipt);
-            Ok(receipt)
+            let receipt = put.await.map_err(|e| self.said(e))?;
+            Ok(self.recorded(receipt))
         }
+    }
+
+    /// `receipt` scrubbed (a destination's etag is its own words),
+    /// reported and counted against the record's size.
+    fn recorded(&self, receipt: Receipt) -> Receipt {
+        let receipt = Receipt {
+            etag: receipt.etag.map(|e| self.said(e)),
+            ..receipt
+        };
+        self.reporter.published(&receipt);
+        let size = receipt.target.len()
+            + receipt.key.len()
+            + receipt.url.len()
+            + receipt.sha256.len()
+            + receipt.etag.as_ref().map_or(0, String::len)
+            + RECEIPT_OVERHEAD;
+        self.spending.recorded(size as u64);
+        receipt
     }
 
     /// The deployment's verification record, read once.
@@ -464,15 +501,15 @@ fn out_file(out_dir: &Path, path: &str) -> Result<(PathBuf, u64), String> {
     let root = out_dir
         .canonicalize()
         .map_err(|e| refuse(&format!("the out-dir cannot be read: {e}")))?;
+    // Missing, or leading out of the out-dir: one sentence, so that a
+    // deployer cannot learn which paths exist on the host.
+    let not_under = || refuse("no such file under the out-dir");
     let real = root
         .join(relative)
         .canonicalize()
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => refuse("no such file under the out-dir"),
-            _ => refuse(&e.to_string()),
-        })?;
+        .map_err(|_| not_under())?;
     if !real.starts_with(&root) {
-        return Err(refuse("it is a link to outside the out-dir"));
+        return Err(not_under());
     }
     let meta = std::fs::metadata(&real).map_err(|e| refuse(&e.to_string()))?;
     if !meta.is_file() {
@@ -508,7 +545,7 @@ mod tests {
             ("/etc/passwd", "no other absolute path"),
             ("", "name a file"),
             ("missing", "no such file"),
-            ("link", "a link to outside"),
+            ("link", "no such file under the out-dir"),
             ("sub", "not a regular file"),
             ("fifo", "not a regular file"),
         ] {

@@ -5,6 +5,7 @@
 //! one line per record and held to a budget per call (a deployment), so a
 //! plugin can neither forge the server's lines nor flood its log.
 
+use super::own_calls::OwnCall;
 use crate::model::Receipt;
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -51,6 +52,11 @@ pub trait Reporter: Send + Sync {
     /// A put is done: called before the guest sees its receipt.
     fn published(&self, receipt: &Receipt) {
         let _ = receipt;
+    }
+    /// A request of the deployer's own under a target has ended (its
+    /// answer read or dropped, or none came): what it was and moved.
+    fn called(&self, call: &OwnCall) {
+        let _ = call;
     }
     /// A sentence of the host's about this call (an outgoing request the
     /// gate refused), for the call's own log beside the guest's lines: a
@@ -174,6 +180,17 @@ impl Reporter for LogReporter {
                 tracing::error!(target: "berth::plugin", plugin, deploy_id, "{message}")
             }
         }
+    }
+
+    /// The host's own line, outside the guest's budget: one a request
+    /// (`max_calls` bounds them).
+    fn called(&self, call: &OwnCall) {
+        tracing::info!(
+            target: "berth::publish",
+            plugin = %self.plugin,
+            deploy_id = self.deploy_id,
+            "{call}"
+        );
     }
 
     /// The host's own line, outside the guest's budget: one a put.

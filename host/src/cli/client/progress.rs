@@ -177,6 +177,7 @@ mod tests {
             files_done,
             files_total: 3,
             published: Default::default(),
+            calls: Default::default(),
         }
     }
 

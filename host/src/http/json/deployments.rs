@@ -292,6 +292,19 @@ pub struct Progress {
     /// Put into publishing targets so far.
     #[serde(default)]
     pub published: PublishedProgress,
+    /// The deployer's own requests under targets so far (its log has a
+    /// line for each: method, url, status, bytes each way).
+    #[serde(default)]
+    pub calls: CallsProgress,
+}
+
+/// Requests of the deployer's own under publishing targets, and their
+/// body bytes each way.
+#[derive(Serialize, Deserialize, ToSchema, Default)]
+pub struct CallsProgress {
+    pub count: u64,
+    pub sent_bytes: u64,
+    pub received_bytes: u64,
 }
 
 /// Bytes (sent, counting a retried part again until its put is done) and
@@ -317,6 +330,11 @@ impl From<model::Progress> for Progress {
             published: PublishedProgress {
                 bytes: p.published_bytes,
                 files: p.published_files,
+            },
+            calls: CallsProgress {
+                count: p.calls,
+                sent_bytes: p.calls_sent_bytes,
+                received_bytes: p.calls_received_bytes,
             },
         }
     }

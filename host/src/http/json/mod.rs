@@ -31,7 +31,7 @@ pub use deployers::{
 };
 pub use deployments::{
     Approval, Cause, Decision, DecisionBody, DeployBody, DeployParams, DeployerProgress,
-    Deployment, Deployments, ListParams, Phase, Progress, Published, PublishedProgress, Status,
+    CallsProgress, Deployment, Deployments, ListParams, Phase, Progress, Published, PublishedProgress, Status,
 };
 pub use events::{
     DeploymentApproved, DeploymentAwaitingApproval, DeploymentCompleted, DeploymentFailed,

@@ -50,8 +50,8 @@ const CREATED: &str = "org.opencontainers.image.created";
 const READ: usize = 1 << 20;
 /// Tries of one blob, the first included.
 const TRIES: u32 = 3;
-/// How much of a refusal's body a message quotes.
-const QUOTED: usize = 300;
+/// How much of a refusal's body is read for its error codes.
+const ERROR_DOCUMENT: usize = 16 << 10;
 /// How long a failed put waits for the cancel of its upload session.
 const CANCEL_WAIT: Duration = Duration::from_secs(5);
 
@@ -362,7 +362,9 @@ impl Registry {
     }
 
     /// An answer that is not the expected one, for a message: its status
-    /// and the start of its body (the registry's error document).
+    /// and the codes of the registry's error document. Its messages are
+    /// not quoted: a registry may echo the request, and the request
+    /// carries a token berth got for the login, one no scrubber knows.
     async fn answered(
         &self,
         subject: &Subject,
@@ -376,25 +378,46 @@ impl Registry {
                 .refused(what, self.client.refused(repository))
                 .into();
         }
-        let mut said = Vec::new();
-        let mut response = response;
-        while said.len() < QUOTED {
-            match response.chunk().await {
-                Ok(Some(chunk)) => said.extend_from_slice(&chunk),
-                _ => break,
-            }
-        }
-        let said = String::from_utf8_lossy(&said[..said.len().min(QUOTED)])
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ");
-        let reason = if said.is_empty() {
+        let codes = error_codes(response).await;
+        let reason = if codes.is_empty() {
             format!("it answered {status}")
         } else {
-            format!("it answered {status}: {said}")
+            format!("it answered {status} ({})", codes.join(", "))
         };
         subject.refused(what, reason).into()
     }
+}
+
+/// The `code`s of a distribution-spec error document
+/// (`{"errors": [{"code": "BLOB_UNKNOWN", …}]}`): upper-case words of the
+/// spec's vocabulary, nothing a request could have put there.
+async fn error_codes(response: Response) -> Vec<String> {
+    #[derive(serde::Deserialize)]
+    struct Document {
+        errors: Vec<Entry>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        code: String,
+    }
+    let mut body = Vec::new();
+    let mut response = response;
+    while body.len() < ERROR_DOCUMENT {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    let Ok(document) = serde_json::from_slice::<Document>(&body) else {
+        return Vec::new();
+    };
+    document
+        .errors
+        .into_iter()
+        .map(|e| e.code)
+        .filter(|c| (1..=64).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'))
+        .take(8)
+        .collect()
 }
 
 /// The registry client's words (or an answer's, "it answered 503"), as a

@@ -55,7 +55,7 @@ pub(crate) fn store(
     let (http, gate) = network::grant(
         &mut wasi,
         plugin,
-        publishing.targets(),
+        &publishing,
         connector,
         reporter.clone(),
     );

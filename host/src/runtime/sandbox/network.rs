@@ -13,9 +13,9 @@ use crate::runtime::Plugin;
 use crate::runtime::connect::Connector;
 use crate::runtime::http_gate::HttpGate;
 use crate::runtime::http_targets::HttpTargets;
+use crate::runtime::publish::Publishing;
 use crate::runtime::report::Reporter;
 use crate::runtime::state::State;
-use crate::targets::Targets;
 
 /// wasi:http is linked for every plugin because componentize-js imports it
 /// always; the gate in each `Store` decides what may pass.
@@ -26,7 +26,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<State>) -> wasmtime::Result<()> 
 pub(super) fn grant(
     wasi: &mut WasiCtxBuilder,
     plugin: &Plugin,
-    targets: &Targets,
+    publishing: &Publishing,
     connector: &Connector,
     reporter: Arc<dyn Reporter>,
 ) -> (WasiHttpCtx, HttpGate) {
@@ -36,9 +36,11 @@ pub(super) fn grant(
     let gate = HttpGate::new(
         &plugin.name,
         plugin.manifest.allowed_hosts.clone(),
-        HttpTargets::granted(targets, &plugin.name, &plugin.manifest.targets),
+        HttpTargets::granted(publishing.targets(), &plugin.name, &plugin.manifest.targets),
         connector.clone(),
         reporter,
+        publishing.spending(),
+        publishing.scrubber().clone(),
     );
     (WasiHttpCtx::new(), gate)
 }
