@@ -19,6 +19,7 @@ pub mod fetch;
 mod host_env;
 pub mod http;
 pub mod human;
+pub mod key;
 pub mod live;
 pub mod metrics;
 pub mod model;

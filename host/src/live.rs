@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tokio_util::sync::CancellationToken;
 
 use crate::fetch;
-use crate::model::{Deployment, Phase, Progress, Receipt};
-use crate::runtime::{GuestLevel, LogReporter, OwnCall, Reporter};
+use crate::model::{Deployment, OwnCall, Phase, Progress, Receipt};
+use crate::runtime::{GuestLevel, LogReporter, Reporter};
 
 /// A deployment's log keeps at most this many bytes; older lines go first.
 const MAX_LOG_BYTES: usize = 256 * 1024;

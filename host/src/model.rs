@@ -189,6 +189,46 @@ pub struct Receipt {
     pub etag: Option<String>,
 }
 
+/// One request of a deployer's own under a target, as recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnCall {
+    pub target: String,
+    pub method: String,
+    /// Scheme, host, port and path: a query may hold a secret.
+    pub url: String,
+    /// The answer's status, if one came.
+    pub status: Option<u16>,
+    /// Body bytes sent and received.
+    pub sent: u64,
+    pub received: u64,
+    /// Why it stopped short, if it did.
+    pub stopped: Option<String>,
+}
+
+impl std::fmt::Display for OwnCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "request {} {} (target {:?}): ",
+            self.method, self.url, self.target
+        )?;
+        match self.status {
+            Some(status) => write!(f, "answered {status}")?,
+            None => f.write_str("no answer")?,
+        }
+        write!(
+            f,
+            ", {} sent, {} received",
+            crate::human::size(self.sent),
+            crate::human::size(self.received)
+        )?;
+        if let Some(why) = &self.stopped {
+            write!(f, "; stopped: {why}")?;
+        }
+        Ok(())
+    }
+}
+
 /// How a deployment ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {

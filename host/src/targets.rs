@@ -28,8 +28,8 @@ use serde::de::IgnoredAny;
 use toml::Spanned;
 
 use crate::host_env::{header_value, registry_login, s3_option};
+use crate::key::Key;
 use crate::oci::Login;
-use crate::publish::Key;
 use crate::scrub::{Scrubber, Secret};
 
 /// A target name is at most this long.
@@ -343,7 +343,8 @@ impl Targets {
                 call: Some(call), ..
             } = &t.kind
             {
-                let methods: Vec<String> = call.methods.iter().map(|m| quoted(m.as_str())).collect();
+                let methods: Vec<String> =
+                    call.methods.iter().map(|m| quoted(m.as_str())).collect();
                 let paths: Vec<String> = call.paths.iter().map(|p| quoted(p)).collect();
                 lines.push(format!(
                     "call = {{ methods = [{}], paths = [{}] }}",

@@ -16,7 +16,6 @@
 mod body;
 mod file;
 mod http;
-mod key;
 mod oci;
 mod read;
 mod s3;
@@ -39,9 +38,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
+pub use crate::key::{Key, MAX_KEY_BYTES};
 pub use body::Body;
 use body::{Content, Digested, sha256_hex};
-pub use key::{Key, MAX_KEY_BYTES};
 pub use oci::{ARTIFACT_TYPE, Pending};
 
 use crate::targets::{Kind, Targets};
@@ -388,13 +387,13 @@ impl Publisher {
         let url = subject.join(key);
         let stat = async {
             match &self.inner.backend {
-            Backend::S3(bucket) => bucket.stat(subject, key, &url).await,
-            Backend::Http(mirror) => mirror.stat(subject, key, &url).await,
-            Backend::Oci(registry) => {
-                let place = registry.place(subject, key)?;
-                registry.stat(subject, key, &place).await
-            }
-            Backend::File(folder) => folder.stat(subject, key, &url).await,
+                Backend::S3(bucket) => bucket.stat(subject, key, &url).await,
+                Backend::Http(mirror) => mirror.stat(subject, key, &url).await,
+                Backend::Oci(registry) => {
+                    let place = registry.place(subject, key)?;
+                    registry.stat(subject, key, &place).await
+                }
+                Backend::File(folder) => folder.stat(subject, key, &url).await,
             }
         };
         stat.await.map_err(|e| e.scrubbed(&subject.scrubber))

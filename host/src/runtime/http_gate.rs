@@ -47,9 +47,10 @@ use wasmtime_wasi_http::{WasiBody, WasiHttpHooks};
 
 use super::connect::{Connector, Failure, Sent};
 use super::http_targets::{Covering, HttpTarget, HttpTargets};
-use super::own_calls::{self, Meter, OwnCall};
+use super::own_calls::{self, Meter};
 use super::report::Reporter;
 use super::spending::Spending;
+use crate::model::OwnCall;
 use crate::scrub::Scrubber;
 
 /// One entry of a manifest's `allowed_hosts`: `host`, `host:port` or

@@ -2,8 +2,8 @@
 //! entries over generated text (`props`).
 
 use super::*;
-use crate::targets::Targets;
 use crate::scrub::Scrubber;
+use crate::targets::Targets;
 
 #[test]
 fn internal_addresses_are_told_apart_from_public_ones() {
@@ -61,7 +61,7 @@ fn gate(allowed: Vec<AllowedHost>) -> HttpGate {
         reporter,
         Arc::new(Spending::new(
             Arc::new(Targets::default()),
-            &crate::runtime::Manifest::default(),
+            Default::default(),
         )),
         Scrubber::default(),
     )

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use http::HeaderMap;
 use http::header::HeaderName;
 
-use crate::publish::Key;
+use crate::key::Key;
 use crate::targets::{Call, Kind, Targets};
 
 /// One granted target of kind http or https.

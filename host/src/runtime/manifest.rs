@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::http_gate::AllowedHost;
+use super::spending::Caps;
 use crate::host_env::expand;
 use crate::targets::check_name;
 
@@ -28,11 +29,10 @@ pub struct Manifest {
     pub timeout: Option<Duration>,
     pub out_mib: Option<u64>,
     /// What one deployment may make the host record: puts, requests of
-    /// its own under targets, and the record's size (`runtime::spending`
-    /// has the defaults).
-    pub max_puts: Option<u64>,
-    pub max_calls: Option<u64>,
-    pub max_records_kib: Option<u64>,
+    /// its own under targets, and the record's size (`max_puts`,
+    /// `max_calls`, `max_records_kib`; `runtime::spending` has the
+    /// defaults).
+    pub records: Caps,
     /// The `.wasm` this manifest is for, pinned by its sha256 (64 lowercase
     /// hex digits): another build is refused, so a manifest's grants never
     /// pass to a plugin they were not written for.
@@ -171,9 +171,11 @@ impl Manifest {
             memory_mib: raw.memory_mib,
             timeout: raw.timeout_s.map(Duration::from_secs),
             out_mib: raw.out_mib,
-            max_puts: raw.max_puts,
-            max_calls: raw.max_calls,
-            max_records_kib: raw.max_records_kib,
+            records: Caps {
+                max_puts: raw.max_puts,
+                max_calls: raw.max_calls,
+                max_records_kib: raw.max_records_kib,
+            },
             sha256: raw.sha256.map(|s| s.to_ascii_lowercase()),
         })
     }
@@ -237,9 +239,18 @@ mod tests {
             ("memory_mib = 0", "memory_mib = 0: must be between"),
             ("out_mib = 0", "out_mib = 0: must be between 1 and 1048576"),
             ("out_mib = 1048577", "out_mib = 1048577: must be between"),
-            ("max_puts = 0", "max_puts = 0: must be between 1 and 1000000"),
-            ("max_calls = 1000001", "max_calls = 1000001: must be between"),
-            ("max_records_kib = 0", "max_records_kib = 0: must be between 1 and 1048576"),
+            (
+                "max_puts = 0",
+                "max_puts = 0: must be between 1 and 1000000",
+            ),
+            (
+                "max_calls = 1000001",
+                "max_calls = 1000001: must be between",
+            ),
+            (
+                "max_records_kib = 0",
+                "max_records_kib = 0: must be between 1 and 1048576",
+            ),
             (
                 "timeout_s = 0",
                 "timeout_s = 0: must be between 1 and 604800",

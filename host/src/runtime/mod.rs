@@ -56,10 +56,10 @@ pub(crate) use plugins::{Change, Folder, is_plugin_file};
 pub use plugins::{PluginSet, Rejection, check_name, folder_names};
 pub use publish::{MAX_PUT_BYTES, default_target};
 pub(crate) use report::one_line;
-pub use own_calls::OwnCall;
 pub use report::{GuestLevel, LogReporter, Reporter};
 pub use sandbox::{MODEL_DIR, OUT_DIR};
 pub use signature::{Signers, TrustedKey, Verdict, key_id};
+pub use spending::Caps;
 pub use tier::{Compiler, Engines, Tier};
 
 /// How often the engine's epoch advances: the granularity of deadlines and

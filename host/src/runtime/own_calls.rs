@@ -7,7 +7,6 @@
 //! (`Reporter::called`) when its answer is read or dropped. Decides no
 //! passage (`http_gate` does) and opens no connection (`connect` does).
 
-use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
@@ -20,48 +19,8 @@ use wasmtime_wasi_http::{Error, WasiBody};
 
 use super::report::Reporter;
 use super::spending::Spending;
-use crate::human;
+use crate::model::OwnCall;
 use crate::scrub::{self, Scrubber};
-
-/// One request of a deployer's own under a target, as recorded.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OwnCall {
-    pub target: String,
-    pub method: String,
-    /// Scheme, host, port and path: a query may hold a secret.
-    pub url: String,
-    /// The answer's status, if one came.
-    pub status: Option<u16>,
-    /// Body bytes sent and received.
-    pub sent: u64,
-    pub received: u64,
-    /// Why it stopped short, if it did.
-    pub stopped: Option<String>,
-}
-
-impl fmt::Display for OwnCall {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "request {} {} (target {:?}): ",
-            self.method, self.url, self.target
-        )?;
-        match self.status {
-            Some(status) => write!(f, "answered {status}")?,
-            None => f.write_str("no answer")?,
-        }
-        write!(
-            f,
-            ", {} sent, {} received",
-            human::size(self.sent),
-            human::size(self.received)
-        )?;
-        if let Some(why) = &self.stopped {
-            write!(f, "; stopped: {why}")?;
-        }
-        Ok(())
-    }
-}
 
 /// A metered request's account, reported once its request and answer
 /// bodies are both gone.
@@ -269,7 +228,6 @@ impl Body for Watched {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::manifest::Manifest;
     use crate::scrub::Secret;
     use crate::targets::Targets;
     use http_body_util::{Full, StreamBody};
@@ -310,7 +268,7 @@ mod tests {
     fn spending() -> Arc<Spending> {
         let sources = "[[target]]\nname = \"m\"\nurl = \"http://h/m/\"\nmax_gib = 1\n";
         let targets = Targets::parse(sources, "s.toml", |_| None).unwrap();
-        Arc::new(Spending::new(Arc::new(targets), &Manifest::default()))
+        Arc::new(Spending::new(Arc::new(targets), Default::default()))
     }
 
     #[tokio::test]
@@ -333,7 +291,7 @@ mod tests {
         assert_eq!((calls[0].status, calls[0].received), (Some(200), 34));
         assert_eq!(
             calls[0].to_string(),
-            "request POST http://h/m/hook (target \"m\"): answered 200, 0 B sent, 34 B received"
+            "request POST http://h/m/hook (target \"m\"): answered 200, 0 bytes sent, 34 bytes received"
         );
     }
 
@@ -346,7 +304,9 @@ mod tests {
         let body = request(chunks(&["abc", "def"]), meter);
         let error = body.collect().await.err().unwrap();
         assert!(
-            error.to_string().contains("target \"m\" takes at most 1 GiB"),
+            error
+                .to_string()
+                .contains("target \"m\" takes at most 1 GiB"),
             "{error}"
         );
         let calls = reporter.0.lock().unwrap().clone();
@@ -357,7 +317,11 @@ mod tests {
         assert_eq!(spending.sent("m"), (1 << 30) - 1);
         // An unmetered, unmasked body passes as it is.
         let plain = response(
-            http::Response::new(Full::new(Bytes::from_static(b"x")).map_err(|n| match n {}).boxed_unsync()),
+            http::Response::new(
+                Full::new(Bytes::from_static(b"x"))
+                    .map_err(|n| match n {})
+                    .boxed_unsync(),
+            ),
             &Scrubber::default(),
             None,
         );

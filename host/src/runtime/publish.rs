@@ -141,7 +141,7 @@ impl Publishing {
         Self {
             plugin: plugin.name.clone(),
             granted: plugin.manifest.targets.clone(),
-            spending: Arc::new(Spending::new(targets.clone(), &plugin.manifest)),
+            spending: Arc::new(Spending::new(targets.clone(), plugin.manifest.records)),
             scrubber: targets.scrubber(&plugin.manifest.targets),
             targets,
             publishers,
@@ -213,7 +213,11 @@ impl Publishing {
         key: &str,
     ) -> Result<Option<ObjectInfo>, String> {
         let key = self.key(target, key)?;
-        let info = target.publisher.stat(&key).await.map_err(|e| self.said(e))?;
+        let info = target
+            .publisher
+            .stat(&key)
+            .await
+            .map_err(|e| self.said(e))?;
         Ok(info.map(|info| ObjectInfo {
             etag: info.etag.map(|e| self.said(e)),
             ..info

@@ -5,8 +5,7 @@
 //! one line per record and held to a budget per call (a deployment), so a
 //! plugin can neither forge the server's lines nor flood its log.
 
-use super::own_calls::OwnCall;
-use crate::model::Receipt;
+use crate::model::{OwnCall, Receipt};
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::fmt::Write as _;

@@ -13,14 +13,21 @@ use std::sync::{Arc, Mutex};
 use crate::human;
 use crate::targets::Targets;
 
-use super::manifest::Manifest;
-
 /// A deployment's puts, by default.
 pub const DEFAULT_MAX_PUTS: u64 = 10_000;
 /// A deployment's own requests under targets, by default.
 pub const DEFAULT_MAX_CALLS: u64 = 1_000;
 /// What a deployment's record keeps of its puts, by default: 4 MiB.
 pub const DEFAULT_MAX_RECORDS_KIB: u64 = 4 << 10;
+
+/// What a manifest caps of one deployment's records (`None`: the
+/// default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    pub max_puts: Option<u64>,
+    pub max_calls: Option<u64>,
+    pub max_records_kib: Option<u64>,
+}
 
 /// The shared account of one call.
 pub(crate) struct Spending {
@@ -41,12 +48,12 @@ struct State {
 }
 
 impl Spending {
-    pub(crate) fn new(targets: Arc<Targets>, manifest: &Manifest) -> Self {
+    pub(crate) fn new(targets: Arc<Targets>, caps: Caps) -> Self {
         Self {
             targets,
-            max_puts: manifest.max_puts.unwrap_or(DEFAULT_MAX_PUTS),
-            max_calls: manifest.max_calls.unwrap_or(DEFAULT_MAX_CALLS),
-            max_record_bytes: manifest.max_records_kib.unwrap_or(DEFAULT_MAX_RECORDS_KIB) << 10,
+            max_puts: caps.max_puts.unwrap_or(DEFAULT_MAX_PUTS),
+            max_calls: caps.max_calls.unwrap_or(DEFAULT_MAX_CALLS),
+            max_record_bytes: caps.max_records_kib.unwrap_or(DEFAULT_MAX_RECORDS_KIB) << 10,
             state: Mutex::default(),
         }
     }
@@ -147,18 +154,19 @@ impl Spending {
 mod tests {
     use super::*;
 
-    fn spending(manifest: &str) -> Spending {
+    fn spending(caps: Caps) -> Spending {
         let sources = "[[target]]\nname = \"m\"\nurl = \"http://h/\"\nmax_gib = 1\n";
         let targets = Targets::parse(sources, "sources.toml", |_| None).unwrap();
-        Spending::new(
-            Arc::new(targets),
-            &Manifest::parse(manifest, |_| None).unwrap(),
-        )
+        Spending::new(Arc::new(targets), caps)
     }
 
     #[test]
     fn puts_calls_and_the_record_are_counted_to_their_caps() {
-        let spending = spending("max_puts = 2\nmax_calls = 1\nmax_records_kib = 1\n");
+        let spending = spending(Caps {
+            max_puts: Some(2),
+            max_calls: Some(1),
+            max_records_kib: Some(1),
+        });
         assert_eq!(spending.put(), Ok(()));
         assert_eq!(spending.put(), Ok(()));
         assert_eq!(
@@ -167,7 +175,7 @@ mod tests {
         );
         assert_eq!(spending.call(), Ok(()));
         assert!(spending.call().unwrap_err().contains("(max_calls)"));
-        let fresh = super::Spending::new(spending.targets.clone(), &Manifest::default());
+        let fresh = Spending::new(spending.targets.clone(), Caps::default());
         fresh.recorded(1023);
         assert_eq!(fresh.put(), Ok(()));
         fresh.recorded(DEFAULT_MAX_RECORDS_KIB << 10);
@@ -181,13 +189,13 @@ mod tests {
 
     #[test]
     fn a_targets_bytes_are_shared_by_puts_and_own_requests() {
-        let spending = spending("");
+        let spending = spending(Caps::default());
         spending.add("m", (1 << 30) - 10);
         assert_eq!(spending.stream("m", 10, "a PUT of its own"), Ok(()));
         assert_eq!(
             spending.stream("m", 1, "a PUT of its own").unwrap_err(),
             "target \"m\" takes at most 1 GiB from one deployment (its max_gib); this one has \
-             sent 1 GiB and a PUT of its own is 1 B more"
+             sent 1 GiB and a PUT of its own is 1 bytes more"
         );
         assert_eq!(spending.sent("m"), 1 << 30);
         assert_eq!(spending.stream("other", 1 << 40, "x"), Ok(()));

@@ -286,16 +286,16 @@ impl From<Receipt> for Published {
 pub struct Progress {
     pub bytes_done: u64,
     pub bytes_total: u64,
+    /// The deployer's own requests under targets so far (its log has a
+    /// line for each: method, url, status, bytes each way).
+    #[serde(default)]
+    pub calls: CallsProgress,
     pub deployer: DeployerProgress,
     pub files_done: usize,
     pub files_total: usize,
     /// Put into publishing targets so far.
     #[serde(default)]
     pub published: PublishedProgress,
-    /// The deployer's own requests under targets so far (its log has a
-    /// line for each: method, url, status, bytes each way).
-    #[serde(default)]
-    pub calls: CallsProgress,
 }
 
 /// Requests of the deployer's own under publishing targets, and their
@@ -303,8 +303,8 @@ pub struct Progress {
 #[derive(Serialize, Deserialize, ToSchema, Default)]
 pub struct CallsProgress {
     pub count: u64,
-    pub sent_bytes: u64,
     pub received_bytes: u64,
+    pub sent_bytes: u64,
 }
 
 /// Bytes (sent, counting a retried part again until its put is done) and
@@ -390,7 +390,7 @@ mod tests {
     fn deployments_keep_their_bytes() {
         check(
             Deployment::from(running()),
-            r#"{"approval":null,"cause":null,"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","created_by":"ci","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[],"ref":null,"server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"running"}"#,
+            r#"{"approval":null,"cause":null,"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","created_by":"ci","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"calls":{"count":0,"received_bytes":0,"sent_bytes":0},"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[],"ref":null,"server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"running"}"#,
         );
         let completed = model::Deployment {
             status: model::Status::Completed,
@@ -423,7 +423,7 @@ mod tests {
         };
         check(
             Deployment::from(completed),
-            r#"{"approval":{"at":"2026-12-01T10:00:00.500Z","by":"ops","comment":null,"decision":"approved"},"cause":{"event_id":7,"previous_deployment_id":2,"rule":"publish"},"completed_at":"2026-12-01T10:00:02.000Z","created_at":"2026-12-01T10:00:01.000Z","created_by":null,"deployer":"archive","details":{"k":"v"},"dir":"/m/ft-1","duration_ms":42,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":null,"plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[{"bytes":12,"etag":"\"e1\"","key":"ft-1/a.bin","sha256":"abababababababababababababababababababababababababababababababab","target":"releases","url":"s3://team/models/ft-1/a.bin"}],"ref":"r","server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"completed"}"#,
+            r#"{"approval":{"at":"2026-12-01T10:00:00.500Z","by":"ops","comment":null,"decision":"approved"},"cause":{"event_id":7,"previous_deployment_id":2,"rule":"publish"},"completed_at":"2026-12-01T10:00:02.000Z","created_at":"2026-12-01T10:00:01.000Z","created_by":null,"deployer":"archive","details":{"k":"v"},"dir":"/m/ft-1","duration_ms":42,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":null,"plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"calls":{"count":0,"received_bytes":0,"sent_bytes":0},"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[{"bytes":12,"etag":"\"e1\"","key":"ft-1/a.bin","sha256":"abababababababababababababababababababababababababababababababab","target":"releases","url":"s3://team/models/ft-1/a.bin"}],"ref":"r","server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"completed"}"#,
         );
     }
 }

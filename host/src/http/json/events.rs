@@ -314,7 +314,7 @@ mod tests {
             (Event::DeploymentStarted { deploy_id: 3, model_id: 1, deployer: deployer() },
              r#"{"deploy_id":3,"deployer":"archive","model_id":1}"#),
             (Event::DeploymentProgress { deploy_id: 3, model_id: 1, phase: model::Phase::Deploying, progress },
-             r#"{"deploy_id":3,"model_id":1,"phase":"deploying","progress":{"bytes_done":5,"bytes_total":12,"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}}}"#),
+             r#"{"deploy_id":3,"model_id":1,"phase":"deploying","progress":{"bytes_done":5,"bytes_total":12,"calls":{"count":0,"received_bytes":0,"sent_bytes":0},"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}}}"#),
             (Event::DeploymentCompleted { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, reference: "r".into(), published: vec![] },
              r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"model_id":1,"published":[],"ref":"r"}"#),
             (Event::DeploymentFailed { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, error: "e".into(), published: vec![] },

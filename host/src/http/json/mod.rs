@@ -30,8 +30,9 @@ pub use deployers::{
     PullBody, Rejected, RollbackBody, Tier,
 };
 pub use deployments::{
-    Approval, Cause, Decision, DecisionBody, DeployBody, DeployParams, DeployerProgress,
-    CallsProgress, Deployment, Deployments, ListParams, Phase, Progress, Published, PublishedProgress, Status,
+    Approval, CallsProgress, Cause, Decision, DecisionBody, DeployBody, DeployParams,
+    DeployerProgress, Deployment, Deployments, ListParams, Phase, Progress, Published,
+    PublishedProgress, Status,
 };
 pub use events::{
     DeploymentApproved, DeploymentAwaitingApproval, DeploymentCompleted, DeploymentFailed,

@@ -415,7 +415,9 @@ async fn error_codes(response: Response) -> Vec<String> {
         .errors
         .into_iter()
         .map(|e| e.code)
-        .filter(|c| (1..=64).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'))
+        .filter(|c| {
+            (1..=64).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_uppercase() || b == b'_')
+        })
         .take(8)
         .collect()
 }

@@ -52,13 +52,7 @@ pub(crate) fn store(
     env::grant(&mut wasi, plugin);
     stdio::grant(&mut wasi, reporter.clone(), stderr);
     filesystem::grant(&mut wasi, mounts)?;
-    let (http, gate) = network::grant(
-        &mut wasi,
-        plugin,
-        &publishing,
-        connector,
-        reporter.clone(),
-    );
+    let (http, gate) = network::grant(&mut wasi, plugin, &publishing, connector, reporter.clone());
     let memory_bytes =
         usize::try_from(plugin.limits.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
     let state = State {
