@@ -36,11 +36,13 @@ fn sources(mirror: &Mirror) -> String {
 name = "mirror"
 url = "http://{host}/mirror/"
 headers = {{ Authorization = "Bearer ${{TEST_TARGET_SECRET}}" }}
+call = {{ methods = ["PUT"] }}
 
 [[target]]
 name = "by-name"
 url = "http://localhost:{port}/named/"
 headers = {{ Authorization = "Bearer ${{TEST_TARGET_SECRET}}" }}
+call = {{ methods = ["PUT"] }}
 "#,
         host = mirror.host(),
         port = mirror.addr.port()

@@ -20,6 +20,7 @@ mod event_log;
 mod faults;
 mod fetch;
 mod gate;
+mod hostile;
 mod languages;
 mod live;
 mod logs;

@@ -281,7 +281,8 @@ async fn berth_with_mirror_target(mirror: &Mirror) -> (Berth, tempfile::TempDir)
         &sources,
         format!(
             "[[target]]\nname = \"mirror\"\nurl = \"http://{}/base/\"\n\
-             headers = {{ Authorization = \"Bearer ${{TEST_MIRROR_TOKEN}}\" }}\n",
+             headers = {{ Authorization = \"Bearer ${{TEST_MIRROR_TOKEN}}\" }}\n\
+             call = {{ methods = [\"POST\"], paths = [\"/*/done\"] }}\n",
             mirror.host()
         ),
     )

@@ -22,6 +22,15 @@ pub enum Answer {
     Redirect(String),
     /// This status, with this text as the body.
     Status(u16, &'static str),
+    /// This status, echoing the request as servers that quote it do: a
+    /// body of `pad` bytes of `x`, then every header as `name: value`, the
+    /// `Authorization` value's token bare and base64-encoded; the
+    /// `Authorization` header echoed back as `x-echo-authorization`.
+    Echo { status: u16, pad: usize },
+    /// A registry that asks for Basic credentials (401 without them), then
+    /// has no blob (404 to a `HEAD`) and refuses everything else with an
+    /// error document whose message quotes the request's `Authorization`.
+    RegistryEcho,
 }
 
 /// One request as the mirror saw it.
@@ -139,5 +148,46 @@ async fn receive(
         )
             .into_response(),
         Answer::Status(code, text) => (StatusCode::from_u16(*code).unwrap(), *text).into_response(),
+        Answer::Echo { status, pad } => {
+            let authorization = text(header::AUTHORIZATION).unwrap_or_default();
+            let token = authorization
+                .split_once(' ')
+                .map_or(authorization.as_str(), |(_, t)| t);
+            // The Authorization first, so that `pad` places it.
+            let mut body = "x".repeat(*pad);
+            body.push_str(&format!("authorization: {authorization}\n"));
+            for (name, value) in &headers {
+                body.push_str(&format!("{name}: {}\n", value.to_str().unwrap_or("?")));
+            }
+            body.push_str(&format!("{method} {path}\ntoken: {token}\n"));
+            body.push_str(&format!("b64: {}\n", base64(&authorization)));
+            (
+                StatusCode::from_u16(*status).unwrap(),
+                [("x-echo-authorization", authorization)],
+                body,
+            )
+                .into_response()
+        }
+        Answer::RegistryEcho => match text(header::AUTHORIZATION) {
+            None => (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Basic realm=\"echo\"")],
+            )
+                .into_response(),
+            Some(_) if method == Method::HEAD => StatusCode::NOT_FOUND.into_response(),
+            Some(authorization) => (
+                StatusCode::BAD_REQUEST,
+                [(header::CONTENT_TYPE, "application/json")],
+                format!(
+                    r#"{{"errors":[{{"code":"BLOB_UPLOAD_INVALID","message":"you sent Authorization: {authorization}","detail":"{authorization}"}}]}}"#
+                ),
+            )
+                .into_response(),
+        },
     }
+}
+
+fn base64(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
 }

@@ -13,7 +13,10 @@
 //! `{"put_out_file": PATH, "key": KEY, "write": TEXT?}`,
 //! `{"put_bytes": KEY, "size": N?, "text": TEXT?}`, `{"stat": KEY}`,
 //! `{"url": KEY}`, `{"env": NAME}` (or `{"env": "*"}`: every variable),
-//! `{"read": PATH}`, `{"http": URL, "method": M?, "headers": {…}?}`.
+//! `{"read": PATH}`, `{"http": URL, "method": M?, "headers": {…}?,
+//! "body_size": N?}` (its outcome: the answer's status, headers and body),
+//! `{"flood": N, "key": PREFIX}` (N zero-byte puts at `PREFIX-i`; its
+//! outcome: how many landed and the first refusal).
 //! The put, stat and url steps use the target opened last. With `fail`,
 //! the deployment fails after its steps (what it put stays recorded).
 
@@ -174,7 +177,26 @@ fn run(step: &Value, target: &mut Option<Target>) -> Result<Value, String> {
             .map_err(|e| e.to_string());
     }
     if let Some(url) = step["http"].as_str() {
-        return http(url, &text(step, "method"), step["headers"].as_object());
+        let size = step["body_size"].as_u64().unwrap_or(0);
+        return http(
+            url,
+            &text(step, "method"),
+            step["headers"].as_object(),
+            size,
+        );
+    }
+    if let Some(count) = step["flood"].as_u64() {
+        opened(target)?;
+        let target = target.as_ref().unwrap();
+        let prefix = text(step, "key");
+        let mut landed = 0;
+        for i in 0..count {
+            match target.put_bytes(&format!("{prefix}-{i}"), &[], "") {
+                Ok(_) => landed += 1,
+                Err(e) => return Ok(json!({ "landed": landed, "refused": e })),
+            }
+        }
+        return Ok(json!({ "landed": landed }));
     }
     Err(format!("unknown step {step}"))
 }
@@ -183,8 +205,14 @@ fn receipt_json(r: &berth::deployer::publish::Receipt) -> Value {
     json!({ "url": r.url, "bytes": r.bytes, "sha256": r.sha256, "etag": r.etag })
 }
 
-/// One request with an empty body; the answer's status and body.
-fn http(url: &str, method: &str, headers: Option<&Map<String, Value>>) -> Result<Value, String> {
+/// One request with a body of `size` bytes; the answer's status,
+/// headers and body.
+fn http(
+    url: &str,
+    method: &str,
+    headers: Option<&Map<String, Value>>,
+    size: u64,
+) -> Result<Value, String> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| format!("{url}: no scheme"))?;
@@ -203,6 +231,8 @@ fn http(url: &str, method: &str, headers: Option<&Map<String, Value>>) -> Result
         "" | "GET" => Method::Get,
         "PUT" => Method::Put,
         "POST" => Method::Post,
+        "DELETE" => Method::Delete,
+        "HEAD" => Method::Head,
         other => Method::Other(other.into()),
     };
     request.set_method(&method).map_err(|_| "method")?;
@@ -220,6 +250,19 @@ fn http(url: &str, method: &str, headers: Option<&Map<String, Value>>) -> Result
         .map_err(|_| "path")?;
     let body = request.body().map_err(|_| "body")?;
     let response = outgoing_handler::handle(request, None).map_err(|e| format!("{e:?}"))?;
+    {
+        let stream = body.write().map_err(|_| "body stream")?;
+        // blocking-write-and-flush takes at most 4096 bytes a call.
+        let chunk = vec![b'x'; 4096];
+        let mut left = size;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            if let Err(e) = stream.blocking_write_and_flush(&chunk[..n]) {
+                return Err(format!("writing the body: {e:?}"));
+            }
+            left -= n as u64;
+        }
+    }
     OutgoingBody::finish(body, None).map_err(|e| format!("{e:?}"))?;
     response.subscribe().block();
     let response = response
@@ -228,13 +271,21 @@ fn http(url: &str, method: &str, headers: Option<&Map<String, Value>>) -> Result
         .map_err(|_| "response taken")?
         .map_err(|e| format!("{e:?}"))?;
     let status = response.status();
+    let mut answered = Map::new();
+    for (name, value) in response.headers().entries() {
+        answered.insert(name, json!(String::from_utf8_lossy(&value)));
+    }
     let incoming = response.consume().map_err(|_| "consume")?;
     let stream = incoming.stream().map_err(|_| "stream")?;
     let mut text = Vec::new();
     while let Ok(chunk) = stream.blocking_read(64 * 1024) {
         text.extend_from_slice(&chunk);
     }
-    Ok(json!({ "status": status, "body": String::from_utf8_lossy(&text) }))
+    Ok(json!({
+        "status": status,
+        "headers": answered,
+        "body": String::from_utf8_lossy(&text),
+    }))
 }
 
 export!(Probe);
