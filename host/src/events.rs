@@ -23,8 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::db::events::{ModelReport, NewEvent, Report};
 use crate::db::{self, Db};
-use crate::model::Receipt;
-use crate::model::{Deployment, Phase, Progress, TrainedModel};
+use crate::model::{Deployment, Phase, Progress, Published, TrainedModel};
 use crate::runtime::Change;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -74,8 +73,9 @@ pub enum Event {
         deployer: String,
         duration_ms: i64,
         reference: String,
-        /// What it put into publishing targets.
-        published: Vec<Receipt>,
+        /// What it put into publishing targets, in all (the deployment
+        /// lists each put: an event stays small however many there were).
+        published: Published,
     },
     DeploymentFailed {
         deploy_id: i64,
@@ -83,8 +83,8 @@ pub enum Event {
         deployer: String,
         duration_ms: i64,
         error: String,
-        /// What it did put before it failed.
-        published: Vec<Receipt>,
+        /// What it did put before it failed, in all.
+        published: Published,
     },
     PluginLoaded {
         name: String,

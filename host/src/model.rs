@@ -229,6 +229,23 @@ impl std::fmt::Display for OwnCall {
     }
 }
 
+/// What a deployment put into publishing targets, in all: its puts and
+/// their bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Published {
+    pub files: usize,
+    pub bytes: u64,
+}
+
+impl Published {
+    pub fn of(receipts: &[Receipt]) -> Self {
+        Self {
+            files: receipts.len(),
+            bytes: receipts.iter().map(|r| r.bytes).sum(),
+        }
+    }
+}
+
 /// How a deployment ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {

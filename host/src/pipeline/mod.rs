@@ -35,7 +35,7 @@ use crate::deployers::Deployers;
 use crate::events::{Event, Events};
 use crate::fetch::Fetcher;
 use crate::live::{Live, Running};
-use crate::model::{Deployment, Status, TrainedModel};
+use crate::model::{Deployment, Published, Status, TrainedModel};
 use crate::runtime::Plugin;
 
 pub use admit::{MAX_OPTIONS_BYTES, Request, RunError, StartError};
@@ -285,7 +285,7 @@ fn ended(row: &Deployment) -> Event {
             deployer,
             duration_ms,
             reference: reference.clone(),
-            published: row.published.clone(),
+            published: Published::of(&row.published),
         },
         (_, error) => Event::DeploymentFailed {
             deploy_id,
@@ -293,7 +293,7 @@ fn ended(row: &Deployment) -> Event {
             deployer,
             duration_ms,
             error: error.clone().unwrap_or_default(),
-            published: row.published.clone(),
+            published: Published::of(&row.published),
         },
     }
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::{Phase, Progress, Published};
+use super::{Phase, Progress, PublishedProgress};
 use crate::events::Event;
 
 #[derive(Deserialize, IntoParams)]
@@ -44,9 +44,10 @@ pub struct DeploymentCompleted {
     pub deployer: String,
     pub duration_ms: i64,
     pub model_id: i64,
-    /// What it put into publishing targets, in order.
+    /// What it put into publishing targets, in all (the deployment lists
+    /// each put).
     #[serde(default)]
-    pub published: Vec<Published>,
+    pub published: PublishedProgress,
     #[serde(rename = "ref")]
     pub reference: String,
 }
@@ -58,9 +59,9 @@ pub struct DeploymentFailed {
     pub duration_ms: i64,
     pub error: String,
     pub model_id: i64,
-    /// What it did put before it failed.
+    /// What it did put before it failed, in all.
     #[serde(default)]
-    pub published: Vec<Published>,
+    pub published: PublishedProgress,
 }
 
 /// `model.registered`: rules fire from it.
@@ -259,7 +260,10 @@ pub fn event(event: &Event) -> EventData {
             deployer: deployer.clone(),
             duration_ms: *duration_ms,
             model_id: *model_id,
-            published: published.iter().cloned().map(Published::from).collect(),
+            published: PublishedProgress {
+                bytes: published.bytes,
+                files: published.files,
+            },
             reference: reference.clone(),
         }),
         Event::DeploymentFailed {
@@ -275,7 +279,10 @@ pub fn event(event: &Event) -> EventData {
             duration_ms: *duration_ms,
             error: error.clone(),
             model_id: *model_id,
-            published: published.iter().cloned().map(Published::from).collect(),
+            published: PublishedProgress {
+                bytes: published.bytes,
+                files: published.files,
+            },
         }),
         Event::PluginLoaded { name } => EventData::PluginLoaded(PluginNamed { name: name.clone() }),
         Event::PluginRemoved { name } => {
@@ -294,6 +301,7 @@ mod tests {
 
     use super::*;
     use crate::model;
+    use crate::model::Published;
 
     /// Each kind's data keeps its bytes, and reads back by its kind into
     /// the same variant with the same bytes.
@@ -315,10 +323,10 @@ mod tests {
              r#"{"deploy_id":3,"deployer":"archive","model_id":1}"#),
             (Event::DeploymentProgress { deploy_id: 3, model_id: 1, phase: model::Phase::Deploying, progress },
              r#"{"deploy_id":3,"model_id":1,"phase":"deploying","progress":{"bytes_done":5,"bytes_total":12,"calls":{"count":0,"received_bytes":0,"sent_bytes":0},"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}}}"#),
-            (Event::DeploymentCompleted { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, reference: "r".into(), published: vec![] },
-             r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"model_id":1,"published":[],"ref":"r"}"#),
-            (Event::DeploymentFailed { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, error: "e".into(), published: vec![] },
-             r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"error":"e","model_id":1,"published":[]}"#),
+            (Event::DeploymentCompleted { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, reference: "r".into(), published: Published { files: 2, bytes: 12 } },
+             r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"model_id":1,"published":{"bytes":12,"files":2},"ref":"r"}"#),
+            (Event::DeploymentFailed { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, error: "e".into(), published: Published::default() },
+             r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"error":"e","model_id":1,"published":{"bytes":0,"files":0}}"#),
             (Event::ModelRegistered { model_id: 1, name: "n".into(), job_id: "j".into() },
              r#"{"job_id":"j","model_id":1,"name":"n"}"#),
             (Event::DeploymentAwaitingApproval { deploy_id: 3, model_id: 1, deployer: deployer(), rule: "prod".into() },
