@@ -126,7 +126,7 @@ url = "file://{shelf}/"
         .plugin("probe", probe.clone())
         .plugins_file("probe.toml", "targets = [\"mirror\", \"registry\"]\n")
         .plugin("flooder", probe.clone())
-        .plugins_file("flooder.toml", "targets = [\"shelf\"]\nmax_puts = 50\n")
+        .plugins_file("flooder.toml", "targets = [\"shelf\"]\nmax_puts = 150\n")
         .plugin("long-keys", probe)
         .plugins_file(
             "long-keys.toml",
@@ -268,12 +268,37 @@ url = "file://{shelf}/"
     };
     let done = flood("flooder", "z".to_string()).await;
     let outcome = &done["details"]["steps"][0]["ok"];
-    assert_eq!(outcome["landed"], 50, "{outcome}");
+    assert_eq!(outcome["landed"], 150, "{outcome}");
     assert_eq!(
         outcome["refused"],
-        "this deployment has made 50 puts, the most its manifest allows (max_puts)"
+        "this deployment has made 150 puts, the most its manifest allows (max_puts)"
     );
-    assert_eq!(done["published"].as_array().unwrap().len(), 50);
+    // The deployment lists its first 100 puts and counts them all; its
+    // `published` pages every one, in order.
+    assert_eq!(done["published"].as_array().unwrap().len(), 100);
+    assert_eq!(done["published_total"], json!({ "bytes": 0, "files": 150 }));
+    let flooded = done["id"].clone();
+    let mut keys = Vec::new();
+    let mut after = Some(0);
+    while let Some(from) = after {
+        let (status, page) = berth
+            .get(&format!(
+                "/v1/deployments/{flooded}/published?after={from}&limit=60"
+            ))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert_eq!(page["total"], 150);
+        for put in page["published"].as_array().unwrap() {
+            keys.push(put["key"].as_str().unwrap().to_string());
+        }
+        after = page["next"].as_u64().map(|n| n as usize);
+    }
+    let expected: Vec<String> = (0..150).map(|i| format!("z-{i}")).collect();
+    assert_eq!(keys, expected);
+    let (status, refused) = berth
+        .get(&format!("/v1/deployments/{flooded}/published?limit=0"))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
     let done = flood("long-keys", vec!["k".repeat(200); 4].join("/")).await;
     let outcome = &done["details"]["steps"][0]["ok"];
     let landed = outcome["landed"].as_u64().unwrap();

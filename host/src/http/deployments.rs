@@ -12,7 +12,10 @@ use utoipa_axum::routes;
 use super::ApiContext;
 use super::error::Error;
 use super::extract::{Body, Id, Params};
-use super::json::{self, DeployBody, DeployParams, ErrorBody, ListParams};
+use super::json::{
+    self, DeployBody, DeployParams, ErrorBody, ListParams, Published, PublishedPage,
+    PublishedParams,
+};
 use crate::auth::Caller;
 use crate::model::Status;
 use crate::pipeline::{CancelError, MAX_OPTIONS_BYTES, Request};
@@ -23,6 +26,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
         .routes(routes!(show))
         .routes(routes!(cancel))
         .routes(routes!(logs))
+        .routes(routes!(published))
 }
 
 /// Deploys a model: fetches and verifies its files, runs the deployer.
@@ -128,6 +132,47 @@ async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<json::De
         None => Err(Error::no_deployment(id)),
     }
 }
+
+/// What a deployment put into publishing targets, a page at a time, in
+/// the order of its puts.
+#[utoipa::path(get, path = "/v1/deployments/{id}/published", operation_id = "deployment_published", tag = "deployments",
+    params(("id" = i64, Path, minimum = 1, example = 1, description = "The deployment's id"), PublishedParams),
+    responses(
+        (status = OK, description = "A page of its puts", body = PublishedPage),
+        (status = BAD_REQUEST, description = "A bad id or limit", body = ErrorBody),
+        (status = NOT_FOUND, description = "No such deployment", body = ErrorBody),
+        (status = INTERNAL_SERVER_ERROR, description = "The records could not be read", body = ErrorBody),
+    ))]
+async fn published(
+    State(ctx): State<ApiContext>,
+    Id(id): Id,
+    Params(params): Params<PublishedParams>,
+) -> Result<Json<PublishedPage>, Error> {
+    let limit = params.limit.unwrap_or(json::PUBLISHED_SHOWN);
+    if !(1..=MAX_PUBLISHED_PAGE).contains(&limit) {
+        return Err(Error::BadRequest(format!(
+            "limit must be between 1 and {MAX_PUBLISHED_PAGE}, got {limit}"
+        )));
+    }
+    let Some(deployment) = ctx.db.deployment(id).await? else {
+        return Err(Error::no_deployment(id));
+    };
+    let total = deployment.published.len();
+    let after = params.after.unwrap_or(0).min(total);
+    let end = after.saturating_add(limit).min(total);
+    Ok(Json(PublishedPage {
+        next: (end < total).then_some(end),
+        published: deployment.published[after..end]
+            .iter()
+            .cloned()
+            .map(Published::from)
+            .collect(),
+        total,
+    }))
+}
+
+/// A page of puts holds at most this many.
+const MAX_PUBLISHED_PAGE: usize = 1000;
 
 /// Stops a queued or running deployment, on whichever server runs it;
 /// answers with the row once it has ended (200), or with the row still

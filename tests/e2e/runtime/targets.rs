@@ -48,7 +48,8 @@ async fn a_target_gets_its_headers_from_the_host_and_a_guests_own_is_refused() {
     let host = mirror.host();
     let sources = format!(
         "[[target]]\nname = \"mirror\"\nurl = \"http://{host}/up/\"\n\
-         headers = {{ Authorization = \"Bearer {SECRET}\" }}\n"
+         headers = {{ Authorization = \"Bearer {SECRET}\" }}\n\
+         call = {{ methods = [\"PUT\"] }}\n"
     );
     let targets = Targets::parse(&sources, "sources.toml", |_| None).unwrap();
     let runtime = Runtime::new(Default::default(), None, Engines::optimized())

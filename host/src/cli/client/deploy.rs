@@ -254,6 +254,17 @@ fn print(deployment: &Answer<Deployment>, json: bool) {
             ),
         ));
     }
+    let more = d.published_total.files.saturating_sub(d.published.len());
+    if more > 0 {
+        lines.push((
+            "published",
+            format!(
+                "… and {more} more ({} in all): GET /v1/deployments/{}/published pages them",
+                crate::human::size(d.published_total.bytes),
+                d.id
+            ),
+        ));
+    }
     for (name, value) in lines {
         println!("{name:<9} {value}");
     }

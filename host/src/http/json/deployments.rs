@@ -40,6 +40,34 @@ pub struct ListParams {
     pub limit: Option<u32>,
 }
 
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PublishedParams {
+    /// Skip this many puts, in the order they were made (the `next` of
+    /// the page before; default 0).
+    #[param(minimum = 0)]
+    pub after: Option<usize>,
+    /// How many (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+}
+
+/// A deployment lists at most this many of its puts; its
+/// `/published` pages them all.
+pub const PUBLISHED_SHOWN: usize = 100;
+
+/// Some of a deployment's puts, in the order they were made.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct PublishedPage {
+    /// Where to ask from for the next page (`after`); null at the end.
+    #[schema(required = true)]
+    pub next: Option<usize>,
+    pub published: Vec<Published>,
+    /// How many puts it made in all.
+    pub total: usize,
+}
+
 #[derive(Serialize, Deserialize, ToSchema, Clone, Copy, PartialEq, Eq, Debug)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
@@ -129,8 +157,12 @@ pub struct Deployment {
     pub plugin_sha256: Option<String>,
     pub progress: Progress,
     /// What it put into publishing targets, in order; kept when it failed
-    /// halfway.
+    /// halfway. The first 100 puts: `GET /v1/deployments/{id}/published`
+    /// pages them all.
     pub published: Vec<Published>,
+    /// All its puts and their bytes.
+    #[serde(default)]
+    pub published_total: PublishedProgress,
     /// What the deployer made (a URL, a path, an id); null unless completed.
     #[serde(rename = "ref")]
     #[schema(required = true)]
@@ -164,7 +196,16 @@ impl From<model::Deployment> for Deployment {
             phase: d.phase.map(Phase::from),
             plugin_sha256: d.plugin_sha256,
             progress: d.progress.into(),
-            published: d.published.into_iter().map(Published::from).collect(),
+            published_total: PublishedProgress {
+                bytes: d.published.iter().map(|r| r.bytes).sum(),
+                files: d.published.len(),
+            },
+            published: d
+                .published
+                .into_iter()
+                .take(PUBLISHED_SHOWN)
+                .map(Published::from)
+                .collect(),
             reference: d.reference,
             server: d.server,
             started_at: d.started_at,
@@ -390,7 +431,7 @@ mod tests {
     fn deployments_keep_their_bytes() {
         check(
             Deployment::from(running()),
-            r#"{"approval":null,"cause":null,"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","created_by":"ci","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"calls":{"count":0,"received_bytes":0,"sent_bytes":0},"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[],"ref":null,"server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"running"}"#,
+            r#"{"approval":null,"cause":null,"completed_at":null,"created_at":"2026-12-01T10:00:01.000Z","created_by":"ci","deployer":"archive","details":{},"dir":"/m/ft-1","duration_ms":null,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":"fetching","plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"calls":{"count":0,"received_bytes":0,"sent_bytes":0},"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[],"published_total":{"bytes":0,"files":0},"ref":null,"server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"running"}"#,
         );
         let completed = model::Deployment {
             status: model::Status::Completed,
@@ -423,7 +464,7 @@ mod tests {
         };
         check(
             Deployment::from(completed),
-            r#"{"approval":{"at":"2026-12-01T10:00:00.500Z","by":"ops","comment":null,"decision":"approved"},"cause":{"event_id":7,"previous_deployment_id":2,"rule":"publish"},"completed_at":"2026-12-01T10:00:02.000Z","created_at":"2026-12-01T10:00:01.000Z","created_by":null,"deployer":"archive","details":{"k":"v"},"dir":"/m/ft-1","duration_ms":42,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":null,"plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"calls":{"count":0,"received_bytes":0,"sent_bytes":0},"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[{"bytes":12,"etag":"\"e1\"","key":"ft-1/a.bin","sha256":"abababababababababababababababababababababababababababababababab","target":"releases","url":"s3://team/models/ft-1/a.bin"}],"ref":"r","server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"completed"}"#,
+            r#"{"approval":{"at":"2026-12-01T10:00:00.500Z","by":"ops","comment":null,"decision":"approved"},"cause":{"event_id":7,"previous_deployment_id":2,"rule":"publish"},"completed_at":"2026-12-01T10:00:02.000Z","created_at":"2026-12-01T10:00:01.000Z","created_by":null,"deployer":"archive","details":{"k":"v"},"dir":"/m/ft-1","duration_ms":42,"error":null,"id":3,"model_id":1,"options":{"level":9},"out_dir":"/o/3","phase":null,"plugin_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","progress":{"bytes_done":5,"bytes_total":12,"calls":{"count":0,"received_bytes":0,"sent_bytes":0},"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}},"published":[{"bytes":12,"etag":"\"e1\"","key":"ft-1/a.bin","sha256":"abababababababababababababababababababababababababababababababab","target":"releases","url":"s3://team/models/ft-1/a.bin"}],"published_total":{"bytes":12,"files":1},"ref":"r","server":"5e4a1d2c3b4a5968","started_at":"2026-12-01T10:00:01.250Z","status":"completed"}"#,
         );
     }
 }

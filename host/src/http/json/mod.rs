@@ -31,8 +31,8 @@ pub use deployers::{
 };
 pub use deployments::{
     Approval, CallsProgress, Cause, Decision, DecisionBody, DeployBody, DeployParams,
-    DeployerProgress, Deployment, Deployments, ListParams, Phase, Progress, Published,
-    PublishedProgress, Status,
+    DeployerProgress, Deployment, Deployments, ListParams, PUBLISHED_SHOWN, Phase, Progress,
+    Published, PublishedPage, PublishedParams, PublishedProgress, Status,
 };
 pub use events::{
     DeploymentApproved, DeploymentAwaitingApproval, DeploymentCompleted, DeploymentFailed,
