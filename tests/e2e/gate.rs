@@ -64,18 +64,6 @@ fn authorizations(received: &[Received]) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
-async fn logs(berth: &Berth, deploy_id: &Value) -> String {
-    berth
-        .client()
-        .get(format!("{}/v1/deployments/{deploy_id}/logs", berth.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_granted_http_target_gets_its_credentials_from_the_host_and_only_under_its_url() {
     let files = FileServer::start().await;
@@ -183,7 +171,7 @@ async fn a_granted_http_target_gets_its_credentials_from_the_host_and_only_under
          (http://localhost:{}/named/)",
         mirror.addr.port()
     );
-    let log = logs(&berth, &failed["id"]).await;
+    let log = berth.deployment_log(&failed["id"]).await;
     assert!(log.contains(&refusal), "{log}");
     assert_eq!(mirror.received().len(), 3 * contents.len());
 
@@ -206,7 +194,7 @@ async fn a_granted_http_target_gets_its_credentials_from_the_host_and_only_under
         ),
         "{failed}"
     );
-    let log = logs(&berth, &failed["id"]).await;
+    let log = berth.deployment_log(&failed["id"]).await;
     assert!(
         log.contains(&format!(
             "berth outgoing request to {host} refused: {sentence}"
@@ -225,7 +213,7 @@ async fn a_granted_http_target_gets_its_credentials_from_the_host_and_only_under
     for deploy_id in &ids {
         let (_, row) = berth.get(&format!("/v1/deployments/{deploy_id}")).await;
         assert_no_secret("a deployment", &row.to_string());
-        assert_no_secret("a deployment's log", &logs(&berth, deploy_id).await);
+        assert_no_secret("a deployment's log", &berth.deployment_log(deploy_id).await);
     }
     assert_no_secret("the server log", &berth.log());
     assert!(

@@ -58,18 +58,6 @@ fn refused(step: &Value, words: &str) -> String {
     error.to_string()
 }
 
-async fn logs(berth: &Berth, deploy_id: &Value) -> String {
-    berth
-        .client()
-        .get(format!("{}/v1/deployments/{deploy_id}/logs", berth.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_deployer_never_reads_a_targets_credential_nor_takes_it_elsewhere() {
     let files = FileServer::start().await;
@@ -242,7 +230,7 @@ url = "file://{shelf}/"
     assert_eq!(calls["count"], 1, "{row}");
     assert_eq!(calls["sent_bytes"], 10000, "{row}");
     assert!(calls["received_bytes"].as_u64().unwrap() > 100, "{row}");
-    let log = logs(&berth, &deploy_id).await;
+    let log = berth.deployment_log(&deploy_id).await;
     assert!(
         log.contains(&format!(
             "berth request POST {base}hooks/a (target \"mirror\"): answered 200, "

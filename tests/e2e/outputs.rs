@@ -157,13 +157,7 @@ async fn a_flooding_deployment_reaches_the_server_log_only_up_to_its_budget() {
     );
 
     // The deployment's own log keeps its last lines, as before.
-    let response = berth
-        .client()
-        .get(format!("{}/v1/deployments/{deploy_id}/logs", berth.url))
-        .send()
-        .await
-        .unwrap();
-    let logs = response.text().await.unwrap();
+    let logs = berth.deployment_log(&json!(deploy_id)).await;
     assert!(logs.len() <= (256 << 10) + 100, "{}", logs.len());
     assert!(
         logs.trim_end()

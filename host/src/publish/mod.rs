@@ -550,9 +550,14 @@ const QUOTED: usize = 300;
 /// length beyond what is quoted, scrubbed, then cut, so that no part of
 /// a credential is left at the cut.
 async fn quote(response: reqwest::Response, scrubber: &crate::scrub::Scrubber) -> String {
-    let wanted = QUOTED + scrubber.longest();
+    let said = start_of(response, QUOTED + scrubber.longest()).await;
+    scrubber.quote(&said, QUOTED)
+}
+
+/// At most the first `wanted` bytes of `response`'s body; what came
+/// before an error, if one broke it off.
+async fn start_of(mut response: reqwest::Response, wanted: usize) -> Vec<u8> {
     let mut said = Vec::new();
-    let mut response = response;
     while said.len() < wanted {
         match response.chunk().await {
             Ok(Some(chunk)) => said.extend_from_slice(&chunk),
@@ -560,7 +565,7 @@ async fn quote(response: reqwest::Response, scrubber: &crate::scrub::Scrubber) -
         }
     }
     said.truncate(wanted);
-    scrubber.quote(&said, QUOTED)
+    said
 }
 
 /// What a request is, in error sentences.

@@ -436,6 +436,18 @@ impl Berth {
             .await
     }
 
+    /// The deployment's log (`GET /v1/deployments/{id}/logs`).
+    pub async fn deployment_log(&self, deploy_id: &serde_json::Value) -> String {
+        self.client()
+            .get(format!("{}/v1/deployments/{deploy_id}/logs", self.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// Asks to cancel the deployment whose row is `row`: the answer.
     pub async fn cancel(&self, row: &Value) -> (StatusCode, Value) {
         let path = format!("/v1/deployments/{}/cancel", row["id"]);

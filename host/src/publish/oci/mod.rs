@@ -400,14 +400,7 @@ async fn error_codes(response: Response) -> Vec<String> {
     struct Entry {
         code: String,
     }
-    let mut body = Vec::new();
-    let mut response = response;
-    while body.len() < ERROR_DOCUMENT {
-        match response.chunk().await {
-            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
-            _ => break,
-        }
-    }
+    let body = super::start_of(response, ERROR_DOCUMENT).await;
     let Ok(document) = serde_json::from_slice::<Document>(&body) else {
         return Vec::new();
     };
