@@ -175,6 +175,11 @@ impl Running {
         self.state.lock().expect("running lock").published.clone()
     }
 
+    /// How many puts it has made so far.
+    pub fn published_count(&self) -> usize {
+        self.state.lock().expect("running lock").published.len()
+    }
+
     /// The deployer's log lines so far, oldest first.
     pub fn logs(&self) -> String {
         let state = self.state.lock().expect("running lock");

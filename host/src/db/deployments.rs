@@ -178,22 +178,23 @@ impl Db {
     /// The phase never goes back from `deploying`, so an update taken
     /// before the deployer started and written late cannot hide that it
     /// did from the next start's `fail_leftovers`.
-    /// `published` is every put so far (it only grows), so a deployment
-    /// that ends without a recorded end (a killed server) still lists them.
+    /// `published`, when given, is every put so far (it only grows, and
+    /// is given only when it grew), so a deployment that ends without a
+    /// recorded end (a killed server) still lists them.
     pub async fn update_progress(
         &self,
         id: i64,
         phase: Phase,
         progress: &Progress,
-        published: &[Receipt],
+        published: Option<&[Receipt]>,
     ) -> Result<()> {
         let progress =
             serde_json::to_string(progress).map_err(|e| Error::Corrupt(e.to_string()))?;
-        let published = receipts(published)?;
+        let published = published.map(receipts).transpose()?;
         self.write(statements!(|conn| {
             sqlx::query(
                 "UPDATE deployments SET phase = CASE phase WHEN $1 THEN phase ELSE $2 END, \
-                 progress = $3, published = $6 WHERE id = $4 AND status = $5",
+                 progress = $3, published = COALESCE($6, published) WHERE id = $4 AND status = $5",
             )
             .bind(Phase::Deploying.as_str())
             .bind(phase.as_str())

@@ -220,12 +220,7 @@ impl Pipeline {
         // interrupted while deploying when it starts again.
         if let Err(e) = self
             .db
-            .update_progress(
-                running.deploy_id,
-                Phase::Deploying,
-                &running.snapshot(),
-                &running.published(),
-            )
+            .update_progress(running.deploy_id, Phase::Deploying, &running.snapshot(), None)
             .await
         {
             tracing::warn!(
@@ -290,19 +285,25 @@ async fn report_progress(db: Db, events: Events, running: Arc<Running>, model_id
     // event were written with the state this would report at once.
     let mut tick =
         tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    // The puts already written: the list is written again only when it
+    // grew, not with every tick of progress.
+    let mut written = 0;
     loop {
         tick.tick().await;
         let Some((phase, progress)) = running.take_update() else {
             continue;
         };
+        let grown = (running.published_count() > written).then(|| running.published());
         if let Err(e) = db
-            .update_progress(running.deploy_id, phase, &progress, &running.published())
+            .update_progress(running.deploy_id, phase, &progress, grown.as_deref())
             .await
         {
             tracing::warn!(
                 deploy_id = running.deploy_id,
                 "could not record progress: {e}"
             );
+        } else if let Some(published) = &grown {
+            written = published.len();
         }
         events.publish(Event::DeploymentProgress {
             deploy_id: running.deploy_id,
