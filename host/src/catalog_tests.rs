@@ -111,7 +111,12 @@ fn a_push_does_not_copy_the_plugin() {
             "plugins".into(),
             PluginSet::default(),
         ));
-        let events = Events::stored(db.clone(), "test".into(), |_| String::new());
+        let events = Events::stored(
+            db.clone(),
+            "test".into(),
+            |_| String::new(),
+            &crate::loops::Loops::new(Default::default()),
+        );
         let catalog = Catalog::new(db, deployers, events, 10).with_max_plugin_bytes(2 * SIZE);
         let upload = Upload {
             name: "big".into(),

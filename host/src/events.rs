@@ -159,8 +159,13 @@ struct Waiting {
 
 impl Events {
     /// Publishing into `db`'s event log, recorded as `server_id`'s, each
-    /// event's `data` written by `encode`; starts the appender.
-    pub fn stored(db: Db, server_id: String, encode: fn(&Event) -> String) -> Self {
+    /// event's `data` written by `encode`; starts the appender in `loops`.
+    pub fn stored(
+        db: Db,
+        server_id: String,
+        encode: fn(&Event) -> String,
+        loops: &crate::loops::Loops,
+    ) -> Self {
         let shared = Arc::new(Shared {
             server_id: server_id.clone(),
             encode,
@@ -169,7 +174,7 @@ impl Events {
             closing: CancellationToken::new(),
             appender: Mutex::new(None),
         });
-        let appender = tokio::spawn(append(db, server_id, shared.clone()));
+        let appender = loops.spawn("event appender", append(db, server_id, shared.clone()));
         *shared.appender.lock().unwrap() = Some(appender);
         Self { shared }
     }

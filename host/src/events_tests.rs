@@ -9,6 +9,7 @@ use sqlx::Connection;
 
 use super::*;
 use crate::db::events::Kinds;
+use crate::loops::Loops;
 
 async fn log(dir: &tempfile::TempDir) -> (Db, String) {
     let url = format!("sqlite://{}", dir.path().join("events.db").display());
@@ -36,7 +37,7 @@ fn progress(deploy_id: i64) -> Event {
 async fn past_the_limit_progress_events_are_dropped_and_the_others_kept() {
     let dir = tempfile::tempdir().unwrap();
     let (db, _) = log(&dir).await;
-    let events = Events::stored(db, "test".into(), encode);
+    let events = Events::stored(db, "test".into(), encode, &Loops::new(Default::default()));
     // The appender runs on this thread, which does not yield meanwhile:
     // nothing is stored, everything waits.
     events.publish(progress(1));
@@ -99,7 +100,12 @@ async fn a_refused_write_is_offered_again_in_publishing_order() {
     // More than one batch waits when the first is refused, and one more
     // event comes after.
     let names: Vec<String> = (0..BATCH + 2).map(|i| i.to_string()).collect();
-    let events = Events::stored(db.clone(), "test".into(), encode);
+    let events = Events::stored(
+        db.clone(),
+        "test".into(),
+        encode,
+        &Loops::new(Default::default()),
+    );
     for name in &names[..=BATCH] {
         events.publish(loaded(name));
     }

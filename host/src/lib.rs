@@ -21,6 +21,7 @@ pub mod http;
 pub mod human;
 pub mod key;
 pub mod live;
+pub mod loops;
 pub mod metrics;
 pub mod model;
 pub mod oci;

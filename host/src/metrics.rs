@@ -54,6 +54,11 @@ struct CallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LoopLabels {
+    name: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     method: String,
     route: String,
@@ -89,6 +94,7 @@ struct Metrics {
     models_stored: Gauge,
     models_saved: Gauge,
     copies_evicted: Counter,
+    loops_ended: Family<LoopLabels, Counter>,
 }
 
 impl Metrics {
@@ -227,8 +233,15 @@ impl Metrics {
             "Models whose local copy was dropped to keep the models dir within its budget (--models-max-gib)",
             copies_evicted.clone(),
         );
+        let loops_ended: Family<LoopLabels, Counter> = Family::default();
+        registry.register(
+            "berth_loops_ended",
+            "The server's long-lived loops that ended while it ran (they run until it stops), by name",
+            loops_ended.clone(),
+        );
         Self {
             registry,
+            loops_ended,
             deployments,
             deployment_duration,
             running,
@@ -325,6 +338,12 @@ pub fn plugin_call(plugin: &str, call: &'static str, took: Duration) {
             call,
         })
         .observe(took.as_secs_f64());
+}
+
+/// A long-lived loop ended before the server's stop.
+pub fn loop_ended(name: &'static str) {
+    let Some(m) = METRICS.get() else { return };
+    m.loops_ended.get_or_create(&LoopLabels { name }).inc();
 }
 
 /// The plugin set now served: called whenever it is swapped.

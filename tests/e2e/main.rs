@@ -24,6 +24,7 @@ mod hostile;
 mod languages;
 mod live;
 mod logs;
+mod loops;
 mod metrics;
 mod network;
 mod oci;

@@ -192,7 +192,13 @@ pub struct Db {
     closing: CancellationToken,
     /// The last answer to "does the database answer?", for `/readyz`.
     reach: Arc<reach::Reach>,
+    /// Its own loops (the SQLite committer, the PostgreSQL listener),
+    /// until `tasks` hands them to a supervisor.
+    tasks: Arc<std::sync::Mutex<Vec<Task>>>,
 }
+
+/// One of the database's own loops, with its name.
+pub type Task = (&'static str, tokio::task::JoinHandle<()>);
 
 /// `status` as an SQL literal, for a statement that finds rows by their
 /// status. Written into the statement, not bound: PostgreSQL plans a
@@ -229,18 +235,19 @@ impl Db {
         let backend = Backend::of(url);
         let wakeups = Arc::new(notify::Wakeups::new());
         let closing = CancellationToken::new();
-        let (pool, committer) = match backend {
+        let (pool, committer, task) = match backend {
             Backend::Sqlite => {
                 let url = sqlite::url(url);
                 let pool = sqlite::pool(&url, 8).await?;
                 migrations::apply(&pool, backend).await?;
-                (pool, Some(sqlite::Committer::start(&url).await?))
+                let (committer, task) = sqlite::Committer::start(&url).await?;
+                (pool, Some(committer), ("SQLite committer", task))
             }
             Backend::Postgres => {
                 let pool = postgres::pool(url, 16).await?;
                 migrations::apply(&pool, backend).await?;
-                postgres::listen(url, wakeups.clone(), closing.clone());
-                (pool, None)
+                let task = postgres::listen(url, wakeups.clone(), closing.clone());
+                (pool, None, ("PostgreSQL listener", task))
             }
         };
         Ok(Self {
@@ -250,7 +257,14 @@ impl Db {
             wakeups,
             closing,
             reach: Arc::new(reach::Reach::default()),
+            tasks: Arc::new(std::sync::Mutex::new(vec![task])),
         })
+    }
+
+    /// Its own loops, each with its name, for a supervisor to watch
+    /// (`crate::loops`); asked once.
+    pub fn tasks(&self) -> Vec<Task> {
+        std::mem::take(&mut *self.tasks.lock().expect("never poisoned"))
     }
 
     pub fn backend(&self) -> Backend {

@@ -101,7 +101,11 @@ pub(super) async fn notify<'e>(
 /// Hands what the servers on the database at `url` notify to `wakeups`,
 /// until `stop`, reconnecting after a lost connection (waiters look on
 /// their own tick meanwhile).
-pub(super) fn listen(url: &str, wakeups: Arc<Wakeups>, stop: CancellationToken) {
+pub(super) fn listen(
+    url: &str,
+    wakeups: Arc<Wakeups>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
     let url = url.to_string();
     tokio::spawn(async move {
         let mut wait = Duration::from_millis(250);
@@ -120,7 +124,7 @@ pub(super) fn listen(url: &str, wakeups: Arc<Wakeups>, stop: CancellationToken) 
             }
             wait = (wait * 2).min(Duration::from_secs(5));
         }
-    });
+    })
 }
 
 async fn listen_once(url: &str, wakeups: &Wakeups) -> sqlx::Error {

@@ -103,13 +103,13 @@ impl Unwritten {
 impl Committer {
     /// Opens the one writing connection to the file at `url` and starts
     /// the task that owns it.
-    pub(super) async fn start(url: &str) -> Result<Self> {
+    pub(super) async fn start(url: &str) -> Result<(Self, tokio::task::JoinHandle<()>)> {
         let pool = pool(url, 1).await?;
         let mut conn = pool.acquire().await?;
         let (jobs, mut queue) = mpsc::channel::<Job>(WAITING);
         let closing = CancellationToken::new();
         let stop = closing.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let mut group = Vec::with_capacity(GROUP);
             loop {
                 // Writes already queued are made before closing.
@@ -124,11 +124,14 @@ impl Committer {
                 commit_group(&mut conn, std::mem::take(&mut group)).await;
             }
         });
-        Ok(Self {
-            jobs,
-            closing,
-            pool,
-        })
+        Ok((
+            Self {
+                jobs,
+                closing,
+                pool,
+            },
+            task,
+        ))
     }
 
     /// Makes `work` in the next group; returns once that group committed.

@@ -68,6 +68,7 @@ use crate::catalog::Catalog;
 use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
+use crate::loops::Loops;
 use crate::pipeline::Pipeline;
 use crate::rules::Rules;
 use crate::targets::Targets;
@@ -102,6 +103,8 @@ pub struct ApiContext {
     /// The most bytes the models dir may hold (`--models-max-gib`); `None`:
     /// no budget.
     pub models_max_bytes: Option<u64>,
+    /// The server's long-lived loops: one that ended makes it not ready.
+    pub loops: Loops,
 }
 
 /// Every route with its docs, in one place: `app` serves these routes and
@@ -159,13 +162,20 @@ async fn healthz() -> &'static str {
 #[utoipa::path(get, path = "/readyz", operation_id = "readyz", tag = "server",
     responses(
         (status = OK, description = "`ready`", body = String, content_type = "text/plain"),
-        (status = SERVICE_UNAVAILABLE, description = "The database is unreachable, or what is still loading", body = ErrorBody,
+        (status = SERVICE_UNAVAILABLE, description = "The database is unreachable, a loop of the server ended, or what is still loading", body = ErrorBody,
             headers(("Retry-After" = String, description = "Seconds to wait before asking again"))),
     ))]
 async fn ready(State(ctx): State<ApiContext>) -> Result<&'static str, error::Error> {
     if let Err(why) = ctx.db.reachable().await {
         return Err(error::Error::Unavailable(format!(
             "not ready: the server cannot reach its database ({why}); it keeps trying"
+        )));
+    }
+    let ended = ctx.loops.ended();
+    if !ended.is_empty() {
+        return Err(error::Error::Unavailable(format!(
+            "not ready: {}; restart the server",
+            ended.join("; ")
         )));
     }
     let loading = ctx.deployers.still_loading();

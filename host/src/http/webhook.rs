@@ -72,14 +72,16 @@ impl Webhook {
 
     /// Records the receiver (its cursor at the end of the log if it is
     /// new: it gets the events from now on) and starts delivering as
-    /// `server_id` until `stop`; the task hands the lease back as it ends.
-    /// HTTPS receivers are trusted by the public roots and `trust`'s.
+    /// `server_id` until `stop`, a loop of `loops`; the task hands the
+    /// lease back as it ends. HTTPS receivers are trusted by the public
+    /// roots and `trust`'s.
     pub async fn start(
         self: Arc<Self>,
         db: Db,
         server_id: String,
         trust: &Trust,
         stop: CancellationToken,
+        loops: &crate::loops::Loops,
     ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
         let client = trust
             .reqwest(reqwest::Client::builder().timeout(TIMEOUT))?
@@ -100,7 +102,7 @@ impl Webhook {
             stop,
             wakeups: db.wakeups(Topic::Events),
         };
-        Ok(tokio::spawn(delivery.run(joined)))
+        Ok(loops.spawn("webhook deliverer", delivery.run(joined)))
     }
 }
 

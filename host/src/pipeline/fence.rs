@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Pipeline;
-use super::sentences::fenced;
+use super::sentences::{fenced, unguarded};
 
 /// How long before a lease runs out its server stops what it runs: time
 /// for a guest to be interrupted (epochs tick every few milliseconds) and
@@ -81,6 +81,19 @@ impl Renewals {
 }
 
 impl Pipeline {
+    /// The fence ended while the server runs (`how`): fail closed. What
+    /// runs here is stopped, and closing the room (`--max-running`'s
+    /// permits) keeps anything more from starting here: a deployment
+    /// asked for is queued for another server, and the queue worker
+    /// claims nothing.
+    pub(super) fn unguarded(&self, how: &str) {
+        self.room.close();
+        let reason = unguarded(how);
+        for running in self.live.all() {
+            running.cancel(&reason);
+        }
+    }
+
     /// Stops each deployment running here whose lease is about to run out
     /// unrenewed: renewed last by a beat, or by its claim if that came
     /// later. Runs until the server stops.

@@ -35,6 +35,7 @@ use crate::deployers::Deployers;
 use crate::events::{Event, Events};
 use crate::fetch::Fetcher;
 use crate::live::{Live, Running};
+use crate::loops::Loops;
 use crate::model::{Deployment, Published, Status, TrainedModel};
 use crate::runtime::Plugin;
 
@@ -140,11 +141,19 @@ impl Pipeline {
     /// Starts serving the queue: claiming deployments while there is
     /// room, keeping leases, hearing cancels, ending what nobody will
     /// finish, stopping what runs here when the leases cannot be renewed.
-    /// The tasks end when the server stops.
-    pub fn start_workers(self: &Arc<Self>) {
-        tokio::spawn(self.clone().serve_queue().in_current_span());
-        tokio::spawn(self.clone().keep_leases().in_current_span());
-        tokio::spawn(self.clone().fence().in_current_span());
+    /// The tasks end when the server stops; `loops` supervises them. A
+    /// fence that ends before then leaves nothing to stop a deployment
+    /// past its lease: what runs here is stopped, and nothing more runs
+    /// (fail closed).
+    pub fn start_workers(self: &Arc<Self>, loops: &Loops) {
+        loops.spawn("queue worker", self.clone().serve_queue().in_current_span());
+        loops.spawn("lease keeper", self.clone().keep_leases().in_current_span());
+        let pipeline = self.clone();
+        loops.spawn_then(
+            "fence",
+            self.clone().fence().in_current_span(),
+            move |how| pipeline.unguarded(how),
+        );
     }
 
     /// The fetcher: its sources' clients serve other readers of a

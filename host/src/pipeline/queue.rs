@@ -49,14 +49,22 @@ const CLAIM_BATCH: usize = 16;
 impl Pipeline {
     /// Takes queued deployments while this server has room, until it
     /// stops: up to `CLAIM_BATCH` in one transaction, each run in a task
-    /// of its own holding one of `--max-running` permits.
+    /// of its own holding one of `--max-running` permits. A room closed
+    /// (the fence ended) takes nothing more: the worker waits for the
+    /// stop.
     pub(super) async fn serve_queue(self: Arc<Self>) {
         let mut queued = self.db.wakeups(Topic::Queue);
         loop {
             let first = tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => return,
-                permit = self.room.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+                permit = self.room.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => {
+                        self.shutdown.cancelled().await;
+                        return;
+                    }
+                },
             };
             let mut permits = vec![first];
             while permits.len() < CLAIM_BATCH {
@@ -134,10 +142,18 @@ impl Pipeline {
                 &deployment.deployer,
                 deployment.plugin_sha256.as_deref().unwrap_or_default(),
             );
-            let plugin = plugins
-                .get(&key)
-                .cloned()
-                .expect("a deployment is claimed by the key of a plugin of this set");
+            // Claimed by the keys of this set: a row without one is left
+            // to its lease, as below.
+            let Some(plugin) = plugins.get(&key).cloned() else {
+                tracing::warn!(
+                    deploy_id = deployment.id,
+                    "deployment {} was claimed for {}, which this server no longer serves; its \
+                     lease will run out and a sweep will fail it",
+                    deployment.id,
+                    deployment.deployer
+                );
+                continue;
+            };
             // Once claimed, a row is run or left to its lease: a row
             // claimed here that is not live is not renewed, so its lease
             // runs out and a sweep fails it.

@@ -220,7 +220,12 @@ impl Pipeline {
         // interrupted while deploying when it starts again.
         if let Err(e) = self
             .db
-            .update_progress(running.deploy_id, Phase::Deploying, &running.snapshot(), None)
+            .update_progress(
+                running.deploy_id,
+                Phase::Deploying,
+                &running.snapshot(),
+                None,
+            )
             .await
         {
             tracing::warn!(

@@ -70,6 +70,15 @@ pub(crate) fn fenced(cut_off: Duration, lease: Duration) -> String {
     )
 }
 
+/// The error of a deployment this server stopped because its fence (what
+/// stops a deployment before its lease runs out) ended: `how`.
+pub(crate) fn unguarded(how: &str) -> String {
+    format!(
+        "stopped: this server's fence ended ({how}), and a deployment it runs could outlive its \
+         lease unnoticed; the server runs nothing more until it is restarted; deploy it again"
+    )
+}
+
 /// The error recorded for a queued deployment no live server can run.
 pub(super) fn unrunnable(deployer: &str, sha256: &str, waited: Duration) -> String {
     format!(

@@ -22,6 +22,7 @@ use berth::deployers::Deployers;
 use berth::events::Events;
 use berth::fetch::Fetcher;
 use berth::http::ApiContext;
+use berth::loops::Loops;
 use berth::pipeline::Pipeline;
 use berth::runtime::{CodeCache, Engines, Limits, Runtime};
 use berth::targets::Targets;
@@ -108,12 +109,14 @@ impl App {
         temp: tempfile::TempDir,
     ) -> Self {
         let fetcher = Fetcher::new(temp.path().join("models"), Duration::from_secs(1800)).unwrap();
+        let shutdown = CancellationToken::new();
+        let loops = Loops::new(shutdown.clone());
         let events = Events::stored(
             db.clone(),
             "router-test".to_string(),
             berth::http::event_data,
+            &loops,
         );
-        let shutdown = CancellationToken::new();
         let pipeline = Arc::new(Pipeline::new(
             db.clone(),
             events.clone(),
@@ -123,7 +126,7 @@ impl App {
             temp.path().join("out"),
             shutdown.clone(),
         ));
-        pipeline.start_workers();
+        pipeline.start_workers(&loops);
         let catalog = Arc::new(
             Catalog::new(db.clone(), deployers.clone(), events.clone(), 20)
                 .with_max_plugin_bytes(MAX_PLUGIN_BYTES),
@@ -145,6 +148,7 @@ impl App {
             targets,
             shutdown,
             models_max_bytes: None,
+            loops,
         });
         Self {
             app,

@@ -17,6 +17,7 @@ use crate::catalog::Catalog;
 use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
+use crate::loops::Loops;
 use crate::runtime::{CodeCache, Engines, Limits, Origin, Runtime, Signers, folder_names};
 use crate::targets::Targets;
 use crate::trust::Trust;
@@ -97,6 +98,7 @@ impl FirstLoad {
         catalog_wakeups: tokio::sync::broadcast::Receiver<String>,
         events: Events,
         stop: CancellationToken,
+        loops: Loops,
     ) {
         let Self {
             deployers,
@@ -123,7 +125,10 @@ impl FirstLoad {
         }
         deployers.finish_loading();
         log_loaded(&deployers, &plugins_dir, &cache_dir, started.elapsed());
-        tokio::spawn(catalog.follow(catalog_wakeups, stop.clone()));
+        loops.spawn(
+            "catalog follower",
+            catalog.follow(catalog_wakeups, stop.clone()),
+        );
         if !poll.is_zero() {
             watcher.run(deployers, events, stop, poll).await;
         }

@@ -19,6 +19,7 @@ use crate::catalog::Catalog;
 use crate::db::Topic;
 use crate::events::Events;
 use crate::http::ApiContext;
+use crate::loops::Loops;
 use crate::pipeline::{Pipeline, QueueSettings};
 use crate::rules::Rules;
 
@@ -45,9 +46,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     setup::metrics(&args)?;
     let webhook = setup::webhook(&args)?;
     let shutdown = CancellationToken::new();
+    // Every long-lived loop runs in this set: one that ends early is said.
+    let loops = Loops::new(shutdown.clone());
 
     let (db, server_id) = setup::open_records(&args).await?;
-    let events = Events::stored(db.clone(), server_id.clone(), crate::http::event_data);
+    for (name, task) in db.tasks() {
+        loops.watch(name, task);
+    }
+    let events = Events::stored(
+        db.clone(),
+        server_id.clone(),
+        crate::http::event_data,
+        &loops,
+    );
     let first_load = FirstLoad::prepare(&args, &trust, signers, targets.clone(), &db).await?;
     let deployers = first_load.deployers.clone();
     let catalog = Arc::new(
@@ -91,30 +102,33 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .queue(queue, server_name),
     );
 
-    tokio::spawn(crate::events::prune(
-        db.clone(),
-        Duration::from_secs(args.events_retention_s),
-        shutdown.clone(),
-    ));
+    loops.spawn(
+        "event pruner",
+        crate::events::prune(
+            db.clone(),
+            Duration::from_secs(args.events_retention_s),
+            shutdown.clone(),
+        ),
+    );
     // Before the recovery's events and before listening, so that a new
     // receiver's cursor is set before the first deployment's end.
     let delivery = match &webhook {
         Some(webhook) => Some(
             webhook
                 .clone()
-                .start(db.clone(), server_id, &trust, shutdown.clone())
+                .start(db.clone(), server_id, &trust, shutdown.clone(), &loops)
                 .await?,
         ),
         None => None,
     };
     pipeline.recover().await;
-    pipeline.start_workers();
+    pipeline.start_workers(&loops);
     // A models dir filled before the blob store (or by a server that
     // could not link) is adopted into it, in the background. Then the
     // storage gauges start from what the models dir holds; each scan
     // (`GET /v1/storage`) sets them again.
     let fetcher = pipeline.fetcher().clone();
-    tokio::spawn(async move {
+    loops.spawn_once("adoption", async move {
         fetcher.adopt().await;
         if let Err(e) = fetcher.usage().await {
             tracing::warn!("scanning the models dir for the storage metrics: {e}");
@@ -124,7 +138,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         setup::serve_metrics(addr, shutdown.clone()).await?;
     }
     if let Some(tokens) = &tokens {
-        tokio::spawn(setup::reload_tokens(tokens.clone(), shutdown.clone()));
+        loops.spawn(
+            "token reloader",
+            setup::reload_tokens(tokens.clone(), shutdown.clone()),
+        );
     }
 
     tracing::info!(
@@ -137,20 +154,29 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // all are in, and only then does the watcher take over the folder.
     // Started after the line above, so the log says so in that order: a
     // folder of cached code loads in a millisecond.
-    tokio::spawn(first_load.run(
-        catalog.clone(),
-        catalog_wakeups,
-        events.clone(),
-        shutdown.clone(),
-    ));
+    // The first load, then the plugins folder's watcher until the stop
+    // (none with --plugins-poll-ms 0: only a panic is an end).
+    loops.spawn_once(
+        "plugins folder watcher",
+        first_load.run(
+            catalog.clone(),
+            catalog_wakeups,
+            events.clone(),
+            shutdown.clone(),
+            loops.clone(),
+        ),
+    );
     let rules = Arc::new(Rules::new(db.clone(), deployers.clone(), declared_rules));
-    tokio::spawn(crate::rules::fire::run(
-        rules.clone(),
-        pipeline.clone(),
-        db.clone(),
-        crate::http::happened,
-        shutdown.clone(),
-    ));
+    loops.spawn(
+        "rules follower",
+        crate::rules::fire::run(
+            rules.clone(),
+            pipeline.clone(),
+            db.clone(),
+            crate::http::happened,
+            shutdown.clone(),
+        ),
+    );
     let app = crate::http::app(ApiContext {
         db: db.clone(),
         events: events.clone(),
@@ -163,6 +189,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         targets,
         shutdown: shutdown.clone(),
         models_max_bytes: args.models_max_gib,
+        loops,
     });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
