@@ -406,6 +406,19 @@ async fn bad_rules_are_refused_with_their_field(backend: Backend) {
             "{body}"
         );
     }
+    // A field the body does not know is refused, naming it, as the rules
+    // file does: a misspelt require_approval stores no unheld step.
+    let mut misspelt = good.clone();
+    misspelt["require_aproval"] = json!(true);
+    let (status, body) = app.post("/v1/rules", &misspelt).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field `require_aproval`"),
+        "{body}"
+    );
     let (_, listed) = app.get("/v1/rules").await;
     assert_eq!(listed["rules"], json!([]), "nothing refused was stored");
 
@@ -441,6 +454,21 @@ async fn bad_rules_are_refused_with_their_field(backend: Backend) {
             .await,
         StatusCode::CONFLICT,
         "a rule named a exists already",
+    );
+    // `enabled` is no field of a rule (`disabled` is): refused, nothing
+    // changed.
+    let mut enabled_field = completed("a", "misbehave", "archive");
+    enabled_field["enabled"] = json!(false);
+    let (status, body) = app
+        .request(Method::PUT, "/v1/rules/a", Some(&enabled_field))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field `enabled`"),
+        "{body}"
     );
     let (status, _) = app.request(Method::DELETE, "/v1/rules/a", None).await;
     assert_eq!(status, StatusCode::NO_CONTENT);

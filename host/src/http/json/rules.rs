@@ -9,8 +9,11 @@ use utoipa::ToSchema;
 use crate::db::FiringRow;
 use crate::rules::set::Listed;
 
-/// A rule as `POST /v1/rules` and `PUT /v1/rules/{name}` take it.
+/// A rule as `POST /v1/rules` and `PUT /v1/rules/{name}` take it; a
+/// field it does not know is refused, naming it, as the rules file does
+/// (a misspelt `require_approval` must not store a rule without one).
 #[derive(Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[schema(as = RuleRequest, example = json!({
     "name": "check",
     "when": {"event": "model_registered"},
