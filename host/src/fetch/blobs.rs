@@ -10,7 +10,8 @@
 //! again after each link berth makes or removes: a model's file is vouched
 //! for by its own stamp or by its blob's. A blob whose stamp does not match
 //! is hashed before it is linked anywhere; one whose bytes are wrong is
-//! removed with every model's link of it (`condemn`).
+//! removed with every model's link of it (`condemn`). A blob is read-only
+//! (0444), so no model's file of it is edited in place by mistake.
 //!
 //! Every change to a blob's links is made under the digest's lock
 //! (`.berth/blobs/<hex>.lock`, a `DirLock`, shared with every server on the
@@ -114,6 +115,8 @@ impl Blobs {
             let _ = std::fs::remove_file(&tmp);
             return None;
         }
+        // A blob an older berth kept writable.
+        read_only(&blob);
         self.restamp(hex)
     }
 
@@ -141,6 +144,7 @@ impl Blobs {
             cannot_link(file, &self.files, &e);
             return None;
         }
+        read_only(&blob);
         self.restamp(hex)
     }
 
@@ -299,6 +303,30 @@ impl Blobs {
         Some(stamp)
     }
 }
+
+/// Makes a blob (and so every model's name of it) read-only to everyone:
+/// a person who edits one model's file in place would change every model
+/// that shares it. Before its stamp is taken, as it changes the ctime; a
+/// blob read-only already is left alone.
+fn read_only(blob: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::symlink_metadata(blob) else {
+        return;
+    };
+    if meta.permissions().mode() & 0o777 == BLOB_MODE {
+        return;
+    }
+    if let Err(e) = std::fs::set_permissions(blob, std::fs::Permissions::from_mode(BLOB_MODE)) {
+        tracing::warn!(
+            "could not make the blob {} read-only: {e}; a model file edited in place would change \
+             every model that shares it",
+            blob.display()
+        );
+    }
+}
+
+/// A blob's mode: read-only, for everyone.
+const BLOB_MODE: u32 = 0o444;
 
 pub(super) fn same_inode(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
     a.dev() == b.dev() && a.ino() == b.ino()

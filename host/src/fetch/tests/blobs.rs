@@ -3,7 +3,7 @@
 //! damaged blob is removed everywhere; a models dir that cannot hard-link
 //! keeps a copy per model.
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use super::*;
 use crate::fetch::Adopted;
@@ -90,6 +90,12 @@ async fn a_second_model_downloads_only_the_file_no_model_holds_and_links_the_oth
     assert_eq!(inode(&dir.join("model/w.bin")), shared);
     assert_eq!(inode(&setup.blob(&weights)), shared);
     assert_eq!(std::fs::metadata(setup.blob(&weights)).unwrap().nlink(), 3);
+    // Read-only, every name of it: one model's file edited in place would
+    // be every model's.
+    for file in [dir.join("adapter.bin"), dir.join("model/w.bin")] {
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o444, "{}", file.display());
+    }
     // The first model's record still vouches for its files although the
     // second link changed their ctime: no byte is read to deploy it again.
     assert!(setup.fetcher.verified(&setup.model).is_some());
