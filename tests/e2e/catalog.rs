@@ -263,11 +263,13 @@ async fn a_pushed_deployer_serves_new_deployments_while_old_ones_finish_on_their
     let misbehave = read(test_plugin("misbehave"));
     let (archive_sha, misbehave_sha) = (sha256_hex(&archive), sha256_hex(&misbehave));
 
-    // Version 1 (misbehave's bytes), and a deployment of it that sleeps.
+    // Version 1 (misbehave's bytes), and a deployment of it that runs
+    // until it is cancelled: the push below comes while it runs, however
+    // slow the machine.
     let (status, first) = push(&berth, "trial", &[("wasm", &misbehave)]).await;
     assert_eq!(status, StatusCode::CREATED, "{first}");
     let sleeping = berth
-        .deploy_detached(id, "trial", json!({ "mode": "sleep", "ms": 3000 }))
+        .deploy_detached(id, "trial", json!({ "mode": "sleep", "ms": 600_000 }))
         .await;
     assert_eq!(sleeping["plugin_sha256"], misbehave_sha, "{sleeping}");
 
@@ -287,11 +289,22 @@ async fn a_pushed_deployer_serves_new_deployments_while_old_ones_finish_on_their
     let (status, packed) = berth.deploy(id, "trial", json!({ "level": 1 })).await;
     assert_eq!(status, StatusCode::OK, "{packed}");
     assert_eq!(packed["plugin_sha256"], archive_sha, "{packed}");
-    let slept = ended(&berth, sleeping["id"].as_i64().unwrap()).await;
+    // The first ran on version 1 all along: still running, then
+    // cancelled.
+    let (_, still) = berth
+        .get(&format!("/v1/deployments/{}", sleeping["id"]))
+        .await;
     assert_eq!(
-        (&slept["status"], &slept["plugin_sha256"]),
-        (&json!("completed"), &json!(misbehave_sha)),
-        "{slept}"
+        (&still["status"], &still["plugin_sha256"]),
+        (&json!("running"), &json!(misbehave_sha)),
+        "{still}"
+    );
+    let (status, cancelled) = berth.cancel(&sleeping).await;
+    assert_eq!(status, StatusCode::OK, "{cancelled}");
+    assert_eq!(
+        (&cancelled["status"], &cancelled["plugin_sha256"]),
+        (&json!("failed"), &json!(misbehave_sha)),
+        "{cancelled}"
     );
 
     // Rolled back: version 1 deploys again.

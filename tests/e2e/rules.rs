@@ -621,9 +621,26 @@ async fn three_servers_fire_each_rule_once_per_event_though_one_is_killed() {
             assert_eq!(second["cause"]["previous_deployment_id"], first["id"]);
         }
     }
-    // The killed server comes back and doubles nothing.
+    // The killed server comes back alone and doubles nothing. Its
+    // follower reads the log in order: once it has fired the rule for a
+    // model registered after the restart, it has been through every
+    // event before that one.
+    berths[1].terminate();
+    berths[2].terminate();
     berths[0].restart();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let marker = berths[0]
+        .register(&model(&files, "job-once-marker", &contents))
+        .await;
+    eventually(
+        || "the restarted server firing the rule for a new model".to_string(),
+        async || {
+            let list = deployments_of(&berths[0], marker).await;
+            list.iter()
+                .any(|r| r["cause"]["rule"] == "first")
+                .then_some(())
+        },
+    )
+    .await;
     for (model, list) in &rows {
         assert_eq!(
             deployments_of(&berths[0], *model).await.len(),
