@@ -1,10 +1,12 @@
 //! What happened, for whoever listens: one closed `enum Event`, logged at
-//! once and stored in the event log (`db::events`). A deployment's change
-//! of state (recorded, started here at once, ended) carries its event into
-//! the transaction that writes it (`Events::report`): one commit. The other
-//! events are published after the write they report and appended by one
-//! task per process, in publishing order, what waits batched into one
-//! write. Readers (the SSE stream, the webhook) follow the log, never this
+//! once and stored in the event log (`db::events`). Every change of a
+//! deployment's status (recorded, started at once or claimed, approved,
+//! ended by its run, a sweep, a cancel, an expiry or restart recovery)
+//! carries its events into the transaction that writes it
+//! (`Events::report`): one commit, so a kill after it loses none. The
+//! other events (progress, plugins) are published after what they report
+//! and appended by one task per process, in publishing order, what waits
+//! batched into one write. Readers (the SSE stream, the webhook) follow the log, never this
 //! process's memory, so they see every server's events. Publishing never
 //! waits for the database: while it refuses writes (a full disk) the
 //! events wait here and are offered again (a state change's event waits
@@ -222,7 +224,7 @@ impl Events {
     /// store in the transaction that writes that row (`db::events::Report`):
     /// the change and its event are one commit, in the log's order. Each is
     /// logged when worded, as a published one is.
-    pub fn report(&self, word: impl FnOnce(&Deployment) -> Vec<Event> + Send + 'static) -> Report {
+    pub fn report(&self, word: impl Fn(&Deployment) -> Vec<Event> + Send + 'static) -> Report {
         let shared = self.shared.clone();
         // Worded inside the database's write (on SQLite, the committer's
         // task): the caller's span keeps the log line in its request.

@@ -15,6 +15,7 @@ pub mod cli;
 pub mod db;
 pub mod deployers;
 pub mod events;
+pub mod failpoint;
 pub mod fetch;
 mod host_env;
 pub mod http;

@@ -69,7 +69,7 @@ impl Loops {
         then: impl FnOnce(&str) + Send + 'static,
     ) -> JoinHandle<()> {
         let this = self.clone();
-        let task = failpoint(name).then(|()| task);
+        let task = crate::failpoint::loop_panic(name).then(|()| task);
         tokio::spawn(async move {
             let how = match AssertUnwindSafe(task).catch_unwind().await {
                 Ok(()) if once => return,
@@ -118,37 +118,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "no message".to_string())
-}
-
-/// For tests of a loop's death, in debug builds only:
-/// `BERTH_TEST_LOOP_PANIC=NAME:MS` makes the loop NAME (`fence`, `rules
-/// follower`, …) panic MS milliseconds after it starts;
-/// `BERTH_TEST_LOOP_PANIC=NAME:@PATH`, once the file PATH exists.
-async fn failpoint(name: &'static str) {
-    if !cfg!(debug_assertions) {
-        return;
-    }
-    let Ok(asked) = std::env::var("BERTH_TEST_LOOP_PANIC") else {
-        return;
-    };
-    let Some((which, when)) = asked.rsplit_once(':') else {
-        return;
-    };
-    if which != name {
-        return;
-    }
-    match when.strip_prefix('@') {
-        Some(path) => {
-            while !std::path::Path::new(path).exists() {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        }
-        None => {
-            let ms = when.parse().unwrap_or(0);
-            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-        }
-    }
-    panic!("BERTH_TEST_LOOP_PANIC asked the {name} to panic");
 }
 
 #[cfg(test)]

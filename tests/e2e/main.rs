@@ -16,6 +16,7 @@ mod config;
 mod crash;
 mod database_wait;
 mod deploy;
+mod event_commit;
 mod event_log;
 mod faults;
 mod fetch;

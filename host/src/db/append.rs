@@ -53,7 +53,7 @@ pub(super) async fn insert(
             &values,
             &format!("${next}"),
             &format!("${}", next + 1),
-            None,
+            &[],
         ),
         false => {
             let rows: Vec<String> = values
@@ -97,7 +97,7 @@ fn appending(
     events: &[[String; 3]],
     lock: &str,
     channel: &str,
-    wake: Option<[String; 2]>,
+    wakes: &[[String; 2]],
 ) -> String {
     let values: Vec<String> = events
         .iter()
@@ -113,10 +113,10 @@ fn appending(
          woken AS (SELECT pg_notify({channel}, (SELECT id FROM last)::text){}) \
          SELECT (SELECT id FROM last) AS last FROM woken",
         values.join(", "),
-        match wake {
-            Some([topic, payload]) => format!(", pg_notify({topic}, {payload})"),
-            None => String::new(),
-        }
+        wakes
+            .iter()
+            .map(|[topic, payload]| format!(", pg_notify({topic}, {payload})"))
+            .collect::<String>()
     )
 }
 
@@ -128,13 +128,22 @@ fn appending(
 pub(super) fn appended_and_committed(
     server_id: &str,
     events: Vec<NewEvent>,
-    wake: Option<(Topic, i64)>,
+    wakes: &[(Topic, i64)],
 ) -> String {
-    let wake = wake.map(|(topic, id)| [literal(topic.channel()), literal(&id.to_string())]);
-    let append = match (events.is_empty(), wake) {
-        (true, None) => return "COMMIT".into(),
-        (true, Some([topic, payload])) => format!("SELECT pg_notify({topic}, {payload})"),
-        (false, wake) => {
+    let wakes: Vec<[String; 2]> = wakes
+        .iter()
+        .map(|(topic, id)| [literal(topic.channel()), literal(&id.to_string())])
+        .collect();
+    let append = match (events.is_empty(), wakes.is_empty()) {
+        (true, true) => return "COMMIT".into(),
+        (true, false) => {
+            let each: Vec<String> = wakes
+                .iter()
+                .map(|[topic, payload]| format!("pg_notify({topic}, {payload})"))
+                .collect();
+            format!("SELECT {}", each.join(", "))
+        }
+        (false, _) => {
             let values: Vec<[String; 3]> = events
                 .iter()
                 .map(|e| [literal(&e.kind), literal(&e.data), literal(&e.created_at)])
@@ -144,7 +153,7 @@ pub(super) fn appended_and_committed(
                 &values,
                 &postgres::APPEND_LOCK.to_string(),
                 &literal(Topic::Events.channel()),
-                wake,
+                &wakes,
             )
         }
     };
@@ -178,17 +187,22 @@ mod tests {
 
     #[test]
     fn a_reported_write_ends_with_its_append_and_the_commit_in_one_query() {
-        assert_eq!(appended_and_committed("s", Vec::new(), None), "COMMIT");
+        assert_eq!(appended_and_committed("s", Vec::new(), &[]), "COMMIT");
         assert_eq!(
-            appended_and_committed("s", Vec::new(), Some((Topic::Ended, 7))),
+            appended_and_committed("s", Vec::new(), &[(Topic::Ended, 7)]),
             "SELECT pg_notify($b0$berth_ended$b0$, $b0$7$b0$); COMMIT"
+        );
+        assert_eq!(
+            appended_and_committed("s", Vec::new(), &[(Topic::Ended, 7), (Topic::Ended, 8)]),
+            "SELECT pg_notify($b0$berth_ended$b0$, $b0$7$b0$), \
+             pg_notify($b0$berth_ended$b0$, $b0$8$b0$); COMMIT"
         );
         let event = NewEvent {
             kind: "deployment.failed".into(),
             data: r#"{"error":"it's $b0$"}"#.into(),
             created_at: "2026-12-04T06:00:00.000Z".into(),
         };
-        let sql = appended_and_committed("server-1", vec![event], None);
+        let sql = appended_and_committed("server-1", vec![event], &[]);
         assert!(
             sql.starts_with("WITH held AS (SELECT pg_advisory_xact_lock("),
             "{sql}"

@@ -66,26 +66,32 @@ impl Db {
     }
 
     /// Fails the deployments that awaited approval since before
-    /// `recorded_before` (RFC 3339) with `error`; returns their rows.
+    /// `recorded_before` (RFC 3339) with `error`; returns their rows, and
+    /// stores `report`'s events of each in the same transaction.
     pub async fn expire_approvals(
         &self,
         recorded_before: String,
         error: String,
+        report: Option<Report>,
     ) -> Result<Vec<Deployment>> {
-        self.write(statements!(|conn| {
-            let rows = sqlx::query(&format!(
-                "UPDATE deployments SET status = $1, error = $2, completed_at = $3 \
+        self.write_rows(
+            report,
+            statements!(|conn| {
+                let rows = sqlx::query(&format!(
+                    "UPDATE deployments SET status = $1, error = $2, completed_at = $3 \
                  WHERE {awaiting} AND created_at < $4 RETURNING {DEPLOYMENT_COLUMNS}",
-                awaiting = status_is(Status::AwaitingApproval)
-            ))
-            .bind(Status::Failed.as_str())
-            .bind(error)
-            .bind(now())
-            .bind(recorded_before)
-            .fetch_all(conn)
-            .await?;
-            rows.iter().map(deployment_row).collect()
-        }))
+                    awaiting = status_is(Status::AwaitingApproval)
+                ))
+                .bind(Status::Failed.as_str())
+                .bind(error)
+                .bind(now())
+                .bind(recorded_before)
+                .fetch_all(conn)
+                .await?;
+                rows.iter().map(deployment_row).collect()
+            }),
+            |rows: &Vec<Deployment>| rows.iter().collect(),
+        )
         .await
     }
 

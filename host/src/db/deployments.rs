@@ -263,6 +263,7 @@ impl Db {
         &self,
         server_id: &str,
         error: impl Fn(Option<Phase>) -> String,
+        report: Option<Report>,
     ) -> Result<Vec<Deployment>> {
         let errors = [
             error(Some(Phase::Fetching)),
@@ -270,28 +271,32 @@ impl Db {
             error(None),
         ];
         let server_id = server_id.to_string();
-        self.write(statements!(|conn| {
-            let [fetching, deploying, unknown] = errors;
-            let rows = sqlx::query(&format!(
-                "UPDATE deployments SET status = $1, \
+        self.write_rows(
+            report,
+            statements!(|conn| {
+                let [fetching, deploying, unknown] = errors;
+                let rows = sqlx::query(&format!(
+                    "UPDATE deployments SET status = $1, \
                  error = CASE phase WHEN $2 THEN $3 WHEN $4 THEN $5 ELSE $6 END, \
                  completed_at = $7, phase = NULL \
                  WHERE server_id = $8 AND {running} RETURNING {DEPLOYMENT_COLUMNS}",
-                running = status_is(Status::Running)
-            ))
-            .bind(Status::Failed.as_str())
-            .bind(Phase::Fetching.as_str())
-            .bind(fetching)
-            .bind(Phase::Deploying.as_str())
-            .bind(deploying)
-            .bind(unknown)
-            .bind(now())
-            .bind(server_id)
-            .bind(Status::Running.as_str())
-            .fetch_all(conn)
-            .await?;
-            rows.iter().map(deployment_row).collect()
-        }))
+                    running = status_is(Status::Running)
+                ))
+                .bind(Status::Failed.as_str())
+                .bind(Phase::Fetching.as_str())
+                .bind(fetching)
+                .bind(Phase::Deploying.as_str())
+                .bind(deploying)
+                .bind(unknown)
+                .bind(now())
+                .bind(server_id)
+                .bind(Status::Running.as_str())
+                .fetch_all(conn)
+                .await?;
+                rows.iter().map(deployment_row).collect()
+            }),
+            |rows: &Vec<Deployment>| rows.iter().collect(),
+        )
         .await
     }
 }
@@ -304,10 +309,7 @@ impl Db {
             + Send
             + 'static,
     {
-        match report {
-            Some(report) => self.write_reported(work, report).await,
-            None => self.write(work).await,
-        }
+        self.write_rows(report, work, |row| vec![row]).await
     }
 }
 

@@ -18,13 +18,13 @@ const DEPLOYMENT_KINDS: &str = "deployment.%";
 
 pub use super::append::NewEvent;
 
-/// The events a write of a deployment stores in its own transaction,
-/// worded from the row it wrote (so the change and its report are one
+/// The events a write of deployments stores in its own transaction,
+/// worded from each row it wrote (so the change and its report are one
 /// commit), and the server they are recorded as.
 pub struct Report {
     pub server_id: String,
     pub events: Wording,
-    /// Told the written row's id at the same commit, on every server.
+    /// Told each written row's id at the same commit, on every server.
     pub wake: Option<Topic>,
 }
 
@@ -38,8 +38,9 @@ impl Report {
     }
 }
 
-/// Words the events of a deployment's row.
-pub type Wording = Box<dyn FnOnce(&Deployment) -> Vec<NewEvent> + Send>;
+/// Words the events of a deployment's row (of each, for a write of
+/// several).
+pub type Wording = Box<dyn Fn(&Deployment) -> Vec<NewEvent> + Send>;
 
 /// The events a model's registration stores in its own transaction,
 /// worded from the row it wrote.
@@ -132,34 +133,78 @@ impl Db {
             + Send
             + 'static,
     {
+        self.write_rows_reported(work, report, |row| vec![row])
+            .await
+    }
+
+    /// Makes `work`, a write of deployments whose rows `rows` finds in its
+    /// answer, and appends the events `report` words from each row in the
+    /// same transaction; wakes the log's readers, and the report's topic
+    /// for each row, once that committed. With no report, a plain write.
+    pub(super) async fn write_rows<T, F>(
+        &self,
+        report: Option<Report>,
+        work: F,
+        rows: fn(&T) -> Vec<&Deployment>,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<T>> + Send + 'static,
+    {
+        match report {
+            Some(report) => self.write_rows_reported(work, report, rows).await,
+            None => self.write(work).await,
+        }
+    }
+
+    async fn write_rows_reported<T, F>(
+        &self,
+        work: F,
+        report: Report,
+        rows: fn(&T) -> Vec<&Deployment>,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut AnyConnection) -> BoxFuture<'c, Result<T>> + Send + 'static,
+    {
         let backend = self.backend;
         let woken = report.wake;
+        let worded = move |written: &T| {
+            let rows = rows(written);
+            let events: Vec<NewEvent> = rows.iter().flat_map(|row| (report.events)(row)).collect();
+            let wakes: Vec<(super::notify::Topic, i64)> = match woken {
+                Some(topic) => rows.iter().map(|row| (topic, row.id)).collect(),
+                None => Vec::new(),
+            };
+            (events, wakes)
+        };
         if backend.is_postgres() {
+            let server_id = report.server_id;
             return postgres::ending_with(
                 &self.pool,
                 statements!(|conn| {
-                    let row = work(&mut *conn).await?;
-                    let events = (report.events)(&row);
-                    let wake = woken.map(|topic| (topic, row.id));
-                    let end = appended_and_committed(&report.server_id, events, wake);
-                    Ok((row, end))
+                    let written = work(&mut *conn).await?;
+                    let (events, wakes) = worded(&written);
+                    let end = appended_and_committed(&server_id, events, &wakes);
+                    Ok((written, end))
                 }),
             )
             .await;
         }
-        let (row, last) = self
+        let server_id = report.server_id;
+        let (written, last, wakes) = self
             .write(statements!(|conn| {
-                let row = work(&mut *conn).await?;
-                let events = (report.events)(&row);
-                let last = insert(conn, backend, &report.server_id, events).await?;
-                Ok((row, last))
+                let written = work(&mut *conn).await?;
+                let (events, wakes) = worded(&written);
+                let last = insert(conn, backend, &server_id, events).await?;
+                Ok((written, last, wakes))
             }))
             .await?;
         self.appended(last);
-        if let Some(topic) = woken {
-            self.wakeups.deliver(topic, row.id.to_string());
+        for (topic, id) in wakes {
+            self.wakeups.deliver(topic, id.to_string());
         }
-        Ok(row)
+        Ok(written)
     }
 
     /// Wakes the readers of the log on this server once events up to `last`

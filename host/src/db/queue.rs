@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use sqlx::Row;
 
 use super::deployments::{DEPLOYMENT_COLUMNS, deployment_row};
+use super::events::Report;
 use super::{Db, Error, Result, now, status_is};
 use crate::model::{Deployment, Phase, Status};
 
@@ -70,6 +71,7 @@ impl Db {
         lease_until: i64,
         out_dir: impl Fn(i64) -> String + Send + 'static,
         limit: usize,
+        report: Option<Report>,
     ) -> Result<Vec<Deployment>> {
         if runnable.0.is_empty() || limit == 0 {
             return Ok(Vec::new());
@@ -78,42 +80,46 @@ impl Db {
         let keys = runnable.0.clone();
         let server_id = server_id.to_string();
         let skip_locked = self.backend.skip_locked();
-        self.write(statements!(|conn| {
-            let placeholders = placeholders(2, keys.len());
-            let sql = format!(
-                "SELECT id FROM deployments WHERE {queued} \
+        self.write_rows(
+            report,
+            statements!(|conn| {
+                let placeholders = placeholders(2, keys.len());
+                let sql = format!(
+                    "SELECT id FROM deployments WHERE {queued} \
                  AND deployer || '@' || plugin_sha256 IN ({placeholders}) \
                  ORDER BY id LIMIT $1{skip_locked}",
-                queued = status_is(Status::Queued)
-            );
-            let mut query = sqlx::query(&sql).bind(limit);
-            for key in keys {
-                query = query.bind(key);
-            }
-            let ids = query.fetch_all(&mut *conn).await?;
-            let mut claimed = Vec::with_capacity(ids.len());
-            let started_at = now();
-            for row in &ids {
-                let id: i64 = row.try_get(0)?;
-                let row = sqlx::query(&format!(
-                    "UPDATE deployments SET status = $1, server_id = $2, lease_until = $3, \
+                    queued = status_is(Status::Queued)
+                );
+                let mut query = sqlx::query(&sql).bind(limit);
+                for key in keys {
+                    query = query.bind(key);
+                }
+                let ids = query.fetch_all(&mut *conn).await?;
+                let mut claimed = Vec::with_capacity(ids.len());
+                let started_at = now();
+                for row in &ids {
+                    let id: i64 = row.try_get(0)?;
+                    let row = sqlx::query(&format!(
+                        "UPDATE deployments SET status = $1, server_id = $2, lease_until = $3, \
                      phase = $4, started_at = $5, out_dir = $6 WHERE id = $7 AND status = $8 \
                      RETURNING {DEPLOYMENT_COLUMNS}"
-                ))
-                .bind(Status::Running.as_str())
-                .bind(&server_id)
-                .bind(lease_until)
-                .bind(Phase::Fetching.as_str())
-                .bind(&started_at)
-                .bind(out_dir(id))
-                .bind(id)
-                .bind(Status::Queued.as_str())
-                .fetch_one(&mut *conn)
-                .await?;
-                claimed.push(deployment_row(&row)?);
-            }
-            Ok(claimed)
-        }))
+                    ))
+                    .bind(Status::Running.as_str())
+                    .bind(&server_id)
+                    .bind(lease_until)
+                    .bind(Phase::Fetching.as_str())
+                    .bind(&started_at)
+                    .bind(out_dir(id))
+                    .bind(id)
+                    .bind(Status::Queued.as_str())
+                    .fetch_one(&mut *conn)
+                    .await?;
+                    claimed.push(deployment_row(&row)?);
+                }
+                Ok(claimed)
+            }),
+            |rows: &Vec<Deployment>| rows.iter().collect(),
+        )
         .await
     }
 
@@ -203,34 +209,39 @@ impl Db {
         &self,
         now_ms: i64,
         error: impl Fn(&str, Option<Phase>) -> String + Send + 'static,
+        report: Option<Report>,
     ) -> Result<Vec<Deployment>> {
         let skip_locked = self.backend.skip_locked();
-        self.write(statements!(|conn| {
-            // The owner's name in a subquery, not a join: PostgreSQL
-            // locks no row of the nullable side of an outer join.
-            let expired = sqlx::query(&format!(
-                "SELECT d.id, d.phase, d.server_id, \
+        self.write_rows(
+            report,
+            statements!(|conn| {
+                // The owner's name in a subquery, not a join: PostgreSQL
+                // locks no row of the nullable side of an outer join.
+                let expired = sqlx::query(&format!(
+                    "SELECT d.id, d.phase, d.server_id, \
                  (SELECT s.name FROM servers s WHERE s.id = d.server_id) AS name \
                  FROM deployments d WHERE d.{running} AND d.lease_until < $1{skip_locked}",
-                running = status_is(Status::Running)
-            ))
-            .bind(now_ms)
-            .fetch_all(&mut *conn)
-            .await?;
-            let mut failed = Vec::new();
-            for row in &expired {
-                let id: i64 = row.try_get("id")?;
-                let phase: Option<String> = row.try_get("phase")?;
-                let server: String = row.try_get("server_id")?;
-                let owner = match row.try_get::<Option<String>, _>("name")? {
-                    Some(name) => format!("{name} ({server})"),
-                    None => server,
-                };
-                let message = error(&owner, phase.as_deref().and_then(Phase::parse));
-                failed.extend(end_with(conn, id, Status::Running, &message).await?);
-            }
-            Ok(failed)
-        }))
+                    running = status_is(Status::Running)
+                ))
+                .bind(now_ms)
+                .fetch_all(&mut *conn)
+                .await?;
+                let mut failed = Vec::new();
+                for row in &expired {
+                    let id: i64 = row.try_get("id")?;
+                    let phase: Option<String> = row.try_get("phase")?;
+                    let server: String = row.try_get("server_id")?;
+                    let owner = match row.try_get::<Option<String>, _>("name")? {
+                        Some(name) => format!("{name} ({server})"),
+                        None => server,
+                    };
+                    let message = error(&owner, phase.as_deref().and_then(Phase::parse));
+                    failed.extend(end_with(conn, id, Status::Running, &message).await?);
+                }
+                Ok(failed)
+            }),
+            |rows: &Vec<Deployment>| rows.iter().collect(),
+        )
         .await
     }
 
@@ -242,43 +253,48 @@ impl Db {
         queued_before: String,
         alive_since_ms: i64,
         error: impl Fn(&str, &str) -> String + Send + 'static,
+        report: Option<Report>,
     ) -> Result<Vec<Deployment>> {
         let skip_locked = self.backend.skip_locked();
-        self.write(statements!(|conn| {
-            let servers = sqlx::query("SELECT deployers FROM servers WHERE seen_ms >= $1")
-                .bind(alive_since_ms)
+        self.write_rows(
+            report,
+            statements!(|conn| {
+                let servers = sqlx::query("SELECT deployers FROM servers WHERE seen_ms >= $1")
+                    .bind(alive_since_ms)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                let mut runnable = HashSet::new();
+                for row in &servers {
+                    let keys: String = row.try_get("deployers")?;
+                    let keys: Vec<String> = serde_json::from_str(&keys)
+                        .map_err(|e| Error::Corrupt(format!("servers.deployers: {e}")))?;
+                    runnable.extend(keys);
+                }
+                let waiting = sqlx::query(&format!(
+                    "SELECT id, deployer, plugin_sha256 FROM deployments \
+                 WHERE {queued} AND created_at < $1 ORDER BY id{skip_locked}",
+                    queued = status_is(Status::Queued)
+                ))
+                .bind(queued_before)
                 .fetch_all(&mut *conn)
                 .await?;
-            let mut runnable = HashSet::new();
-            for row in &servers {
-                let keys: String = row.try_get("deployers")?;
-                let keys: Vec<String> = serde_json::from_str(&keys)
-                    .map_err(|e| Error::Corrupt(format!("servers.deployers: {e}")))?;
-                runnable.extend(keys);
-            }
-            let waiting = sqlx::query(&format!(
-                "SELECT id, deployer, plugin_sha256 FROM deployments \
-                 WHERE {queued} AND created_at < $1 ORDER BY id{skip_locked}",
-                queued = status_is(Status::Queued)
-            ))
-            .bind(queued_before)
-            .fetch_all(&mut *conn)
-            .await?;
-            let mut failed = Vec::new();
-            for row in &waiting {
-                let id: i64 = row.try_get("id")?;
-                let deployer: String = row.try_get("deployer")?;
-                let sha256: String = row
-                    .try_get::<Option<String>, _>("plugin_sha256")?
-                    .unwrap_or_default();
-                if runnable.contains(&Runnable::key(&deployer, &sha256)) {
-                    continue;
+                let mut failed = Vec::new();
+                for row in &waiting {
+                    let id: i64 = row.try_get("id")?;
+                    let deployer: String = row.try_get("deployer")?;
+                    let sha256: String = row
+                        .try_get::<Option<String>, _>("plugin_sha256")?
+                        .unwrap_or_default();
+                    if runnable.contains(&Runnable::key(&deployer, &sha256)) {
+                        continue;
+                    }
+                    let message = error(&deployer, &sha256);
+                    failed.extend(end_with(conn, id, Status::Queued, &message).await?);
                 }
-                let message = error(&deployer, &sha256);
-                failed.extend(end_with(conn, id, Status::Queued, &message).await?);
-            }
-            Ok(failed)
-        }))
+                Ok(failed)
+            }),
+            |rows: &Vec<Deployment>| rows.iter().collect(),
+        )
         .await
     }
 
@@ -291,40 +307,48 @@ impl Db {
         id: i64,
         reason: &str,
         dequeued: &str,
+        report: Option<Report>,
     ) -> Result<CancelAsked> {
         let (reason, dequeued) = (reason.to_string(), dequeued.to_string());
-        self.write(statements!(|conn| {
-            for waiting in [Status::Queued, Status::AwaitingApproval] {
-                if let Some(row) = end_with(conn, id, waiting, &dequeued).await? {
-                    return Ok(CancelAsked::Dequeued(Box::new(row)));
+        self.write_rows(
+            report,
+            statements!(|conn| {
+                for waiting in [Status::Queued, Status::AwaitingApproval] {
+                    if let Some(row) = end_with(conn, id, waiting, &dequeued).await? {
+                        return Ok(CancelAsked::Dequeued(Box::new(row)));
+                    }
                 }
-            }
-            let running = sqlx::query(
-                "UPDATE deployments SET cancel = COALESCE(cancel, $1) \
+                let running = sqlx::query(
+                    "UPDATE deployments SET cancel = COALESCE(cancel, $1) \
                  WHERE id = $2 AND status = $3 RETURNING server_id",
-            )
-            .bind(reason)
-            .bind(id)
-            .bind(Status::Running.as_str())
-            .fetch_optional(&mut *conn)
-            .await?;
-            if let Some(row) = running {
-                return Ok(CancelAsked::Running {
-                    server: row.try_get("server_id")?,
-                });
-            }
-            let row = sqlx::query("SELECT status FROM deployments WHERE id = $1")
+                )
+                .bind(reason)
                 .bind(id)
+                .bind(Status::Running.as_str())
                 .fetch_optional(&mut *conn)
                 .await?;
-            let Some(row) = row else {
-                return Ok(CancelAsked::Unknown);
-            };
-            let status: String = row.try_get("status")?;
-            Status::parse(&status)
-                .map(CancelAsked::Ended)
-                .ok_or_else(|| Error::Corrupt(format!("status = {status:?}")))
-        }))
+                if let Some(row) = running {
+                    return Ok(CancelAsked::Running {
+                        server: row.try_get("server_id")?,
+                    });
+                }
+                let row = sqlx::query("SELECT status FROM deployments WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                let Some(row) = row else {
+                    return Ok(CancelAsked::Unknown);
+                };
+                let status: String = row.try_get("status")?;
+                Status::parse(&status)
+                    .map(CancelAsked::Ended)
+                    .ok_or_else(|| Error::Corrupt(format!("status = {status:?}")))
+            }),
+            |asked: &CancelAsked| match asked {
+                CancelAsked::Dequeued(row) => vec![&**row],
+                _ => Vec::new(),
+            },
+        )
         .await
     }
 

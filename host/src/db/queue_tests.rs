@@ -3,6 +3,7 @@
 //! cancel does to each status.
 
 use super::{Beat, CancelAsked, Claim, Runnable};
+use crate::db::events::{Kinds, NewEvent, Report};
 use crate::db::testing::{model, open, queue};
 use crate::db::{Db, NewDeployment, now_ms};
 use crate::model::{Deployment, Phase, Status};
@@ -26,9 +27,35 @@ async fn claim(
         lease_until,
         |id| format!("/out/{id}"),
         limit,
+        None,
     )
     .await
     .unwrap()
+}
+
+/// A report of each row's end, its data the row's id.
+fn ended_report() -> Report {
+    Report {
+        server_id: "s".into(),
+        events: Box::new(|row| {
+            vec![NewEvent {
+                kind: "deployment.failed".into(),
+                data: row.id.to_string(),
+                created_at: crate::db::now(),
+            }]
+        }),
+        wake: None,
+    }
+}
+
+/// The ids the stored `deployment.failed` events name, in order.
+async fn failed_events(db: &Db) -> Vec<i64> {
+    let events = db.events_after(0, Kinds::All, 100).await.unwrap();
+    events
+        .iter()
+        .filter(|e| e.kind == "deployment.failed")
+        .map(|e| e.data.parse().unwrap())
+        .collect()
 }
 
 fn ids(rows: &[Deployment]) -> Vec<i64> {
@@ -185,11 +212,19 @@ async fn the_sweep_fails_only_rows_whose_lease_ran_out_naming_their_owner() {
     db.mark_deploying(vec![unnamed.id]).await.unwrap();
 
     let mut failed = db
-        .fail_expired(2_000, |owner, phase| format!("{owner} lost it ({phase:?})"))
+        .fail_expired(
+            2_000,
+            |owner, phase| format!("{owner} lost it ({phase:?})"),
+            Some(ended_report()),
+        )
         .await
         .unwrap();
     failed.sort_by_key(|d| d.id);
     assert_eq!(ids(&failed), [named.id, unnamed.id]);
+    // Each end's event was stored in the sweep's own transaction.
+    let mut reported = failed_events(&db).await;
+    reported.sort();
+    assert_eq!(reported, ids(&failed));
     let errors: Vec<_> = failed.iter().map(|d| d.error.as_deref()).collect();
     assert_eq!(
         errors,
@@ -207,7 +242,10 @@ async fn the_sweep_fails_only_rows_whose_lease_ran_out_naming_their_owner() {
     assert_eq!(stored(&db, leased.id).await.status, Status::Running);
     let queued = db.queued_count().await.unwrap();
     assert_eq!(queued, 1, "a queued row has no lease to run out");
-    let again = db.fail_expired(2_000, |_, _| String::new()).await.unwrap();
+    let again = db
+        .fail_expired(2_000, |_, _| String::new(), None)
+        .await
+        .unwrap();
     assert!(again.is_empty(), "an ended row is not failed twice");
 }
 
@@ -228,12 +266,16 @@ async fn the_sweep_fails_queued_rows_that_no_live_server_can_run() {
     beat(&db, "stale", "stale", &["b@2"], 1_000).await;
 
     let failed = db
-        .fail_unrunnable(queued_before, 5_000, |deployer, sha256| {
-            format!("nobody runs {deployer}@{sha256}")
-        })
+        .fail_unrunnable(
+            queued_before,
+            5_000,
+            |deployer, sha256| format!("nobody runs {deployer}@{sha256}"),
+            Some(ended_report()),
+        )
         .await
         .unwrap();
     assert_eq!(ids(&failed), [stale_only.id, nobody.id]);
+    assert_eq!(failed_events(&db).await, ids(&failed), "stored with them");
     let errors: Vec<_> = failed.iter().map(|d| d.error.as_deref()).collect();
     assert_eq!(errors, [Some("nobody runs b@2"), Some("nobody runs c@3")]);
     for row in &failed {
@@ -257,7 +299,7 @@ async fn a_cancel_dequeues_a_queued_row_and_asks_the_owner_of_a_running_one() {
     claim(&db, "s1", &["a@1"], i64::MAX, 1).await;
     let queued = queue(&db, model_id, "a", "1").await;
 
-    let asked = db.request_cancel(queued.id, "why", "dequeued").await;
+    let asked = db.request_cancel(queued.id, "why", "dequeued", None).await;
     let CancelAsked::Dequeued(row) = asked.unwrap() else {
         panic!("a queued row is dequeued");
     };
@@ -265,14 +307,16 @@ async fn a_cancel_dequeues_a_queued_row_and_asks_the_owner_of_a_running_one() {
         (row.status, row.error.as_deref()),
         (Status::Failed, Some("dequeued"))
     );
-    let again = db.request_cancel(queued.id, "why", "dequeued").await;
+    let again = db.request_cancel(queued.id, "why", "dequeued", None).await;
     assert!(
         matches!(again, Ok(CancelAsked::Ended(Status::Failed))),
         "{again:?}"
     );
 
     for reason in ["first", "second"] {
-        let asked = db.request_cancel(running.id, reason, "dequeued").await;
+        let asked = db
+            .request_cancel(running.id, reason, "dequeued", None)
+            .await;
         assert!(
             matches!(&asked, Ok(CancelAsked::Running { server }) if server == "s1"),
             "{asked:?}"
@@ -281,6 +325,6 @@ async fn a_cancel_dequeues_a_queued_row_and_asks_the_owner_of_a_running_one() {
     let reason = db.cancel_reason(running.id).await.unwrap();
     assert_eq!(reason.as_deref(), Some("first"), "the first asked wins");
     assert_eq!(stored(&db, running.id).await.status, Status::Running);
-    let unknown = db.request_cancel(999, "why", "dequeued").await;
+    let unknown = db.request_cancel(999, "why", "dequeued", None).await;
     assert!(matches!(unknown, Ok(CancelAsked::Unknown)), "{unknown:?}");
 }

@@ -82,10 +82,16 @@ impl Pipeline {
     pub(super) async fn expire_approvals(&self) -> Result<(), db::Error> {
         let wait = self.queue.approval_expiry;
         let before = humantime::format_rfc3339_millis(SystemTime::now() - wait).to_string();
-        for row in self.db.expire_approvals(before, expired(wait)).await? {
+        let report = Some(self.ended_report());
+        let expired = self
+            .db
+            .expire_approvals(before, expired(wait), report)
+            .await?;
+        if !expired.is_empty() {
+            crate::failpoint::abort_after("expire");
+        }
+        for row in expired {
             tracing::warn!(deploy_id = row.id, "{}", row.error.as_deref().unwrap_or(""));
-            self.publish_end(&row);
-            self.wake(Topic::Ended, row.id).await;
         }
         Ok(())
     }

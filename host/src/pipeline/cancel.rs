@@ -64,13 +64,16 @@ impl Pipeline {
     ) -> Result<CancelAsked, db::Error> {
         let asked = self
             .db
-            .request_cancel(deploy_id, reason, &before_start(reason))
+            .request_cancel(
+                deploy_id,
+                reason,
+                &before_start(reason),
+                Some(self.ended_report()),
+            )
             .await?;
         match &asked {
-            CancelAsked::Dequeued(row) => {
-                self.publish_end(row);
-                self.wake(Topic::Ended, deploy_id).await;
-            }
+            // Its end was stored with it, and its waiters woken.
+            CancelAsked::Dequeued(_) => crate::failpoint::abort_after("cancel"),
             CancelAsked::Running { .. } => match self.live.get(deploy_id) {
                 Some(running) => running.cancel(reason),
                 None => self.wake(Topic::Cancel, deploy_id).await,

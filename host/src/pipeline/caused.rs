@@ -76,7 +76,7 @@ impl Pipeline {
                     deploy_id: row.id,
                     model_id: row.model_id,
                     deployer: row.deployer.clone(),
-                    rule: rule_name,
+                    rule: rule_name.clone(),
                 },
                 _ => Event::DeploymentQueued {
                     deploy_id: row.id,

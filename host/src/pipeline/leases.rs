@@ -177,10 +177,14 @@ impl Pipeline {
         let outage = self.renewals.recent_outage(2 * self.queue.lease);
         let mut ended = self
             .db
-            .fail_expired(now_ms, move |owner, phase| match outage {
-                Some(outage) => lost_in_outage(owner, phase, outage),
-                None => lost(owner, phase),
-            })
+            .fail_expired(
+                now_ms,
+                move |owner, phase| match outage {
+                    Some(outage) => lost_in_outage(owner, phase, outage),
+                    None => lost(owner, phase),
+                },
+                Some(self.ended_report()),
+            )
             .await?;
         let waited = self.queue.queue_timeout;
         let queued_before =
@@ -189,15 +193,20 @@ impl Pipeline {
         let alive_since = now_ms - db::millis(self.queue.lease);
         ended.extend(
             self.db
-                .fail_unrunnable(queued_before, alive_since, move |deployer, sha| {
-                    unrunnable(deployer, sha, waited)
-                })
+                .fail_unrunnable(
+                    queued_before,
+                    alive_since,
+                    move |deployer, sha| unrunnable(deployer, sha, waited),
+                    Some(self.ended_report()),
+                )
                 .await?,
         );
+        // Their ends were stored with them, and their waiters woken.
+        if !ended.is_empty() {
+            crate::failpoint::abort_after("sweep");
+        }
         for row in ended {
             tracing::warn!(deploy_id = row.id, "{}", row.error.as_deref().unwrap_or(""));
-            self.publish_end(&row);
-            self.wake(Topic::Ended, row.id).await;
         }
         Ok(())
     }
@@ -240,9 +249,14 @@ impl Pipeline {
     async fn fail_leftovers(&self) -> Result<(), db::Error> {
         let failed = self
             .db
-            .fail_leftovers(&self.server_id, |phase| interrupted(phase, Stop::Unseen))
+            .fail_leftovers(
+                &self.server_id,
+                |phase| interrupted(phase, Stop::Unseen),
+                Some(self.ended_report()),
+            )
             .await?;
         if !failed.is_empty() {
+            crate::failpoint::abort_after("recover");
             tracing::warn!(
                 count = failed.len(),
                 "marked deployments left running by the previous run as failed"
@@ -251,8 +265,6 @@ impl Pipeline {
         for row in failed {
             // Their deployers were cut off: what they wrote is half made.
             remove_failed_output(PathBuf::from(&row.out_dir)).await;
-            self.publish_end(&row);
-            self.wake(Topic::Ended, row.id).await;
         }
         Ok(())
     }

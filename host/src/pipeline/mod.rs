@@ -266,9 +266,12 @@ impl Pipeline {
         }
     }
 
-    /// Publishes how a deployment ended, from its stored row.
-    fn publish_end(&self, row: &Deployment) {
-        self.events.publish(ended(row));
+    /// How a write that ends deployments stores the end of each in its
+    /// own transaction, waking their waiters at the commit.
+    fn ended_report(&self) -> db::events::Report {
+        self.events
+            .report(|row| vec![ended(row)])
+            .waking(Topic::Ended)
     }
 }
 

@@ -79,7 +79,6 @@ impl Pipeline {
                     let full = claimed.len() == wanted;
                     for (started, permit) in claimed.into_iter().zip(permits) {
                         let span = self.request_span(started.deployment.id);
-                        self.events.publish(super::started(&started.deployment));
                         self.launch(started, permit, span);
                     }
                     if full {
@@ -133,8 +132,13 @@ impl Pipeline {
                 lease_until,
                 self.out_dir(),
                 limit,
+                // Each claim's start is stored with it.
+                Some(self.events.report(|row| vec![super::started(row)])),
             )
             .await?;
+        if !claimed.is_empty() {
+            crate::failpoint::abort_after("claim");
+        }
         let mut started = Vec::with_capacity(claimed.len());
         let mut models: HashMap<i64, Option<TrainedModel>> = HashMap::new();
         for deployment in claimed {

@@ -320,6 +320,36 @@ impl Berth {
         self.child.wait().unwrap();
     }
 
+    /// Starts the (stopped) server once more and waits for it to end by
+    /// itself before it listens (a failpoint's abort at start); its exit
+    /// status and log.
+    pub fn run_to_exit(&self) -> (std::process::ExitStatus, String) {
+        let port = self.url.rsplit(':').next().unwrap().to_string();
+        let output = self
+            .launch
+            .command(Some(&port))
+            .output()
+            .expect("running the berth binary");
+        (
+            output.status,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    /// Waits for the server to end by itself (a failpoint's abort).
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        for _ in 0..1200 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "the server did not end within 60 s; its log:\n{}",
+            self.log()
+        );
+    }
+
     /// Asks the server to stop (SIGTERM) and waits until it has.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
@@ -504,9 +534,10 @@ struct Launch {
 
 impl Launch {
     /// Starts `berth serve` and waits until it listens; its stderr is kept.
-    fn spawn(&self, port: Option<&str>) -> (Child, String, Arc<Mutex<String>>) {
+    fn command(&self, port: Option<&str>) -> Command {
         let listen = format!("127.0.0.1:{}", port.unwrap_or("0"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_berth"));
+        command
             .args(["serve", "--listen", &listen, "--data-dir"])
             .arg(&self.data_dir)
             .arg("--plugins-dir")
@@ -516,7 +547,13 @@ impl Launch {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("BERTH_LOG", "info,berth=debug")
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(Stdio::piped());
+        command
+    }
+
+    fn spawn(&self, port: Option<&str>) -> (Child, String, Arc<Mutex<String>>) {
+        let mut child = self
+            .command(port)
             .spawn()
             .expect("starting the berth binary");
         let (url, log) = wait_until_listening(&mut child, self.wait_loaded);
