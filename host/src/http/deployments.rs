@@ -18,7 +18,7 @@ use super::json::{
 };
 use crate::auth::Caller;
 use crate::model::Status;
-use crate::pipeline::{CancelError, MAX_OPTIONS_BYTES, Request};
+use crate::pipeline::{CancelError, Request};
 
 pub fn router() -> OpenApiRouter<ApiContext> {
     OpenApiRouter::new()
@@ -57,18 +57,11 @@ async fn deploy(
             "deployer is required: the name of a loaded deployer (see GET /v1/deployers)".into(),
         ));
     };
+    // Checked, as every path's options are, by the pipeline's one gate.
     let options = match body.options {
         None | Some(Value::Null) => "{}".to_string(),
-        Some(value @ Value::Object(_)) => value.to_string(),
-        Some(_) => return Err(Error::BadRequest("options must be a JSON object".into())),
+        Some(value) => value.to_string(),
     };
-    if options.len() > MAX_OPTIONS_BYTES {
-        return Err(Error::BadRequest(format!(
-            "options are {} bytes; at most {} KiB are accepted",
-            options.len(),
-            MAX_OPTIONS_BYTES / 1024
-        )));
-    }
     let created_by = caller.map(|Extension(c)| c.name);
     let request = Request {
         model_id,

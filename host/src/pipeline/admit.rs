@@ -208,12 +208,26 @@ impl Pipeline {
 
     /// The served deployer `deployer`, if it takes `options_json`; and
     /// the options as recorded (a deployer granted one target may be asked
-    /// without naming it).
+    /// without naming it). The one gate of options, whoever asks (the API,
+    /// a rule's firing): a JSON object of at most `MAX_OPTIONS_BYTES`,
+    /// that the deployer's `check-options` takes.
     pub(crate) async fn checked_step(
         &self,
         deployer: &str,
         options_json: &str,
     ) -> Result<(Arc<Plugin>, String), StartError> {
+        if options_json.len() > MAX_OPTIONS_BYTES {
+            return Err(StartError::BadOptions(format!(
+                "options are {} bytes; at most {} KiB are accepted",
+                options_json.len(),
+                MAX_OPTIONS_BYTES / 1024
+            )));
+        }
+        if !serde_json::from_str::<serde_json::Value>(options_json).is_ok_and(|v| v.is_object()) {
+            return Err(StartError::BadOptions(
+                "options must be a JSON object".into(),
+            ));
+        }
         let plugins = self.deployers.current();
         if !plugins.deployers.contains_key(deployer) && self.deployers.is_loading(deployer) {
             return Err(StartError::StillLoading(deployer.to_string()));
@@ -241,7 +255,7 @@ impl Pipeline {
         Ok((plugin, options_json))
     }
 
-    fn check_reserve(&self) -> Result<(), StartError> {
+    pub(super) fn check_reserve(&self) -> Result<(), StartError> {
         if self.reserve == 0 {
             return Ok(());
         }

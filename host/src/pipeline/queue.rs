@@ -118,8 +118,16 @@ impl Pipeline {
     }
 
     /// Claims the oldest queued deployments this server can run (at most
-    /// `limit`) and makes them live here.
+    /// `limit`) and makes them live here. A claim honours the reserve as
+    /// an admission does: a server whose volume is below `--min-free-mib`
+    /// claims nothing (one with room takes the row; this one looks again
+    /// on its next tick), so that every deployment it runs can record its
+    /// end.
     async fn claim(&self, limit: usize) -> Result<Vec<Started>, db::Error> {
+        if let Err(low) = self.check_reserve() {
+            tracing::debug!("claiming nothing: {low}");
+            return Ok(Vec::new());
+        }
         let plugins = self.deployers.runnable();
         let runnable = Runnable(plugins.keys().cloned().collect());
         let leased_at = std::time::Instant::now();
