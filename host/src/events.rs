@@ -31,7 +31,7 @@ use crate::runtime::Change;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// Stored in the transaction that records the model: what rules
-    /// `when = "model_registered"` fire from.
+    /// `when = "model.registered"` fire from.
     ModelRegistered {
         model_id: i64,
         name: String,
@@ -107,23 +107,91 @@ pub enum Event {
     },
 }
 
+/// The one vocabulary of events: each kind's name as the log stores it,
+/// SSE's `event:` and the webhook's header name it, and rules' `when`
+/// takes it (`model.registered`, `deployment.completed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    ModelRegistered,
+    DeploymentAwaitingApproval,
+    DeploymentApproved,
+    RuleFailed,
+    DeploymentQueued,
+    DeploymentStarted,
+    DeploymentProgress,
+    DeploymentCompleted,
+    DeploymentFailed,
+    PluginLoaded,
+    PluginRejected,
+    PluginRemoved,
+}
+
+impl EventKind {
+    /// Every kind, in the order the docs list them.
+    pub const ALL: [EventKind; 12] = [
+        EventKind::ModelRegistered,
+        EventKind::DeploymentAwaitingApproval,
+        EventKind::DeploymentApproved,
+        EventKind::RuleFailed,
+        EventKind::DeploymentQueued,
+        EventKind::DeploymentStarted,
+        EventKind::DeploymentProgress,
+        EventKind::DeploymentCompleted,
+        EventKind::DeploymentFailed,
+        EventKind::PluginLoaded,
+        EventKind::PluginRejected,
+        EventKind::PluginRemoved,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::ModelRegistered => "model.registered",
+            EventKind::DeploymentAwaitingApproval => "deployment.awaiting_approval",
+            EventKind::DeploymentApproved => "deployment.approved",
+            EventKind::RuleFailed => "rule.failed",
+            EventKind::DeploymentQueued => "deployment.queued",
+            EventKind::DeploymentStarted => "deployment.started",
+            EventKind::DeploymentProgress => "deployment.progress",
+            EventKind::DeploymentCompleted => "deployment.completed",
+            EventKind::DeploymentFailed => "deployment.failed",
+            EventKind::PluginLoaded => "plugin.loaded",
+            EventKind::PluginRejected => "plugin.rejected",
+            EventKind::PluginRemoved => "plugin.removed",
+        }
+    }
+
+    /// The kind named `name`; also the underscore spelling rules took
+    /// before (`model_registered`), kept as an alias.
+    pub fn parse(name: &str) -> Option<Self> {
+        let dotted = name.replacen('_', ".", 1);
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == name || kind.as_str() == dotted)
+    }
+}
+
 impl Event {
+    /// The event's kind.
+    pub fn event_kind(&self) -> EventKind {
+        match self {
+            Event::ModelRegistered { .. } => EventKind::ModelRegistered,
+            Event::DeploymentAwaitingApproval { .. } => EventKind::DeploymentAwaitingApproval,
+            Event::DeploymentApproved { .. } => EventKind::DeploymentApproved,
+            Event::RuleFailed { .. } => EventKind::RuleFailed,
+            Event::DeploymentQueued { .. } => EventKind::DeploymentQueued,
+            Event::DeploymentStarted { .. } => EventKind::DeploymentStarted,
+            Event::DeploymentProgress { .. } => EventKind::DeploymentProgress,
+            Event::DeploymentCompleted { .. } => EventKind::DeploymentCompleted,
+            Event::DeploymentFailed { .. } => EventKind::DeploymentFailed,
+            Event::PluginLoaded { .. } => EventKind::PluginLoaded,
+            Event::PluginRejected { .. } => EventKind::PluginRejected,
+            Event::PluginRemoved { .. } => EventKind::PluginRemoved,
+        }
+    }
+
     /// The event's type, as SSE `event:` names it.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Event::ModelRegistered { .. } => "model.registered",
-            Event::DeploymentAwaitingApproval { .. } => "deployment.awaiting_approval",
-            Event::DeploymentApproved { .. } => "deployment.approved",
-            Event::RuleFailed { .. } => "rule.failed",
-            Event::DeploymentQueued { .. } => "deployment.queued",
-            Event::DeploymentStarted { .. } => "deployment.started",
-            Event::DeploymentProgress { .. } => "deployment.progress",
-            Event::DeploymentCompleted { .. } => "deployment.completed",
-            Event::DeploymentFailed { .. } => "deployment.failed",
-            Event::PluginLoaded { .. } => "plugin.loaded",
-            Event::PluginRejected { .. } => "plugin.rejected",
-            Event::PluginRemoved { .. } => "plugin.removed",
-        }
+        self.event_kind().as_str()
     }
 }
 

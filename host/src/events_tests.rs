@@ -133,3 +133,34 @@ async fn a_refused_write_is_offered_again_in_publishing_order() {
     let published: Vec<String> = names.iter().map(|name| encode(&loaded(name))).collect();
     assert!(stored == published, "stored out of order or incomplete");
 }
+
+#[test]
+fn every_kind_reads_back_by_its_name_and_the_rules_old_spellings_too() {
+    for kind in EventKind::ALL {
+        assert_eq!(EventKind::parse(kind.as_str()), Some(kind));
+    }
+    assert_eq!(
+        EventKind::parse("model_registered"),
+        Some(EventKind::ModelRegistered)
+    );
+    assert_eq!(
+        EventKind::parse("deployment_completed"),
+        Some(EventKind::DeploymentCompleted)
+    );
+    assert_eq!(EventKind::parse("model.deleted"), None);
+    assert_eq!(EventKind::parse(""), None);
+}
+
+/// The page's event stream handles every kind the server sends: a kind
+/// added here and not there is found here.
+#[test]
+fn the_pages_stream_knows_every_kind() {
+    let stream = include_str!("http/page/stream.js");
+    for kind in EventKind::ALL {
+        assert!(
+            stream.contains(&format!("case \"{}\":", kind.as_str())),
+            "stream.js has no case for {}",
+            kind.as_str()
+        );
+    }
+}

@@ -174,7 +174,8 @@ async fn an_approvals_expiry_keeps_its_event_through_a_kill_after_the_commit() {
     let mut berth = server(&receiver, "expire", &["--approval-expiry-s", "1"]).await;
     let rule = json!({
         "name": "held",
-        "when": { "event": "model_registered" },
+        // The stream's name of the event (model_registered is taken too).
+        "when": { "event": "model.registered" },
         "deploy": { "deployer": "archive", "options": {} },
         "require_approval": true,
     });

@@ -85,8 +85,8 @@ mod tests {
             name: name.into(),
             when: When {
                 event: match after {
-                    Some(_) => "deployment_completed".into(),
-                    None => "model_registered".into(),
+                    Some(_) => "deployment.completed".into(),
+                    None => "model.registered".into(),
                 },
                 deployer: after.map(str::to_string),
             },

@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::events::EventKind;
 use crate::validate::Problem;
 
 pub use matching::glob;
@@ -50,9 +51,11 @@ pub struct Spec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct When {
-    /// `model_registered` or `deployment_completed`.
+    /// `model.registered` or `deployment.completed`, as the event stream
+    /// names them (`model_registered`, `deployment_completed`: the
+    /// spellings rules took before, kept).
     pub event: String,
-    /// For `deployment_completed`: the deployer whose completion fires it.
+    /// For `deployment.completed`: the deployer whose completion fires it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployer: Option<String>,
 }
@@ -123,13 +126,18 @@ pub enum Happened {
 
 impl Spec {
     pub fn trigger(&self) -> Option<Trigger> {
-        match (self.when.event.as_str(), &self.when.deployer) {
-            ("model_registered", None) => Some(Trigger::Registered),
-            ("deployment_completed", Some(deployer)) => Some(Trigger::Completed {
+        match (self.event(), &self.when.deployer) {
+            (Some(EventKind::ModelRegistered), None) => Some(Trigger::Registered),
+            (Some(EventKind::DeploymentCompleted), Some(deployer)) => Some(Trigger::Completed {
                 deployer: deployer.clone(),
             }),
             _ => None,
         }
+    }
+
+    /// The kind of event `when` names.
+    fn event(&self) -> Option<EventKind> {
+        EventKind::parse(&self.when.event)
     }
 
     /// Every problem the rule has on its own (the deployers and the other
@@ -157,23 +165,24 @@ impl Spec {
                 ),
             );
         }
-        match (self.when.event.as_str(), &self.when.deployer) {
-            ("model_registered", None) => {}
-            ("model_registered", Some(_)) => problem(
+        match (self.event(), &self.when.deployer) {
+            (Some(EventKind::ModelRegistered), None) => {}
+            (Some(EventKind::ModelRegistered), Some(_)) => problem(
                 "when.deployer",
-                "a rule fired by model_registered names no deployer; \
-                 use event = \"deployment_completed\" to follow a deployer's completion"
+                "a rule fired by model.registered names no deployer; \
+                 use event = \"deployment.completed\" to follow a deployer's completion"
                     .into(),
             ),
-            ("deployment_completed", Some(d)) if !d.is_empty() => {}
-            ("deployment_completed", _) => problem(
+            (Some(EventKind::DeploymentCompleted), Some(d)) if !d.is_empty() => {}
+            (Some(EventKind::DeploymentCompleted), _) => problem(
                 "when.deployer",
-                "deployment_completed needs the deployer whose completion fires the rule".into(),
+                "deployment.completed needs the deployer whose completion fires the rule".into(),
             ),
-            (other, _) => problem(
+            _ => problem(
                 "when.event",
                 format!(
-                    "{other:?} is not an event rules fire on: use model_registered or deployment_completed"
+                    "{:?} is not an event rules fire on: use model.registered or deployment.completed",
+                    self.when.event
                 ),
             ),
         }
@@ -194,11 +203,11 @@ impl Spec {
                 format!("min {min} is above max {max}: no model would match"),
             );
         }
-        let registered = self.when.event == "model_registered";
+        let registered = self.event() == Some(EventKind::ModelRegistered);
         if registered && !self.matches.details.is_empty() {
             problem(
                 "match.details",
-                "only a rule fired by deployment_completed has a previous deployment's details to match".into(),
+                "only a rule fired by deployment.completed has a previous deployment's details to match".into(),
             );
         }
         for message in template::problems(&self.deploy.options, registered) {

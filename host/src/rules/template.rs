@@ -27,7 +27,7 @@ pub fn problems(options: &Map<String, Value>, registered: bool) -> Vec<String> {
                     ));
                 } else if registered && name.starts_with("previous.") {
                     problems.push(format!(
-                        "${{{name}}}: a rule fired by model_registered has no previous deployment; only deployment_completed rules may use previous.*"
+                        "${{{name}}}: a rule fired by model.registered has no previous deployment; only deployment.completed rules may use previous.*"
                     ));
                 }
             }
@@ -297,7 +297,7 @@ mod tests {
         let cases: Vec<(Value, bool, &[&str])> = vec![
             (json!({"a": "${model.job_id}"}), true, &[]),
             (json!({"a": "${previous.details.url}"}), false, &[]),
-            (json!({"a": "${previous.details.url}"}), true, &["only deployment_completed rules may use previous.*"]),
+            (json!({"a": "${previous.details.url}"}), true, &["only deployment.completed rules may use previous.*"]),
             (json!({"a": ["${previous.colour}"]}), false, &["${previous.colour} is not a value rules know"]),
             (json!({"a": "${model.params.}"}), false, &["is not a value rules know"]),
             (json!({"a": "${oops"}), false, &["never closes"]),

@@ -9,7 +9,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use super::{Phase, Progress, PublishedProgress};
-use crate::events::Event;
+use crate::events::{Event, EventKind};
 
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -143,20 +143,24 @@ impl EventData {
         ) -> Option<EventData> {
             serde_json::from_value(data).ok().map(kind)
         }
+        // Stored names only: the rules' underscore aliases are no kind
+        // of the log.
+        let kind = EventKind::parse(kind).filter(|k| k.as_str() == kind)?;
         match kind {
-            "model.registered" => typed(data, EventData::ModelRegistered),
-            "deployment.awaiting_approval" => typed(data, EventData::DeploymentAwaitingApproval),
-            "deployment.approved" => typed(data, EventData::DeploymentApproved),
-            "rule.failed" => typed(data, EventData::RuleFailed),
-            "deployment.queued" => typed(data, EventData::DeploymentQueued),
-            "deployment.started" => typed(data, EventData::DeploymentStarted),
-            "deployment.progress" => typed(data, EventData::DeploymentProgress),
-            "deployment.completed" => typed(data, EventData::DeploymentCompleted),
-            "deployment.failed" => typed(data, EventData::DeploymentFailed),
-            "plugin.loaded" => typed(data, EventData::PluginLoaded),
-            "plugin.removed" => typed(data, EventData::PluginRemoved),
-            "plugin.rejected" => typed(data, EventData::PluginRejected),
-            _ => None,
+            EventKind::ModelRegistered => typed(data, EventData::ModelRegistered),
+            EventKind::DeploymentAwaitingApproval => {
+                typed(data, EventData::DeploymentAwaitingApproval)
+            }
+            EventKind::DeploymentApproved => typed(data, EventData::DeploymentApproved),
+            EventKind::RuleFailed => typed(data, EventData::RuleFailed),
+            EventKind::DeploymentQueued => typed(data, EventData::DeploymentQueued),
+            EventKind::DeploymentStarted => typed(data, EventData::DeploymentStarted),
+            EventKind::DeploymentProgress => typed(data, EventData::DeploymentProgress),
+            EventKind::DeploymentCompleted => typed(data, EventData::DeploymentCompleted),
+            EventKind::DeploymentFailed => typed(data, EventData::DeploymentFailed),
+            EventKind::PluginLoaded => typed(data, EventData::PluginLoaded),
+            EventKind::PluginRemoved => typed(data, EventData::PluginRemoved),
+            EventKind::PluginRejected => typed(data, EventData::PluginRejected),
         }
     }
 

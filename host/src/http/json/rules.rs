@@ -16,7 +16,7 @@ use crate::rules::set::Listed;
 #[serde(deny_unknown_fields)]
 #[schema(as = RuleRequest, example = json!({
     "name": "check",
-    "when": {"event": "model_registered"},
+    "when": {"event": "model.registered"},
     "match": {"base_model": "meta-llama/*", "final_loss": {"max": 0.5}},
     "deploy": {"deployer": "safetensors-check", "options": {}},
     "require_approval": false
@@ -24,7 +24,8 @@ use crate::rules::set::Listed;
 pub struct RuleBody {
     /// Lowercase letters, digits, `.`, `_`, `-`.
     pub name: String,
-    /// `{"event": "model_registered"}` or `{"event": "deployment_completed", "deployer": NAME}`.
+    /// `{"event": "model.registered"}` or `{"event": "deployment.completed", "deployer": NAME}`
+    /// (`model_registered` and `deployment_completed` are taken too).
     #[schema(value_type = Object)]
     pub when: Value,
     /// Globs on the model's `name`, `job_id`, `base_model`, `dataset`;

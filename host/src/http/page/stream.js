@@ -88,6 +88,11 @@ function dispatch(block) {
     case "plugin.rejected":
     case "plugin.removed":
       return loadCatalog().then(() => tell("catalog"), () => {});
+    // A view that lists models or rules may ask again.
+    case "model.registered":
+      return tell("model", event);
+    case "rule.failed":
+      return tell("rule", event);
     default:
   }
 }
