@@ -189,7 +189,7 @@ async fn pull(
 ) -> Result<Response, Error> {
     let reference = oci::Reference::parse(&body.oci)
         .map_err(|e| Error::BadRequest(format!("deployer {name} was not pulled: {e}")))?;
-    let registry = ctx.pipeline.fetcher().registry(&reference);
+    let registry = ctx.fetcher.registry(&reference);
     let pull = Pull {
         name,
         reference,

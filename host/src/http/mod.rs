@@ -68,6 +68,7 @@ use crate::catalog::Catalog;
 use crate::db::Db;
 use crate::deployers::Deployers;
 use crate::events::Events;
+use crate::fetch::Fetcher;
 use crate::loops::Loops;
 use crate::pipeline::Pipeline;
 use crate::rules::Rules;
@@ -90,6 +91,10 @@ pub struct ApiContext {
     /// The deploy rules, declared and stored.
     pub rules: Arc<Rules>,
     pub pipeline: Arc<Pipeline>,
+    /// The pipeline's fetcher: its sources' clients serve other readers of
+    /// a registry (a deployer pulled over the API) or of a store (a
+    /// registration whose files are listed).
+    pub fetcher: Fetcher,
     /// The accepted API tokens; `None`: the API is open (loopback only).
     pub tokens: Option<Arc<Tokens>>,
     /// The webhook this server delivers to, if configured.

@@ -12,9 +12,8 @@ use super::extract::{Body, Id};
 use super::json::{self, ErrorBody, ProblemsBody, RegisterBody};
 use crate::auth::Caller;
 use crate::events::Event;
-use crate::fetch::HeldCopy;
 use crate::model::TrainedModel;
-use crate::pipeline::copies::{self, DropError};
+use crate::pipeline::copies::DropError;
 use crate::validate::{self, FileDraft, ModelDraft, Problem, Problems};
 
 pub fn router() -> OpenApiRouter<ApiContext> {
@@ -85,8 +84,7 @@ async fn discovered(ctx: &ApiContext, mut draft: ModelDraft) -> Result<ModelDraf
     }
     let job_id = draft.job_id.as_deref().unwrap_or_default();
     let found = ctx
-        .pipeline
-        .fetcher()
+        .fetcher
         .sources()
         .discover(&source, job_id)
         .await
@@ -178,17 +176,10 @@ async fn show(State(ctx): State<ApiContext>, Id(id): Id) -> Result<Json<json::Mo
         (status = INTERNAL_SERVER_ERROR, description = "The records or the files could not be deleted", body = ErrorBody),
     ))]
 async fn remove(State(ctx): State<ApiContext>, Id(id): Id) -> Result<StatusCode, Error> {
-    let model = ctx.db.model(id).await?.ok_or_else(|| Error::no_model(id))?;
-    let held = unused_copy(&ctx, &model).await?;
-    if !ctx.db.delete_model(id).await? {
-        return Err(Error::no_model(id));
-    }
-    let freed = drop_copy(held, &model).await?;
-    tracing::info!(
-        model_id = id,
-        freed_bytes = freed,
-        "model deleted, with its local copy"
-    );
+    ctx.pipeline
+        .delete_model(id)
+        .await
+        .map_err(|e| drop_error(id, e))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -204,27 +195,16 @@ async fn remove(State(ctx): State<ApiContext>, Id(id): Id) -> Result<StatusCode,
         (status = INTERNAL_SERVER_ERROR, description = "The files could not be deleted", body = ErrorBody),
     ))]
 async fn drop_files(State(ctx): State<ApiContext>, Id(id): Id) -> Result<StatusCode, Error> {
-    let model = ctx.db.model(id).await?.ok_or_else(|| Error::no_model(id))?;
-    let held = unused_copy(&ctx, &model).await?;
-    let freed = drop_copy(held, &model).await?;
-    tracing::info!(
-        model_id = id,
-        freed_bytes = freed,
-        "model's local copy dropped"
-    );
-    Ok(StatusCode::NO_CONTENT)
-}
-
-/// The model's copy, held so that no fetch fills it, once no deployment
-/// of it is queued or running (`copies::hold_unused`).
-async fn unused_copy(ctx: &ApiContext, model: &TrainedModel) -> Result<HeldCopy, Error> {
-    copies::hold_unused(&ctx.db, ctx.pipeline.fetcher(), model.id, &model.job_id)
+    ctx.pipeline
+        .drop_files(id)
         .await
-        .map_err(|e| drop_error(model.id, e))
+        .map_err(|e| drop_error(id, e))?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 fn drop_error(id: i64, e: DropError) -> Error {
     match e {
+        DropError::UnknownModel(_) => Error::no_model(id),
         DropError::InUse(users) => in_use(id, &users),
         DropError::Db(e) => e.into(),
         DropError::Disk(e) => Error::Internal(e),
@@ -244,10 +224,4 @@ fn in_use(id: i64, users: &[i64]) -> Error {
          wait, or cancel (POST /v1/deployments/ID/cancel)",
         ids.join(", ")
     ))
-}
-
-async fn drop_copy(held: HeldCopy, model: &TrainedModel) -> Result<u64, Error> {
-    copies::remove(held, model.id, &model.job_id)
-        .await
-        .map_err(|e| drop_error(model.id, e))
 }

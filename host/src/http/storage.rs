@@ -2,8 +2,6 @@
 //! each model's local copy and when it was last deployed. Only reads;
 //! dropping a copy is `DELETE /v1/models/{id}/files` (`models`).
 
-use std::collections::HashMap;
-
 use axum::Json;
 use axum::extract::State;
 use utoipa_axum::router::OpenApiRouter;
@@ -12,7 +10,7 @@ use utoipa_axum::routes;
 use super::ApiContext;
 use super::error::Error;
 use super::json::{self, ErrorBody};
-use crate::model::TrainedModel;
+use crate::pipeline::copies::DropError;
 
 pub fn router() -> OpenApiRouter<ApiContext> {
     OpenApiRouter::new().routes(routes!(show))
@@ -28,54 +26,30 @@ pub fn router() -> OpenApiRouter<ApiContext> {
         (status = INTERNAL_SERVER_ERROR, description = "The records or the models dir could not be read", body = ErrorBody),
     ))]
 async fn show(State(ctx): State<ApiContext>) -> Result<Json<json::Storage>, Error> {
-    let fetcher = ctx.pipeline.fetcher().clone();
-    let (models, order, usage) = tokio::try_join!(
-        async { ctx.db.models().await.map_err(Error::from) },
-        async { ctx.db.models_by_last_deployed().await.map_err(Error::from) },
-        async {
-            fetcher
-                .usage()
-                .await
-                .map_err(|e| Error::Internal(format!("scanning the models dir: {e}")))
-        },
-    )?;
-    // Reads each model's verification record and lstats its files: off the
-    // runtime's threads.
-    let models_dir = fetcher.models_dir().display().to_string();
-    let local: HashMap<i64, (TrainedModel, bool)> = tokio::task::spawn_blocking(move || {
-        models
-            .into_iter()
-            .map(|m| {
-                let local = fetcher.verified(&m).is_some();
-                (m.id, (m, local))
-            })
-            .collect()
-    })
-    .await
-    .map_err(|e| Error::Internal(format!("checking the models' copies: {e}")))?;
-    let models = order
+    let storage = ctx.pipeline.storage().await.map_err(|e| match e {
+        DropError::Db(e) => e.into(),
+        e => Error::Internal(e.to_string()),
+    })?;
+    let models = storage
+        .models
         .into_iter()
-        .filter_map(|last| {
-            // A model registered between the two reads is in one only.
-            let (model, local) = local.get(&last.model_id)?;
-            let dir = usage.dirs.get(&model.job_id).copied().unwrap_or_default();
-            Some(json::ModelStorage {
-                bytes: dir.bytes,
-                id: model.id,
-                job_id: model.job_id.clone(),
-                last_deployed: last.last_deployed,
-                local: *local,
-                name: model.name.clone(),
-                shared_bytes: dir.shared_bytes,
-            })
+        .map(|copy| json::ModelStorage {
+            bytes: copy.dir.bytes,
+            id: copy.model.id,
+            job_id: copy.model.job_id,
+            last_deployed: copy.last_deployed,
+            local: copy.local,
+            name: copy.model.name,
+            shared_bytes: copy.dir.shared_bytes,
         })
         .collect();
+    let usage = storage.usage;
     Ok(Json(json::Storage {
         budget_bytes: ctx.models_max_bytes,
         bytes_on_disk: usage.bytes_on_disk,
         bytes_saved: usage.bytes_saved,
         models,
-        models_dir,
+        models_dir: ctx.fetcher.models_dir().display().to_string(),
         unreferenced_blob_bytes: usage.unreferenced_blob_bytes,
     }))
 }

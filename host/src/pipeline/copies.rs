@@ -7,16 +7,131 @@
 //! between the two either is seen or cannot trust the record and waits for
 //! the lock. On PostgreSQL the pins of every server are seen.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 
 use crate::db::{self, Db};
+use crate::fetch::usage::{DirUsage, Usage};
 use crate::fetch::{Fetcher, HeldCopy, Reclaim};
+use crate::model::TrainedModel;
 
-/// Why a copy was not dropped.
+use super::Pipeline;
+
+/// The models dir as a scan of it finds it now, with each model's copy,
+/// least recently deployed first.
+pub struct Storage {
+    pub usage: Usage,
+    pub models: Vec<ModelCopy>,
+}
+
+/// A model, when it was last deployed, whether its copy is whole and
+/// verified here, and what its directory holds.
+pub struct ModelCopy {
+    pub model: TrainedModel,
+    /// RFC 3339; none if never deployed.
+    pub last_deployed: Option<String>,
+    pub local: bool,
+    pub dir: DirUsage,
+}
+
+impl Pipeline {
+    /// Deletes model `id`, its deployments' records and its local copy,
+    /// once no deployment of it is queued or running; answers the bytes
+    /// freed. The copy is held first, so no fetch fills it meanwhile.
+    pub async fn delete_model(&self, id: i64) -> Result<u64, DropError> {
+        let model = self
+            .db
+            .model(id)
+            .await?
+            .ok_or(DropError::UnknownModel(id))?;
+        let held = hold_unused(&self.db, &self.fetcher, id, &model.job_id).await?;
+        if !self.db.delete_model(id).await? {
+            return Err(DropError::UnknownModel(id));
+        }
+        let freed = remove(held, id, &model.job_id).await?;
+        tracing::info!(
+            model_id = id,
+            freed_bytes = freed,
+            "model deleted, with its local copy"
+        );
+        Ok(freed)
+    }
+
+    /// The models dir and every model's copy, least recently deployed
+    /// first (one `lstat` per file, no byte read).
+    pub async fn storage(&self) -> Result<Storage, DropError> {
+        let fetcher = self.fetcher.as_ref().clone();
+        let (models, order, usage) = tokio::try_join!(
+            async { self.db.models().await.map_err(DropError::from) },
+            async {
+                self.db
+                    .models_by_last_deployed()
+                    .await
+                    .map_err(DropError::from)
+            },
+            async {
+                fetcher
+                    .usage()
+                    .await
+                    .map_err(|e| DropError::Disk(format!("scanning the models dir: {e}")))
+            },
+        )?;
+        // Reads each model's verification record and lstats its files:
+        // off the runtime's threads.
+        let local: HashMap<i64, (TrainedModel, bool)> = tokio::task::spawn_blocking(move || {
+            models
+                .into_iter()
+                .map(|m| {
+                    let local = fetcher.verified(&m).is_some();
+                    (m.id, (m, local))
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| DropError::Disk(format!("checking the models' copies: {e}")))?;
+        let models = order
+            .into_iter()
+            .filter_map(|last| {
+                // A model registered between the two reads is in one only.
+                let (model, local) = local.get(&last.model_id)?;
+                Some(ModelCopy {
+                    dir: usage.dirs.get(&model.job_id).copied().unwrap_or_default(),
+                    model: model.clone(),
+                    last_deployed: last.last_deployed,
+                    local: *local,
+                })
+            })
+            .collect();
+        Ok(Storage { usage, models })
+    }
+
+    /// Drops model `id`'s local copy once no deployment of it is queued
+    /// or running; it stays registered, and its next deployment fetches
+    /// the files again. Answers the bytes freed.
+    pub async fn drop_files(&self, id: i64) -> Result<u64, DropError> {
+        let model = self
+            .db
+            .model(id)
+            .await?
+            .ok_or(DropError::UnknownModel(id))?;
+        let held = hold_unused(&self.db, &self.fetcher, id, &model.job_id).await?;
+        let freed = remove(held, id, &model.job_id).await?;
+        tracing::info!(
+            model_id = id,
+            freed_bytes = freed,
+            "model's local copy dropped"
+        );
+        Ok(freed)
+    }
+}
+
+/// Why a copy (or a model) was not dropped.
 #[derive(Debug, thiserror::Error)]
 pub enum DropError {
+    #[error("model {0} does not exist")]
+    UnknownModel(i64),
     /// The queued or running deployments that use it.
     #[error("in use by deployments {0:?}")]
     InUse(Vec<i64>),
@@ -28,7 +143,7 @@ pub enum DropError {
 
 /// The model's copy, held so that no fetch fills it, once no deployment
 /// of it is queued or running.
-pub async fn hold_unused(
+async fn hold_unused(
     db: &Db,
     fetcher: &Fetcher,
     model_id: i64,
@@ -57,7 +172,7 @@ async fn in_use(db: &Db, model_id: i64) -> Result<(), DropError> {
 }
 
 /// Removes a held copy; answers the bytes freed.
-pub async fn remove(held: HeldCopy, model_id: i64, job_id: &str) -> Result<u64, DropError> {
+async fn remove(held: HeldCopy, model_id: i64, job_id: &str) -> Result<u64, DropError> {
     held.remove().await.map_err(|e| {
         DropError::Disk(format!(
             "deleting the files of model {model_id} ({job_id}): {e}"

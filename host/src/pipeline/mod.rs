@@ -156,13 +156,6 @@ impl Pipeline {
         );
     }
 
-    /// The fetcher: its sources' clients serve other readers of a
-    /// registry (a deployer pulled over the API) or of a store (a
-    /// registration whose files are listed).
-    pub(crate) fn fetcher(&self) -> &Fetcher {
-        &self.fetcher
-    }
-
     /// Waits (at most `limit`) until every deployment task has ended: at
     /// shutdown, so interrupted deployments get to record how they ended.
     pub async fn drain(&self, limit: Duration) {

@@ -93,7 +93,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             db.clone(),
             events.clone(),
             deployers.clone(),
-            fetcher,
+            fetcher.clone(),
             server_id.clone(),
             args.data_dir.join("out"),
             shutdown.clone(),
@@ -127,10 +127,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // could not link) is adopted into it, in the background. Then the
     // storage gauges start from what the models dir holds; each scan
     // (`GET /v1/storage`) sets them again.
-    let fetcher = pipeline.fetcher().clone();
+    let adopting = fetcher.clone();
     loops.spawn_once("adoption", async move {
-        fetcher.adopt().await;
-        if let Err(e) = fetcher.usage().await {
+        adopting.adopt().await;
+        if let Err(e) = adopting.usage().await {
             tracing::warn!("scanning the models dir for the storage metrics: {e}");
         }
     });
@@ -184,6 +184,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         catalog,
         rules,
         pipeline: pipeline.clone(),
+        fetcher,
         tokens,
         webhook,
         targets,
