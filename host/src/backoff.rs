@@ -3,8 +3,9 @@
 //! of a second up to ten seconds, for every loop that keeps what it could
 //! not write and tries again (the event log's appender, a deployment's end
 //! record, the recovery at start, and `serve` reaching its database at
-//! start). Only counts time: never decides what is
-//! retried, what is logged, nor when to give up; each caller does.
+//! start), and, with waits of its own (`between`), the webhook's tries of
+//! one event. Only counts time: never decides what is retried, what is
+//! logged, nor when to give up; each caller does.
 
 use std::time::Duration;
 
@@ -13,6 +14,8 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Backoff {
     next: Duration,
+    first: Duration,
+    max: Duration,
 }
 
 impl Backoff {
@@ -20,24 +23,33 @@ impl Backoff {
     pub const MAX: Duration = Duration::from_secs(10);
 
     pub fn new() -> Self {
-        Self { next: Self::FIRST }
+        Self::between(Self::FIRST, Self::MAX)
+    }
+
+    /// Waits from `first`, doubling, up to `max`.
+    pub fn between(first: Duration, max: Duration) -> Self {
+        Self {
+            next: first,
+            first,
+            max,
+        }
     }
 
     /// The wait before the next try, after a refusal.
     pub fn next_wait(&mut self) -> Duration {
         let wait = self.next;
-        self.next = (wait * 2).min(Self::MAX);
+        self.next = (wait * 2).min(self.max);
         wait
     }
 
     /// Whether a try was refused since the start or the last `reset`.
     pub fn retried(&self) -> bool {
-        self.next > Self::FIRST
+        self.next > self.first
     }
 
-    /// After a write went through: the next refusal waits `FIRST` again.
+    /// After a write went through: the next refusal waits `first` again.
     pub fn reset(&mut self) {
-        self.next = Self::FIRST;
+        self.next = self.first;
     }
 }
 
@@ -50,6 +62,18 @@ impl Default for Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waits_of_its_own_double_up_to_their_cap() {
+        let s = Duration::from_secs;
+        let mut backoff = Backoff::between(Duration::from_millis(500), s(30));
+        let waits: Vec<Duration> = (0..8).map(|_| backoff.next_wait()).collect();
+        assert_eq!(waits[..2], [Duration::from_millis(500), s(1)]);
+        assert_eq!(waits[6..], [s(30), s(30)]);
+        assert!(backoff.retried());
+        backoff.reset();
+        assert_eq!(backoff.next_wait(), Duration::from_millis(500));
+    }
 
     #[test]
     fn waits_double_up_to_the_cap_and_start_over_after_a_success() {

@@ -26,6 +26,7 @@ use utoipa_axum::routes;
 use super::ApiContext;
 use super::error::Error;
 use super::json::{self, ErrorBody};
+use crate::backoff::Backoff;
 use crate::db::events::{Kinds, StoredEvent, WebhookFailure};
 use crate::db::{self, Db, Topic};
 use crate::trust::Trust;
@@ -218,7 +219,7 @@ impl Delivery {
         let body = json::webhook_body(&event.kind, &event.data);
         let created =
             humantime::parse_rfc3339(&event.created_at).unwrap_or_else(|_| SystemTime::now());
-        let mut backoff = FIRST_BACKOFF;
+        let mut backoff = Backoff::between(FIRST_BACKOFF, MAX_BACKOFF);
         let mut since = None;
         for attempt in 1.. {
             let failure = tokio::select! {
@@ -246,8 +247,7 @@ impl Delivery {
                 crate::metrics::webhook_failing(false);
                 return self.done(event.id, true).await;
             }
-            let wait = backoff.min(self.hook.give_up - age);
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            let wait = backoff.next_wait().min(self.hook.give_up - age);
             tracing::warn!(
                 %url, event_id = event.id, event = %event.kind, attempt,
                 "webhook delivery failed: {failure}; trying again in {}",

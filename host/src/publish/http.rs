@@ -22,7 +22,10 @@ use reqwest::{Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
 use super::read::{Piece, ReadError, Reading};
-use super::{Body, Content, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of};
+use super::{
+    Body, Content, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of,
+    worth_retrying,
+};
 use crate::backoff::Backoff;
 use crate::causes::innermost;
 use crate::trust::Trust;
@@ -228,13 +231,6 @@ async fn answered(subject: &Subject, response: Response) -> String {
     } else {
         format!("it answered {status}: {said}")
     }
-}
-
-/// Whether an answer may be different next time.
-fn worth_retrying(status: StatusCode) -> bool {
-    status.is_server_error()
-        || status == StatusCode::REQUEST_TIMEOUT
-        || status == StatusCode::TOO_MANY_REQUESTS
 }
 
 /// A file's bytes as a request body, counting them into `sent`; a reading

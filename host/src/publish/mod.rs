@@ -568,6 +568,14 @@ async fn start_of(mut response: reqwest::Response, wanted: usize) -> Vec<u8> {
     said
 }
 
+/// Whether a destination's answer may be different next time: the one
+/// retry decision of every backend that speaks HTTP itself.
+fn worth_retrying(status: ::http::StatusCode) -> bool {
+    status.is_server_error()
+        || status == ::http::StatusCode::REQUEST_TIMEOUT
+        || status == ::http::StatusCode::TOO_MANY_REQUESTS
+}
+
 /// What a request is, in error sentences.
 fn upload_of(key: &Key) -> String {
     format!("the upload of {key}")

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Body, Content, Error, Key, ObjectInfo, Put, Subject, Tally, Tuning, look_up_of, upload_of,
+    worth_retrying,
 };
 use crate::oci::manifest::{
     Descriptor, EMPTY_CONFIG, EMPTY_JSON, MODELPACK_PATH, Manifest, OCI_MANIFEST, TITLE,
@@ -423,13 +424,6 @@ fn said(subject: &Subject, what: &str, e: String) -> Error {
     } else {
         subject.refused(what, e)
     }
-}
-
-/// Whether an answer may be different next time.
-fn worth_retrying(status: StatusCode) -> bool {
-    status.is_server_error()
-        || status == StatusCode::REQUEST_TIMEOUT
-        || status == StatusCode::TOO_MANY_REQUESTS
 }
 
 /// A layer's media type for bytes put with `content_type`: its
