@@ -71,26 +71,12 @@ async fn ask(berth: &Berth, path: &str, body: Value) {
 }
 
 async fn queue_behind_a_running_one(berth: &Berth, id: i64) -> (Value, Value) {
-    let path = format!("/v1/models/{id}/deployments?wait=false");
-    let (status, running) = berth
-        .post(
-            &path,
-            &json!({ "deployer": "misbehave", "options": { "mode": "sleep", "ms": 600_000 } }),
-        )
+    let running = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 600_000 }))
         .await;
-    assert_eq!(
-        (status, &running["status"]),
-        (StatusCode::ACCEPTED, &json!("running")),
-        "{running}"
-    );
-    let (status, queued) = berth
-        .post(&path, &json!({ "deployer": "archive", "options": {} }))
-        .await;
-    assert_eq!(
-        (status, &queued["status"]),
-        (StatusCode::ACCEPTED, &json!("queued")),
-        "{queued}"
-    );
+    assert_eq!(running["status"], "running", "{running}");
+    let queued = berth.deploy_detached(id, "archive", json!({})).await;
+    assert_eq!(queued["status"], "queued", "{queued}");
     (running, queued)
 }
 
@@ -147,13 +133,9 @@ async fn restart_recovery_keeps_its_event_through_a_kill_after_the_commit() {
     let id = berth
         .register(&model(&files, "job-recover", &adapter_files()))
         .await;
-    let (status, running) = berth
-        .post(
-            &format!("/v1/models/{id}/deployments?wait=false"),
-            &json!({ "deployer": "misbehave", "options": { "mode": "sleep", "ms": 600_000 } }),
-        )
+    let running = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 600_000 }))
         .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{running}");
     berth.kill9();
     // The restart fails what the killed run left, and dies at once after.
     let (status, log) = berth.run_to_exit();

@@ -141,13 +141,9 @@ async fn when_the_fence_ends_what_runs_is_stopped_and_nothing_more_starts() {
         .register(&model(&files, "job-fence", &adapter_files()))
         .await;
     // A guest that would run a minute, running when the fence ends.
-    let (status, running) = berth
-        .post(
-            &format!("/v1/models/{id}/deployments?wait=false"),
-            &json!({ "deployer": "misbehave", "options": { "mode": "sleep", "ms": 60_000 } }),
-        )
+    let running = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 60_000 }))
         .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{running}");
     let path = format!("/v1/deployments/{}", running["id"]);
     once(&berth, &path, |row| row["phase"] == "deploying").await;
     std::fs::write(&trigger, b"").unwrap();
@@ -162,13 +158,9 @@ async fn when_the_fence_ends_what_runs_is_stopped_and_nothing_more_starts() {
     );
     assert!(not_ready(&berth).await.contains("the fence ended"));
     // Nothing more runs here: a new deployment waits in the queue.
-    let (status, queued) = berth
-        .post(
-            &format!("/v1/models/{id}/deployments?wait=false"),
-            &json!({ "deployer": "misbehave", "options": { "mode": "sleep", "ms": 1 } }),
-        )
+    let queued = berth
+        .deploy_detached(id, "misbehave", json!({ "mode": "sleep", "ms": 1 }))
         .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{queued}");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (_, row) = berth
         .get(&format!("/v1/deployments/{}", queued["id"]))

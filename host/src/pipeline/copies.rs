@@ -41,12 +41,7 @@ impl Pipeline {
     /// once no deployment of it is queued or running; answers the bytes
     /// freed. The copy is held first, so no fetch fills it meanwhile.
     pub async fn delete_model(&self, id: i64) -> Result<u64, DropError> {
-        let model = self
-            .db
-            .model(id)
-            .await?
-            .ok_or(DropError::UnknownModel(id))?;
-        let held = hold_unused(&self.db, &self.fetcher, id, &model.job_id).await?;
+        let (model, held) = self.held_copy(id).await?;
         if !self.db.delete_model(id).await? {
             return Err(DropError::UnknownModel(id));
         }
@@ -57,6 +52,17 @@ impl Pipeline {
             "model deleted, with its local copy"
         );
         Ok(freed)
+    }
+
+    /// Model `id` and its copy, held once no deployment uses it.
+    async fn held_copy(&self, id: i64) -> Result<(TrainedModel, HeldCopy), DropError> {
+        let model = self
+            .db
+            .model(id)
+            .await?
+            .ok_or(DropError::UnknownModel(id))?;
+        let held = hold_unused(&self.db, &self.fetcher, id, &model.job_id).await?;
+        Ok((model, held))
     }
 
     /// The models dir and every model's copy, least recently deployed
@@ -111,12 +117,7 @@ impl Pipeline {
     /// or running; it stays registered, and its next deployment fetches
     /// the files again. Answers the bytes freed.
     pub async fn drop_files(&self, id: i64) -> Result<u64, DropError> {
-        let model = self
-            .db
-            .model(id)
-            .await?
-            .ok_or(DropError::UnknownModel(id))?;
-        let held = hold_unused(&self.db, &self.fetcher, id, &model.job_id).await?;
+        let (model, held) = self.held_copy(id).await?;
         let freed = remove(held, id, &model.job_id).await?;
         tracing::info!(
             model_id = id,
