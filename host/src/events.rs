@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::db::events::{ModelReport, NewEvent, Report};
 use crate::db::{self, Db};
-use crate::model::{Deployment, Phase, Progress, Published, TrainedModel};
+use crate::model::{Cause, Deployment, Phase, Progress, Published, TrainedModel};
 use crate::runtime::Change;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -50,18 +50,24 @@ pub enum Event {
         model_id: i64,
         deployer: String,
         by: Option<String>,
+        /// The rule and firing that recorded it, if a rule did.
+        cause: Option<Cause>,
     },
     /// Recorded, waiting for a server with room.
     DeploymentQueued {
         deploy_id: i64,
         model_id: i64,
         deployer: String,
+        /// The rule and firing that recorded it, if a rule did.
+        cause: Option<Cause>,
     },
     /// Claimed by a server, which runs it.
     DeploymentStarted {
         deploy_id: i64,
         model_id: i64,
         deployer: String,
+        /// The rule and firing that recorded it, if a rule did.
+        cause: Option<Cause>,
     },
     DeploymentProgress {
         deploy_id: i64,
@@ -78,6 +84,8 @@ pub enum Event {
         /// What it put into publishing targets, in all (the deployment
         /// lists each put: an event stays small however many there were).
         published: Published,
+        /// The rule and firing that recorded it, if a rule did.
+        cause: Option<Cause>,
     },
     DeploymentFailed {
         deploy_id: i64,
@@ -87,6 +95,8 @@ pub enum Event {
         error: String,
         /// What it did put before it failed, in all.
         published: Published,
+        /// The rule and firing that recorded it, if a rule did.
+        cause: Option<Cause>,
     },
     PluginLoaded {
         name: String,
@@ -356,13 +366,16 @@ impl Shared {
                 deploy_id,
                 model_id,
                 deployer,
+                cause,
             } => {
-                tracing::info!(deploy_id, model_id, deployer, "deployment queued");
+                let rule = cause.as_ref().map(|c| c.rule.as_str());
+                tracing::info!(deploy_id, model_id, deployer, rule, "deployment queued");
             }
             Event::DeploymentStarted {
                 deploy_id,
                 model_id,
                 deployer,
+                ..
             } => {
                 tracing::info!(deploy_id, model_id, deployer, "deployment started");
             }

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use berth::auth::{Role, new_token};
 
+use crate::support::events::ended;
 use crate::support::files::FileServer;
 use crate::support::plugins;
 use crate::support::router::App;
@@ -153,6 +154,22 @@ async fn a_registration_fires_a_check_and_its_completion_the_next_step(backend: 
         "{second}"
     );
     assert_eq!(second["options"]["ref"], first["ref"]);
+    // Every event of a deployment a rule caused names the rule and the
+    // event that fired it, so a stream client can follow the chain.
+    let mut events = berth.events_from("?after=0", None).await;
+    let seen = events.until(|e| ended(e, &second["id"])).await;
+    for kind in [
+        "deployment.queued",
+        "deployment.started",
+        "deployment.completed",
+    ] {
+        let of_second: Vec<_> = seen
+            .iter()
+            .filter(|e| e.kind == kind && e.data["deploy_id"] == second["id"])
+            .collect();
+        assert_eq!(of_second.len(), 1, "{kind}");
+        assert_eq!(of_second[0].data["cause"], second["cause"], "{kind}");
+    }
     assert_eq!(
         deployments_of(&berth, other).await,
         Vec::<Value>::new(),

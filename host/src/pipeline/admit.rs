@@ -187,6 +187,7 @@ impl Pipeline {
                             deploy_id: row.id,
                             model_id: row.model_id,
                             deployer: row.deployer.clone(),
+                            cause: row.cause.clone(),
                         },
                     }]
                 })),

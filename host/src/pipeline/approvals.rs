@@ -51,11 +51,13 @@ impl Pipeline {
                     model_id: row.model_id,
                     deployer: row.deployer.clone(),
                     by: row.approval.as_ref().and_then(|a| a.by.clone()),
+                    cause: row.cause.clone(),
                 },
                 Event::DeploymentQueued {
                     deploy_id: row.id,
                     model_id: row.model_id,
                     deployer: row.deployer.clone(),
+                    cause: row.cause.clone(),
                 },
             ],
             _ => vec![super::ended(row)],

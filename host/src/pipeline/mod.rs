@@ -274,6 +274,7 @@ fn started(row: &Deployment) -> Event {
         deploy_id: row.id,
         model_id: row.model_id,
         deployer: row.deployer.clone(),
+        cause: row.cause.clone(),
     }
 }
 
@@ -291,6 +292,7 @@ fn ended(row: &Deployment) -> Event {
             duration_ms,
             reference: reference.clone(),
             published: Published::of(&row.published),
+            cause: row.cause.clone(),
         },
         (_, error) => Event::DeploymentFailed {
             deploy_id,
@@ -299,6 +301,7 @@ fn ended(row: &Deployment) -> Event {
             duration_ms,
             error: error.clone().unwrap_or_default(),
             published: Published::of(&row.published),
+            cause: row.cause.clone(),
         },
     }
 }

@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::{Phase, Progress, PublishedProgress};
+use super::{Cause, Phase, Progress, PublishedProgress};
 use crate::events::{Event, EventKind};
+use crate::model;
 
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -25,6 +26,9 @@ pub struct EventsParams {
 /// `deployment.queued` and `deployment.started`.
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct DeploymentStarted {
+    /// The rule and the event that fired it, when a rule recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
     pub deploy_id: i64,
     pub deployer: String,
     pub model_id: i64,
@@ -40,6 +44,9 @@ pub struct DeploymentProgress {
 
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct DeploymentCompleted {
+    /// The rule and the event that fired it, when a rule recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
     pub deploy_id: i64,
     pub deployer: String,
     pub duration_ms: i64,
@@ -54,6 +61,9 @@ pub struct DeploymentCompleted {
 
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct DeploymentFailed {
+    /// The rule and the event that fired it, when a rule recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
     pub deploy_id: i64,
     pub deployer: String,
     pub duration_ms: i64,
@@ -86,6 +96,9 @@ pub struct DeploymentAwaitingApproval {
 pub struct DeploymentApproved {
     /// The admin token's name; null on a server without tokens.
     pub by: Option<String>,
+    /// The rule and the event that fired it, when a rule recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
     pub deploy_id: i64,
     pub deployer: String,
     pub model_id: i64,
@@ -183,7 +196,11 @@ impl EventData {
 }
 
 pub fn event(event: &Event) -> EventData {
-    let started = |deploy_id: &i64, model_id: &i64, deployer: &String| DeploymentStarted {
+    let started = |deploy_id: &i64,
+                   model_id: &i64,
+                   deployer: &String,
+                   cause: &Option<model::Cause>| DeploymentStarted {
+        cause: cause.clone().map(Cause::from),
         deploy_id: *deploy_id,
         deployer: deployer.clone(),
         model_id: *model_id,
@@ -214,8 +231,10 @@ pub fn event(event: &Event) -> EventData {
             model_id,
             deployer,
             by,
+            cause,
         } => EventData::DeploymentApproved(DeploymentApproved {
             by: by.clone(),
+            cause: cause.clone().map(Cause::from),
             deploy_id: *deploy_id,
             deployer: deployer.clone(),
             model_id: *model_id,
@@ -235,12 +254,14 @@ pub fn event(event: &Event) -> EventData {
             deploy_id,
             model_id,
             deployer,
-        } => EventData::DeploymentQueued(started(deploy_id, model_id, deployer)),
+            cause,
+        } => EventData::DeploymentQueued(started(deploy_id, model_id, deployer, cause)),
         Event::DeploymentStarted {
             deploy_id,
             model_id,
             deployer,
-        } => EventData::DeploymentStarted(started(deploy_id, model_id, deployer)),
+            cause,
+        } => EventData::DeploymentStarted(started(deploy_id, model_id, deployer, cause)),
         Event::DeploymentProgress {
             deploy_id,
             model_id,
@@ -259,7 +280,9 @@ pub fn event(event: &Event) -> EventData {
             duration_ms,
             reference,
             published,
+            cause,
         } => EventData::DeploymentCompleted(DeploymentCompleted {
+            cause: cause.clone().map(Cause::from),
             deploy_id: *deploy_id,
             deployer: deployer.clone(),
             duration_ms: *duration_ms,
@@ -277,7 +300,9 @@ pub fn event(event: &Event) -> EventData {
             duration_ms,
             error,
             published,
+            cause,
         } => EventData::DeploymentFailed(DeploymentFailed {
+            cause: cause.clone().map(Cause::from),
             deploy_id: *deploy_id,
             deployer: deployer.clone(),
             duration_ms: *duration_ms,
@@ -304,7 +329,6 @@ mod tests {
     use std::mem::discriminant;
 
     use super::*;
-    use crate::model;
     use crate::model::Published;
 
     /// Each kind's data keeps its bytes, and reads back by its kind into
@@ -321,21 +345,24 @@ mod tests {
         };
         #[rustfmt::skip]
         let cases = [
-            (Event::DeploymentQueued { deploy_id: 3, model_id: 1, deployer: deployer() },
+            (Event::DeploymentQueued { deploy_id: 3, model_id: 1, deployer: deployer(), cause: None },
              r#"{"deploy_id":3,"deployer":"archive","model_id":1}"#),
-            (Event::DeploymentStarted { deploy_id: 3, model_id: 1, deployer: deployer() },
+            (Event::DeploymentStarted { deploy_id: 3, model_id: 1, deployer: deployer(), cause: None },
              r#"{"deploy_id":3,"deployer":"archive","model_id":1}"#),
+            // Caused by a rule: the rule and the event that fired it.
+            (Event::DeploymentStarted { deploy_id: 4, model_id: 1, deployer: deployer(), cause: Some(model::Cause { rule: "publish".into(), event_id: 7, previous: Some(3) }) },
+             r#"{"cause":{"event_id":7,"previous_deployment_id":3,"rule":"publish"},"deploy_id":4,"deployer":"archive","model_id":1}"#),
             (Event::DeploymentProgress { deploy_id: 3, model_id: 1, phase: model::Phase::Deploying, progress },
              r#"{"deploy_id":3,"model_id":1,"phase":"deploying","progress":{"bytes_done":5,"bytes_total":12,"calls":{"count":0,"received_bytes":0,"sent_bytes":0},"deployer":{"done":0,"note":"","total":0},"files_done":1,"files_total":2,"published":{"bytes":0,"files":0}}}"#),
-            (Event::DeploymentCompleted { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, reference: "r".into(), published: Published { files: 2, bytes: 12 } },
+            (Event::DeploymentCompleted { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, reference: "r".into(), published: Published { files: 2, bytes: 12 }, cause: None },
              r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"model_id":1,"published":{"bytes":12,"files":2},"ref":"r"}"#),
-            (Event::DeploymentFailed { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, error: "e".into(), published: Published::default() },
+            (Event::DeploymentFailed { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, error: "e".into(), published: Published::default(), cause: None },
              r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"error":"e","model_id":1,"published":{"bytes":0,"files":0}}"#),
             (Event::ModelRegistered { model_id: 1, name: "n".into(), job_id: "j".into() },
              r#"{"job_id":"j","model_id":1,"name":"n"}"#),
             (Event::DeploymentAwaitingApproval { deploy_id: 3, model_id: 1, deployer: deployer(), rule: "prod".into() },
              r#"{"deploy_id":3,"deployer":"archive","model_id":1,"rule":"prod"}"#),
-            (Event::DeploymentApproved { deploy_id: 3, model_id: 1, deployer: deployer(), by: Some("ops".into()) },
+            (Event::DeploymentApproved { deploy_id: 3, model_id: 1, deployer: deployer(), by: Some("ops".into()), cause: None },
              r#"{"by":"ops","deploy_id":3,"deployer":"archive","model_id":1}"#),
             (Event::RuleFailed { rule: "prod".into(), event_id: 9, model_id: 1, error: "e".into() },
              r#"{"error":"e","event_id":9,"model_id":1,"rule":"prod"}"#),
