@@ -13,6 +13,7 @@
 //! Knows targets and uploads only: nothing of plugins and their grants
 //! (`Targets::open` is the caller's), the database, or berth's API.
 
+mod answers;
 mod body;
 mod file;
 mod http;
@@ -39,6 +40,8 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 pub use crate::key::{Key, MAX_KEY_BYTES};
+pub use answers::Error;
+use answers::{quote, start_of, worth_retrying};
 pub use body::Body;
 use body::{Content, Digested, sha256_hex};
 pub use oci::{ARTIFACT_TYPE, Pending};
@@ -53,51 +56,6 @@ pub use crate::model::Receipt;
 pub struct ObjectInfo {
     pub bytes: u64,
     pub etag: Option<String>,
-}
-
-/// Why a put or stat did not happen; each sentence names the target (and
-/// the key), never a credential.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("target {name:?} is not configured on this server")]
-    NotConfigured { name: String },
-    /// The key is not one this kind of target takes (an oci target's are
-    /// `REPO:TAG/PATH`).
-    #[error("target {target:?}: {reason}")]
-    Key { target: String, reason: String },
-    /// Its client could not be built from its settings.
-    #[error("target {target:?} ({url}) cannot be set up: {reason}")]
-    Setup {
-        target: String,
-        url: String,
-        reason: String,
-    },
-    /// The bytes to put are not what they should be (a file changed, is
-    /// missing, or does not hash to its expected digest): nothing was put.
-    #[error("target {target:?}: {key} was not published: {reason}")]
-    Source {
-        target: String,
-        key: String,
-        reason: String,
-    },
-    /// The destination answered, and not with a yes.
-    #[error("target {target:?} ({url}) refused {what}: {reason}")]
-    Refused {
-        target: String,
-        url: String,
-        what: String,
-        reason: String,
-    },
-    /// No answer, after the retries.
-    #[error("cannot reach target {target:?} ({url}) for {what}: {reason}")]
-    Unreachable {
-        target: String,
-        url: String,
-        what: String,
-        reason: String,
-    },
-    #[error("the put was cancelled")]
-    Cancelled,
 }
 
 /// Files a batch of puts sends at once: the others keep the destination
@@ -487,93 +445,6 @@ impl Subject {
             reason: reason.to_string(),
         }
     }
-}
-
-impl Error {
-    /// The same error with `scrubber`'s credentials cut out of its words.
-    fn scrubbed(self, scrubber: &crate::scrub::Scrubber) -> Self {
-        let clean = |text: String| scrubber.text(&text).into_owned();
-        match self {
-            Error::Key { target, reason } => Error::Key {
-                target,
-                reason: clean(reason),
-            },
-            Error::Setup {
-                target,
-                url,
-                reason,
-            } => Error::Setup {
-                target,
-                url,
-                reason: clean(reason),
-            },
-            Error::Source {
-                target,
-                key,
-                reason,
-            } => Error::Source {
-                target,
-                key,
-                reason: clean(reason),
-            },
-            Error::Refused {
-                target,
-                url,
-                what,
-                reason,
-            } => Error::Refused {
-                target,
-                url,
-                what,
-                reason: clean(reason),
-            },
-            Error::Unreachable {
-                target,
-                url,
-                what,
-                reason,
-            } => Error::Unreachable {
-                target,
-                url,
-                what,
-                reason: clean(reason),
-            },
-            e @ (Error::NotConfigured { .. } | Error::Cancelled) => e,
-        }
-    }
-}
-
-/// How much of a destination's refusal a sentence quotes.
-const QUOTED: usize = 300;
-
-/// The start of `response`'s body, for a sentence: read a credential's
-/// length beyond what is quoted, scrubbed, then cut, so that no part of
-/// a credential is left at the cut.
-async fn quote(response: reqwest::Response, scrubber: &crate::scrub::Scrubber) -> String {
-    let said = start_of(response, QUOTED + scrubber.longest()).await;
-    scrubber.quote(&said, QUOTED)
-}
-
-/// At most the first `wanted` bytes of `response`'s body; what came
-/// before an error, if one broke it off.
-async fn start_of(mut response: reqwest::Response, wanted: usize) -> Vec<u8> {
-    let mut said = Vec::new();
-    while said.len() < wanted {
-        match response.chunk().await {
-            Ok(Some(chunk)) => said.extend_from_slice(&chunk),
-            _ => break,
-        }
-    }
-    said.truncate(wanted);
-    said
-}
-
-/// Whether a destination's answer may be different next time: the one
-/// retry decision of every backend that speaks HTTP itself.
-fn worth_retrying(status: ::http::StatusCode) -> bool {
-    status.is_server_error()
-        || status == ::http::StatusCode::REQUEST_TIMEOUT
-        || status == ::http::StatusCode::TOO_MANY_REQUESTS
 }
 
 /// What a request is, in error sentences.
