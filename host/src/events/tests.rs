@@ -10,6 +10,7 @@ use sqlx::Connection;
 use super::*;
 use crate::db::events::Kinds;
 use crate::loops::Loops;
+use crate::model::{Phase, Progress};
 
 async fn log(dir: &tempfile::TempDir) -> (Db, String) {
     let url = format!("sqlite://{}", dir.path().join("events.db").display());
@@ -155,7 +156,7 @@ fn every_kind_reads_back_by_its_name_and_the_rules_old_spellings_too() {
 /// added here and not there is found here.
 #[test]
 fn the_pages_stream_knows_every_kind() {
-    let stream = include_str!("http/page/stream.js");
+    let stream = include_str!("../http/page/stream.js");
     for kind in EventKind::ALL {
         assert!(
             stream.contains(&format!("case \"{}\":", kind.as_str())),
