@@ -1,7 +1,7 @@
 # Entry points; see README. Each target is self-contained on a fresh machine:
 # scripts/setup installs toolchains (`scripts/setup test` also what only the
 # tests use), scripts/pg-test-server provides PostgreSQL.
-.PHONY: run test lint plugins
+.PHONY: run test lint plugins book
 
 # The main job: build everything, serve on SQLite with the example
 # deployers and a registered sample model (scripts/demo prints the curl).
@@ -15,10 +15,17 @@ test:
 	scripts/build-plugins
 	url="$$(scripts/pg-test-server)" && BERTH_TEST_DATABASE_URL="$$url" cargo test
 
-lint:
+lint: book
 	scripts/setup
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
+
+# The book (docs/src) rendered into docs/book; fails on a broken internal
+# link or anchor, which mdBook itself does not check.
+book:
+	scripts/setup book
+	target/tools/bin/mdbook build docs
+	scripts/check-book-links docs/book
 
 plugins:
 	scripts/setup

@@ -170,7 +170,7 @@ async fn status_of(app: &App, method: Method, uri: &str) -> StatusCode {
     status
 }
 
-/// What anyone may call when the server has tokens (README).
+/// What anyone may call when the server has tokens (docs/src/operating/security/tokens.md).
 const OPEN: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
 
 /// An operation lists a success and its refusals, each described and

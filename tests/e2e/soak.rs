@@ -4,7 +4,7 @@
 //! folder changes). The script checks that memory, open files, threads and
 //! event rows stay flat after the warm-up and that the servers logged
 //! nothing to act on; its summary is printed on failure. The long run is
-//! `scripts/soak 30` (README: "Soak").
+//! `scripts/soak 30` (docs/src/development/tests.md, "Soak").
 
 use std::path::Path;
 use std::process::Command;

@@ -89,7 +89,7 @@ fn pack(request: &DeployRequest, archive_path: &Path, level: u32) -> Result<(u64
     let file = File::create(archive_path).map_err(archive_error)?;
     // The compressor hands over 32 KiB at a time and each write is a host
     // call: writes of 1 MiB take a sixth off the deployment's CPU
-    // (BENCHMARKS.md, 16).
+    // (docs/src/perf, 16).
     let file = BufWriter::with_capacity(WRITE_BUFFER, file);
     let gzip = GzEncoder::new(HashingWriter::new(file), Compression::new(level));
     let mut tar = tar::Builder::new(gzip);

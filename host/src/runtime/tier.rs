@@ -166,7 +166,7 @@ impl Backend {
 
 /// What a freed memory slot keeps resident: a call to a Python or
 /// JavaScript guest dirties a few MiB of its interpreter's heap, which the
-/// next call in the slot then reuses without page faults (BENCHMARKS 4a:
+/// next call in the slot then reuses without page faults (docs/src/perf, 4a:
 /// 0.4–0.7× the on-demand time for them, 0.2× for Rust, where nothing
 /// kept gave 0.9–1.25×). 64 MiB was no faster and held 0.5 GiB more
 /// under the worst-case load of section 9a.

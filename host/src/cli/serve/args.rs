@@ -153,7 +153,7 @@ pub struct ServeArgs {
     /// before it fails saying so.
     #[arg(long, env = "BERTH_QUEUE_TIMEOUT_S", default_value_t = 300)]
     pub(super) queue_timeout_s: u64,
-    /// A TOML file of deploy rules (`[[rule]]` tables, as README.md
+    /// A TOML file of deploy rules (`[[rule]]` tables, as docs/src/api/rules.md
     /// shows); a rule it declares wins over a stored one of the same name.
     #[arg(long, env = "BERTH_RULES_FILE")]
     pub(super) rules_file: Option<PathBuf>,
