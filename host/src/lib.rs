@@ -30,6 +30,7 @@ pub mod pipeline;
 pub mod publish;
 pub mod rules;
 pub mod runtime;
+pub mod s3;
 pub mod scrub;
 pub mod space;
 pub mod targets;

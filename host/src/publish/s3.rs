@@ -1,5 +1,5 @@
 //! S3-compatible buckets as targets, through object_store (the client
-//! sources use, configured alike: `fetch::source::s3::configured`). A body
+//! sources use, configured alike: `crate::s3::configured`). A body
 //! that fits in one part is one PUT; a larger file goes up in parts, a few
 //! at once, read from disk as they go. Every request carries the sha256 of
 //! what it sends (`x-amz-checksum-sha256`, per part for multipart), which
@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::read::{Piece, Reading};
 use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, Tuning, look_up_of, upload_of};
 use crate::causes::innermost;
-use crate::fetch::source::s3::{configured, store_said, unreachable};
+use crate::s3::{configured, store_said, unreachable};
 use crate::trust::Trust;
 
 /// How long a failed or cancelled put waits for its abort before leaving

@@ -16,9 +16,10 @@ use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path as Key;
 use object_store::{ClientOptions, Extensions, GetOptions, HeaderMap, HeaderValue, ObjectStore};
 
-use super::{Store, Stores, innermost, store_said, unreachable};
+use super::{Store, Stores, innermost};
 use crate::fetch::access::Credentials;
 use crate::fetch::source::discover::{Found, MAX_FILES};
+use crate::s3::{store_said, unreachable};
 
 /// How many objects a listing asks about (HEAD) at once.
 const HEADS_AT_ONCE: usize = 16;
