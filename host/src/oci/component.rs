@@ -112,7 +112,7 @@ pub async fn pull(
     let (digest, manifest, _) = registry
         .manifest(repo, &reference.manifest_ref())
         .await
-        .map_err(PullError::Registry)?;
+        .map_err(|e| PullError::Registry(e.into()))?;
     let layer = wasm_layer(&manifest).map_err(PullError::Layout)?;
     let hex = layer
         .sha256()
@@ -126,7 +126,7 @@ pub async fn pull(
     let mut response = registry
         .blob(repo, &hex, None)
         .await
-        .map_err(PullError::Registry)?;
+        .map_err(|e| PullError::Registry(e.into()))?;
     let blob = format!("sha256:{hex}");
     match response.status() {
         reqwest::StatusCode::NOT_FOUND => {

@@ -21,4 +21,4 @@ pub(crate) mod test_registry;
 pub use component::{Component, PullError};
 pub use manifest::{LayerFile, Manifest};
 pub use reference::Reference;
-pub use registry::{Access, Login, Registry};
+pub use registry::{Access, Error, Login, Registry};

@@ -22,6 +22,25 @@ const MAX_REDIRECTS: usize = 10;
 /// Registries refuse manifests over 4 MiB; so does berth, before reading more.
 const MAX_MANIFEST: usize = 4 << 20;
 
+/// Why a request to a registry did not give what was asked: no answer at
+/// all (worth another try), or an answer berth cannot use. Says which
+/// registry and why, never a credential.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The connection failed or broke.
+    #[error("{0}")]
+    Unreachable(String),
+    /// Refused, missing, malformed or otherwise unusable.
+    #[error("{0}")]
+    Answered(String),
+}
+
+impl From<Error> for String {
+    fn from(e: Error) -> Self {
+        e.to_string()
+    }
+}
+
 /// A user name and password for a registry (basic auth, or the login the
 /// token endpoint asks for). `Debug` shows the user only.
 #[derive(Clone)]
@@ -124,7 +143,7 @@ impl Registry {
         repo: &str,
         access: Access,
         build: impl Fn(&reqwest::Client) -> RequestBuilder,
-    ) -> Result<Response, String> {
+    ) -> Result<Response, Error> {
         let scope = scope(repo, access);
         let mut fresh = false;
         loop {
@@ -143,7 +162,7 @@ impl Registry {
                 return Ok(response);
             }
             if fresh {
-                return Err(self.refused(repo));
+                return Err(Error::Answered(self.refused(repo)));
             }
             let challenge = response
                 .headers()
@@ -165,12 +184,12 @@ impl Registry {
         repo: &str,
         scope: &str,
         challenge: Option<&str>,
-    ) -> Result<HeaderValue, String> {
+    ) -> Result<HeaderValue, Error> {
         let Some(challenge) = challenge else {
-            return Err(format!(
+            return Err(Error::Answered(format!(
                 "the registry {} answered 401 without saying how to authenticate (no WWW-Authenticate)",
                 self.name
-            ));
+            )));
         };
         let (kind, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
         if kind.eq_ignore_ascii_case("basic") {
@@ -178,26 +197,26 @@ impl Registry {
                 .login
                 .as_ref()
                 .map(Login::basic)
-                .ok_or_else(|| self.needs_login(repo));
+                .ok_or_else(|| Error::Answered(self.needs_login(repo)));
         }
         if !kind.eq_ignore_ascii_case("bearer") {
-            return Err(format!(
+            return Err(Error::Answered(format!(
                 "the registry {} asks for {kind} authentication; berth speaks Basic and Bearer",
                 self.name
-            ));
+            )));
         }
         let params = challenge_params(params);
         let realm = params.get("realm").ok_or_else(|| {
-            format!(
+            Error::Answered(format!(
                 "the registry {} asks for a token but names no realm",
                 self.name
-            )
+            ))
         })?;
         let mut realm = url::Url::parse(realm).map_err(|e| {
-            format!(
+            Error::Answered(format!(
                 "the registry {}'s token realm {realm:?} is not a URL: {e}",
                 self.name
-            )
+            ))
         })?;
         {
             let mut query = realm.query_pairs_mut();
@@ -211,21 +230,21 @@ impl Registry {
             request = request.header(AUTHORIZATION, login.basic());
         }
         let response = request.send().await.map_err(|e| {
-            format!(
+            Error::Unreachable(format!(
                 "cannot reach the token service {realm} of the registry {}: {}",
                 self.name,
                 innermost(&e)
-            )
+            ))
         })?;
         let status = response.status();
         if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
-            return Err(self.refused(repo));
+            return Err(Error::Answered(self.refused(repo)));
         }
         if !status.is_success() {
-            return Err(format!(
+            return Err(Error::Answered(format!(
                 "the token service of the registry {} answered {status}",
                 self.name
-            ));
+            )));
         }
         #[derive(serde::Deserialize)]
         struct Token {
@@ -233,27 +252,27 @@ impl Registry {
             access_token: Option<String>,
         }
         let token: Token = response.json().await.map_err(|e| {
-            format!(
+            Error::Answered(format!(
                 "the token service of the registry {} sent no token: {}",
                 self.name,
                 innermost(&e)
-            )
+            ))
         })?;
         let token = token
             .token
             .or(token.access_token)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| {
-                format!(
+                Error::Answered(format!(
                     "the token service of the registry {} sent no token",
                     self.name
-                )
+                ))
             })?;
         let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
-            format!(
+            Error::Answered(format!(
                 "the token service of the registry {} sent a token that is no header value",
                 self.name
-            )
+            ))
         })?;
         value.set_sensitive(true);
         Ok(value)
@@ -266,13 +285,13 @@ impl Registry {
         &self,
         repo: &str,
         reference: &str,
-    ) -> Result<(String, Manifest, Vec<u8>), String> {
+    ) -> Result<(String, Manifest, Vec<u8>), Error> {
         self.manifest_if_any(repo, reference).await?.ok_or_else(|| {
-            format!(
+            Error::Answered(format!(
                 "the registry {} has no manifest {}",
                 self.name,
                 self.named(repo, reference)
-            )
+            ))
         })
     }
 
@@ -282,7 +301,7 @@ impl Registry {
         &self,
         repo: &str,
         reference: &str,
-    ) -> Result<Option<(String, Manifest, Vec<u8>)>, String> {
+    ) -> Result<Option<(String, Manifest, Vec<u8>)>, Error> {
         let url = self.url(repo, &format!("manifests/{reference}"));
         let named = self.named(repo, reference);
         let response = self
@@ -293,12 +312,12 @@ impl Registry {
             .await?;
         match response.status() {
             StatusCode::NOT_FOUND => return Ok(None),
-            StatusCode::FORBIDDEN => return Err(self.refused(repo)),
+            StatusCode::FORBIDDEN => return Err(Error::Answered(self.refused(repo))),
             status if !status.is_success() => {
-                return Err(format!(
+                return Err(Error::Answered(format!(
                     "the registry {} answered {status} for {named}",
                     self.name
-                ));
+                )));
             }
             _ => {}
         }
@@ -309,18 +328,18 @@ impl Registry {
             .map(str::to_string);
         let body = limited(response, MAX_MANIFEST)
             .await
-            .map_err(|e| format!("reading the manifest {named}: {e}"))?;
+            .map_err(|e| Error::Answered(format!("reading the manifest {named}: {e}")))?;
         let digest = hex::encode(Sha256::digest(&body));
         if let Some(asked) = reference.strip_prefix("sha256:")
             && asked != digest
         {
-            return Err(format!(
+            return Err(Error::Answered(format!(
                 "the registry {} sent a manifest whose sha256 is {digest} for {named}: refused",
                 self.name
-            ));
+            )));
         }
-        let manifest =
-            Manifest::parse(&body, media_type.as_deref()).map_err(|e| format!("{named}: {e}"))?;
+        let manifest = Manifest::parse(&body, media_type.as_deref())
+            .map_err(|e| Error::Answered(format!("{named}: {e}")))?;
         Ok(Some((digest, manifest, body)))
     }
 
@@ -336,7 +355,7 @@ impl Registry {
         repo: &str,
         hex: &str,
         range: Option<String>,
-    ) -> Result<Response, String> {
+    ) -> Result<Response, Error> {
         let url = self.url(repo, &format!("blobs/sha256:{hex}"));
         let with_range = |request: RequestBuilder| match &range {
             Some(range) => request.header(reqwest::header::RANGE, range),
@@ -356,10 +375,10 @@ impl Registry {
                 .and_then(|l| at.join(l).ok())
                 .filter(|next| matches!(next.scheme(), "http" | "https"))
                 .ok_or_else(|| {
-                    format!(
+                    Error::Answered(format!(
                         "the registry {} redirected a blob to an invalid location",
                         self.name
-                    )
+                    ))
                 })?;
             // Blob storage gets no credentials of the registry's.
             response = with_range(self.http.get(at.clone()))
@@ -367,10 +386,10 @@ impl Registry {
                 .await
                 .map_err(|e| self.unreachable(&e))?;
         }
-        Err(format!(
+        Err(Error::Answered(format!(
             "the registry {} redirected a blob more than {MAX_REDIRECTS} times",
             self.name
-        ))
+        )))
     }
 
     /// The size of the blob `sha256:HEX` in `repo`, or `None` if the
@@ -380,14 +399,14 @@ impl Registry {
         repo: &str,
         hex: &str,
         access: Access,
-    ) -> Result<Option<u64>, String> {
+    ) -> Result<Option<u64>, Error> {
         let url = self.url(repo, &format!("blobs/sha256:{hex}"));
         let response = self
             .send(repo, access, |http| http.request(Method::HEAD, url.clone()))
             .await?;
         match response.status() {
             StatusCode::NOT_FOUND => Ok(None),
-            StatusCode::FORBIDDEN => Err(self.refused(repo)),
+            StatusCode::FORBIDDEN => Err(Error::Answered(self.refused(repo))),
             // A HEAD's body is empty: its size is in the header alone.
             status if status.is_success() || status.is_redirection() => Ok(Some(
                 response
@@ -396,21 +415,21 @@ impl Registry {
                     .and_then(|v| v.to_str().ok()?.parse().ok())
                     .unwrap_or_default(),
             )),
-            status => Err(format!(
+            status => Err(Error::Answered(format!(
                 "the registry {} answered {status} to a look-up of a blob",
                 self.name
-            )),
+            ))),
         }
     }
 
-    fn unreachable(&self, e: &reqwest::Error) -> String {
-        format!(
+    fn unreachable(&self, e: &reqwest::Error) -> Error {
+        Error::Unreachable(format!(
             "cannot reach the registry {} ({}): {}{}",
             self.name,
             self.api,
             innermost(e),
             crate::trust::hint(e)
-        )
+        ))
     }
 
     fn needs_login(&self, repo: &str) -> String {

@@ -142,6 +142,8 @@ async fn a_refused_or_missing_login_is_named_without_its_secret() {
         .manifest("m", "t")
         .await
         .unwrap_err();
+    assert!(matches!(e, super::Error::Answered(_)), "{e:?}");
+    let e = e.to_string();
     assert_eq!(
         e,
         format!(
@@ -153,13 +155,31 @@ async fn a_refused_or_missing_login_is_named_without_its_secret() {
     let e = Registry::new(http, &addr, None, None)
         .manifest("m", "t")
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(
         e.starts_with(&format!(
             "the registry {addr} asks for a login for m and none is configured"
         )),
         "{e}"
     );
+}
+
+/// No answer at all is told apart from an answer: what a publisher tries
+/// again.
+#[tokio::test]
+async fn a_registry_that_does_not_answer_is_unreachable() {
+    let http = reqwest::Client::new();
+    let e = Registry::new(http, "127.0.0.1:9", None, None)
+        .manifest("m", "t")
+        .await
+        .unwrap_err();
+    match e {
+        super::Error::Unreachable(said) => {
+            assert!(said.starts_with("cannot reach the registry 127.0.0.1:9"), "{said}")
+        }
+        other => panic!("not unreachable: {other:?}"),
+    }
 }
 
 use super::test_registry as real;
@@ -224,7 +244,7 @@ async fn a_real_registry_serves_a_pushed_model_by_tag_and_digest() {
 
         let e = client.manifest("team/ft", "job-2").await.unwrap_err();
         assert_eq!(
-            e,
+            e.to_string(),
             format!(
                 "the registry {} has no manifest oci://{}/team/ft:job-2",
                 registry.host, registry.host
@@ -244,7 +264,8 @@ async fn a_real_registry_serves_a_pushed_model_by_tag_and_digest() {
             )
             .manifest("team/ft", "job-1")
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
             assert!(e.contains("refused the login of the test's login"), "{e}");
         }
     }

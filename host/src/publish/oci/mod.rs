@@ -68,7 +68,7 @@ pub(super) struct Registry {
 enum Failed {
     /// Worth another try: the connection broke, or the registry answered
     /// 5xx, 408 or 429. Says why.
-    Again(String),
+    Again(crate::oci::Error),
     Stop(Error),
 }
 
@@ -278,7 +278,7 @@ impl Registry {
             return Err(
                 match self.answered(subject, &what, repository, answer).await {
                     Failed::Stop(e) => e,
-                    Failed::Again(why) => subject.refused(&what, why),
+                    Failed::Again(why) => said(subject, &what, why),
                 },
             );
         }
@@ -353,11 +353,11 @@ impl Registry {
             answer = self.client.send(repository, Access::Push, build) => answer,
         };
         match answer {
-            Ok(response) if worth_retrying(response.status()) => {
-                Err(Failed::Again(format!("it answered {}", response.status())))
-            }
+            Ok(response) if worth_retrying(response.status()) => Err(Failed::Again(
+                crate::oci::Error::Answered(format!("it answered {}", response.status())),
+            )),
             Ok(response) => Ok(response),
-            Err(e) if e.starts_with("cannot reach the registry") => Err(Failed::Again(e)),
+            Err(e @ crate::oci::Error::Unreachable(_)) => Err(Failed::Again(e)),
             Err(e) => Err(said(subject, what, e).into()),
         }
     }
@@ -416,13 +416,11 @@ async fn error_codes(response: Response) -> Vec<String> {
         .collect()
 }
 
-/// The registry client's words (or an answer's, "it answered 503"), as a
-/// refusal or as no answer.
-fn said(subject: &Subject, what: &str, e: String) -> Error {
-    if e.starts_with("cannot reach the registry") {
-        subject.unreachable(what, e)
-    } else {
-        subject.refused(what, e)
+/// The registry client's words, as no answer or as a refusal.
+fn said(subject: &Subject, what: &str, e: crate::oci::Error) -> Error {
+    match e {
+        crate::oci::Error::Unreachable(e) => subject.unreachable(what, e),
+        crate::oci::Error::Answered(e) => subject.refused(what, e),
     }
 }
 

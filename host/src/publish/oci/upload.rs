@@ -69,7 +69,7 @@ impl Registry {
                 Ok(()) => return Ok(()),
                 Err(Failed::Stop(e)) => return Err(e),
                 Err(Failed::Again(why)) if tries == TRIES => return Err(said(subject, what, why)),
-                Err(Failed::Again(why)) => why,
+                Err(Failed::Again(why)) => why.to_string(),
             };
             crate::publish::wait_to_try_again(subject, what, &why, &mut backoff, cancel).await?;
         }
