@@ -28,6 +28,7 @@ pub mod model;
 pub mod oci;
 pub mod pipeline;
 pub mod publish;
+pub mod redirects;
 pub mod rules;
 pub mod runtime;
 pub mod s3;

@@ -10,15 +10,14 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use base64::Engine;
-use reqwest::header::{AUTHORIZATION, HeaderValue, LOCATION, WWW_AUTHENTICATE};
+use reqwest::header::{AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use sha2::{Digest, Sha256};
 
 use super::manifest::{ACCEPT, Manifest};
 use crate::causes::innermost;
+use crate::redirects::{self, MAX_REDIRECTS, Stopped};
 
-/// Redirects followed for one blob, as many as curl's defaults.
-const MAX_REDIRECTS: usize = 10;
 /// Registries refuse manifests over 4 MiB; so does berth, before reading more.
 const MAX_MANIFEST: usize = 4 << 20;
 
@@ -361,35 +360,34 @@ impl Registry {
             Some(range) => request.header(reqwest::header::RANGE, range),
             None => request,
         };
-        let mut response = self
-            .send(repo, Access::Pull, |http| with_range(http.get(url.clone())))
-            .await?;
-        let mut at = url.clone();
-        for _ in 0..MAX_REDIRECTS {
-            let Some(location) = redirect_target(&response) else {
-                return Ok(response);
-            };
-            at = location
-                .to_str()
-                .ok()
-                .and_then(|l| at.join(l).ok())
-                .filter(|next| matches!(next.scheme(), "http" | "https"))
-                .ok_or_else(|| {
-                    Error::Answered(format!(
-                        "the registry {} redirected a blob to an invalid location",
-                        self.name
-                    ))
-                })?;
-            // Blob storage gets no credentials of the registry's.
-            response = with_range(self.http.get(at.clone()))
-                .send()
-                .await
-                .map_err(|e| self.unreachable(&e))?;
+        let followed = redirects::follow(url, |at, hop| {
+            let with_range = &with_range;
+            async move {
+                if hop == 0 {
+                    self.send(repo, Access::Pull, |http| with_range(http.get(at.clone())))
+                        .await
+                } else {
+                    // Blob storage gets no credentials of the registry's.
+                    with_range(self.http.get(at))
+                        .send()
+                        .await
+                        .map_err(|e| self.unreachable(&e))
+                }
+            }
+        })
+        .await;
+        match followed {
+            Ok((response, _)) => Ok(response),
+            Err(Stopped::Send(e)) => Err(e),
+            Err(Stopped::Invalid { .. }) => Err(Error::Answered(format!(
+                "the registry {} redirected a blob to an invalid location",
+                self.name
+            ))),
+            Err(Stopped::TooMany) => Err(Error::Answered(format!(
+                "the registry {} redirected a blob more than {MAX_REDIRECTS} times",
+                self.name
+            ))),
         }
-        Err(Error::Answered(format!(
-            "the registry {} redirected a blob more than {MAX_REDIRECTS} times",
-            self.name
-        )))
     }
 
     /// The size of the blob `sha256:HEX` in `repo`, or `None` if the
@@ -489,21 +487,6 @@ fn challenge_params(text: &str) -> HashMap<String, String> {
         rest = next.trim_start_matches([',', ' ']);
     }
     params
-}
-
-/// Where a redirect answer sends the request next (its `Location`), if it
-/// is one.
-pub(crate) fn redirect_target(response: &Response) -> Option<&HeaderValue> {
-    matches!(
-        response.status(),
-        StatusCode::MOVED_PERMANENTLY
-            | StatusCode::FOUND
-            | StatusCode::SEE_OTHER
-            | StatusCode::TEMPORARY_REDIRECT
-            | StatusCode::PERMANENT_REDIRECT
-    )
-    .then(|| response.headers().get(LOCATION))
-    .flatten()
 }
 
 /// A body read whole, refused past `limit` bytes.

@@ -176,7 +176,10 @@ async fn a_registry_that_does_not_answer_is_unreachable() {
         .unwrap_err();
     match e {
         super::Error::Unreachable(said) => {
-            assert!(said.starts_with("cannot reach the registry 127.0.0.1:9"), "{said}")
+            assert!(
+                said.starts_with("cannot reach the registry 127.0.0.1:9"),
+                "{said}"
+            )
         }
         other => panic!("not unreachable: {other:?}"),
     }

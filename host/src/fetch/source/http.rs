@@ -7,11 +7,7 @@
 use futures::{StreamExt, TryStreamExt};
 
 use super::{Body, Sources, Span, innermost};
-use crate::oci::registry::redirect_target;
-
-/// Redirects followed for one request, as many as curl's and reqwest's
-/// defaults.
-const MAX_REDIRECTS: usize = 10;
+use crate::redirects::{self, MAX_REDIRECTS, Stopped};
 
 /// A source's answer to an HTTP request, after the redirects.
 struct Answer {
@@ -62,8 +58,7 @@ impl Sources {
     /// GETs `url`, following redirects: each hop carries the credentials
     /// of the prefix covering that hop's URL, and no others.
     async fn send(&self, url: &url::Url, range: Option<Span>) -> Result<Answer, String> {
-        let mut at = url.clone();
-        for _ in 0..=MAX_REDIRECTS {
+        let followed = redirects::follow(url.clone(), |at, _| async move {
             let credentials = self.access.covering(&at);
             let mut request = self.client.get(at.clone());
             if let Some(credentials) = credentials {
@@ -72,36 +67,31 @@ impl Sources {
             if let Some(span) = range {
                 request = request.header(reqwest::header::RANGE, span.header());
             }
-            let response = request.send().await.map_err(|e| {
+            request.send().await.map_err(|e| {
                 format!(
                     "cannot reach the source ({}): {}{}",
                     named(url, &at),
                     innermost(&e),
                     crate::trust::hint(&e)
                 )
-            })?;
-            let Some(location) = redirect_target(&response) else {
-                return Ok(Answer {
-                    response,
-                    named: named(url, &at),
-                    credentials: credentials.map(|c| c.prefix().to_string()),
-                });
-            };
-            at = location
-                .to_str()
-                .ok()
-                .and_then(|location| at.join(location).ok())
-                .filter(|next| matches!(next.scheme(), "http" | "https"))
-                .ok_or_else(|| {
-                    format!(
-                        "the source ({}) redirected to an invalid location",
-                        named(url, &at)
-                    )
-                })?;
+            })
+        })
+        .await;
+        match followed {
+            Ok((response, at)) => Ok(Answer {
+                response,
+                named: named(url, &at),
+                credentials: self.access.covering(&at).map(|c| c.prefix().to_string()),
+            }),
+            Err(Stopped::Send(e)) => Err(e),
+            Err(Stopped::Invalid { at }) => Err(format!(
+                "the source ({}) redirected to an invalid location",
+                named(url, &at)
+            )),
+            Err(Stopped::TooMany) => Err(format!(
+                "the source redirected more than {MAX_REDIRECTS} times ({url})"
+            )),
         }
-        Err(format!(
-            "the source redirected more than {MAX_REDIRECTS} times ({url})"
-        ))
     }
 }
 
