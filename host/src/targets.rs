@@ -22,7 +22,6 @@ mod call;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::Context;
 use object_store::aws::AmazonS3ConfigKey;
 use reqwest::header::HeaderMap;
 use serde::Deserialize;
@@ -35,6 +34,7 @@ use call::RawCall;
 use crate::host_env::{header_value, registry_login, s3_option};
 use crate::oci::Login;
 use crate::scrub::{Scrubber, Secret};
+use crate::sources_file::{self, Entries};
 
 /// A target name is at most this long.
 const MAX_NAME_LEN: usize = 64;
@@ -93,16 +93,6 @@ pub enum Kind {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawFile {
-    #[serde(default)]
-    target: Vec<Spanned<RawTarget>>,
-    /// `fetch::Access` reads these.
-    #[serde(default, rename = "source")]
-    _sources: Option<IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawTarget {
     name: Spanned<String>,
     url: Spanned<String>,
@@ -118,8 +108,7 @@ impl Targets {
     /// Reads the targets of the sources file at `path`, resolving `${VAR}`
     /// from berth's environment.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the sources file {}", path.display()))?;
+        let text = sources_file::read(path)?;
         Self::parse(&text, &path.display().to_string(), |var| {
             std::env::var(var).ok()
         })
@@ -133,11 +122,12 @@ impl Targets {
         file: &str,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, String> {
-        let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
-        let raw: RawFile = toml::from_str(text).map_err(|e| match e.span() {
-            Some(span) => format!("{file}:{}: {}", line_of(span.start), e.message()),
-            None => format!("{file}: {}", e.message()),
-        })?;
+        let line_of = |offset: usize| sources_file::line_of(text, offset);
+        let raw: Entries<IgnoredAny, RawTarget> =
+            sources_file::parse(text).map_err(|(line, e)| match line {
+                Some(line) => format!("{file}:{line}: {e}"),
+                None => format!("{file}: {e}"),
+            })?;
         let mut problems = Vec::new();
         let mut entries: Vec<Target> = Vec::new();
         for raw in raw.target {

@@ -13,13 +13,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::Context;
 use object_store::aws::AmazonS3ConfigKey;
 use reqwest::header::HeaderMap;
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 
 use crate::host_env::{header_value, registry_login, s3_option, under};
 use crate::oci::Login;
+use crate::sources_file::{self, Entries};
 
 /// The parsed sources file; `Default` is no file: no source gets
 /// credentials.
@@ -43,17 +44,6 @@ pub(crate) struct Credentials {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawFile {
-    #[serde(default)]
-    source: Vec<RawSource>,
-    /// The publishing targets beside the sources: `crate::targets` reads
-    /// them.
-    #[serde(default, rename = "target")]
-    _targets: Option<serde::de::IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawSource {
     prefix: String,
     #[serde(default)]
@@ -66,8 +56,7 @@ impl Access {
     /// Reads the sources file at `path`, resolving `${VAR}` from berth's
     /// environment.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the sources file {}", path.display()))?;
+        let text = sources_file::read(path)?;
         Self::parse(&text, |var| std::env::var(var).ok())
             .map_err(|e| anyhow::anyhow!("sources file {}: {e}", path.display()))
     }
@@ -75,18 +64,15 @@ impl Access {
     /// Parses a sources file's text; every problem is reported at once.
     /// `lookup` reads the host environment.
     pub fn parse(text: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let raw: RawFile = toml::from_str(text).map_err(|e| match e.span() {
-            Some(span) => format!(
-                "line {}: {}",
-                text[..span.start].matches('\n').count() + 1,
-                e.message()
-            ),
-            None => e.message().to_string(),
-        })?;
+        let raw: Entries<RawSource, IgnoredAny> =
+            sources_file::parse(text).map_err(|(line, e)| match line {
+                Some(line) => format!("line {line}: {e}"),
+                None => e,
+            })?;
         let mut problems = Vec::new();
         let mut entries: Vec<Credentials> = Vec::new();
         for source in raw.source {
-            match Credentials::resolve(source, &lookup) {
+            match Credentials::resolve(source.into_inner(), &lookup) {
                 Ok(entry) if entries.iter().any(|e| e.prefix == entry.prefix) => {
                     problems.push(format!(
                         "prefix {:?} is listed twice",
