@@ -9,11 +9,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::blobs::Blobs;
-use super::lock::DirLock;
 use super::partial::{TEMP_PREFIX, partial_path};
 use super::sha::hash_file;
-use super::stamp::{Stamp, Stamps};
+use super::store::blobs::Blobs;
+use super::store::lock::DirLock;
+use super::store::stamp::{Stamp, Stamps};
 use super::{Bookkeeping, Downloaded, Error};
 use crate::model::ModelFile;
 

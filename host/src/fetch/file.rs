@@ -12,13 +12,13 @@ use std::sync::Arc;
 use futures::StreamExt;
 
 use super::cut;
-use super::lock::DirLock;
 use super::partial::{Checkpoint, Kept, Resumable, Writer, Written, partial_path};
 use super::pieces::{self, PieceWriter};
 use super::ranges::Ranges;
 use super::sha::Sha256;
 use super::source::{self, Location};
-use super::stamp::Stamp;
+use super::store::lock::DirLock;
+use super::store::stamp::Stamp;
 use super::tally::Tally;
 use super::{Fetcher, disk};
 use crate::model::{ModelFile, TrainedModel};

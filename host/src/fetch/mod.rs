@@ -17,30 +17,25 @@
 //! This file is the whole model's order: vouched for, locked, checked in
 //! place, room, linked or downloaded, settled. One file's download is
 //! `file`; the disk work around the downloads, run off the runtime's
-//! threads, `disk`; the bytes' way in, `source`, `partial` and `pieces`.
+//! threads, `disk`; the bytes' way in, `source` (with the sources file's
+//! credentials, `source::access`), `partial` and `pieces`; what the volume
+//! keeps (blobs, budget, verification records, locks), `store`.
 
-mod access;
-mod adopt;
 mod allowance;
-mod blobs;
-mod budget;
-mod copy;
 mod cut;
 mod disk;
 mod file;
 mod local;
-mod lock;
 mod pace;
 mod partial;
 mod pieces;
 mod ranges;
 mod sha;
 pub(crate) mod source;
-mod stamp;
+mod store;
 mod tally;
 #[cfg(test)]
 mod tests;
-pub mod usage;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -52,15 +47,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::model::{ModelFile, TrainedModel};
 use crate::trust::Trust;
-pub use access::Access;
-pub use adopt::Adopted;
-pub use budget::Reclaim;
-pub use copy::HeldCopy;
 use disk::disk_error;
 pub use local::check_local;
-use lock::DirLock;
-pub use lock::SharedLocks;
-pub use stamp::{Stamp, Stamps};
+pub use source::access::Access;
+pub use store::adopt::Adopted;
+pub use store::budget::Reclaim;
+pub use store::copy::HeldCopy;
+use store::lock::DirLock;
+pub use store::lock::SharedLocks;
+pub use store::stamp::{Stamp, Stamps};
+pub use store::usage;
+use store::{blobs, budget};
 use tally::Tally;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

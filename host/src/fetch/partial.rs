@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 
 use super::ranges::Ranges;
 use super::sha::Sha256;
-use super::stamp::Stamp;
+use super::store::stamp::Stamp;
 
 pub(crate) const TEMP_PREFIX: &str = ".fetch-";
 

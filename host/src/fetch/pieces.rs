@@ -35,7 +35,7 @@ use super::partial::{
 use super::ranges::Ranges;
 use super::sha::Sha256;
 use super::source::{Body, Location, Sources};
-use super::stamp::Stamp;
+use super::store::stamp::Stamp;
 use super::tally::Tally;
 
 /// Reads `pieces` into `writer` over as many connections as pay (`Pace`)

@@ -7,6 +7,7 @@
 //! them listed at its source (`Sources::discover`, `discover`). Knows
 //! nothing of verification.
 
+pub(crate) mod access;
 mod discover;
 mod file;
 mod http;
@@ -25,9 +26,9 @@ use bytes::Bytes;
 use futures::Stream;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use super::access::Access;
 pub(crate) use crate::causes::innermost;
 use crate::trust::Trust;
+use access::Access;
 pub(crate) use file::open_file;
 use s3::Stores;
 

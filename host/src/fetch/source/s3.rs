@@ -19,7 +19,7 @@ use object_store::path::Path as Key;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
 
 use super::{Body, Span, innermost};
-use crate::fetch::access::Credentials;
+use crate::fetch::source::access::Credentials;
 use crate::s3::{configured, configured_over, store_said, unreachable};
 use crate::trust::Trust;
 

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::Span;
-use crate::fetch::lock::DirLock;
+use crate::fetch::store::lock::DirLock;
 use crate::fetch::{Access, Error, Fetcher, Observer, Quiet, Split};
 use crate::model::{ModelFile, TrainedModel};
 

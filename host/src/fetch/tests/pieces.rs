@@ -5,7 +5,7 @@
 use super::*;
 use crate::fetch::cut::pieces as cut;
 use crate::fetch::partial::Checkpoint;
-use crate::fetch::stamp::Stamp;
+use crate::fetch::store::stamp::Stamp;
 
 /// The `(first, end)` byte spans of `bytes=FIRST-LAST` ranges.
 fn spans(requests: &[Option<String>]) -> Vec<(u64, u64)> {

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use super::*;
 use crate::fetch::META_DIR;
-use crate::fetch::lock::DirLock;
+use crate::fetch::store::lock::DirLock;
 
 /// Changes a fetched file behind berth's back; the next fetch must notice.
 type Tamper = fn(&Path, &[u8]);

@@ -6,7 +6,7 @@ use super::*;
 use crate::fetch::partial::Checkpoint;
 use crate::fetch::ranges::Ranges;
 use crate::fetch::sha::Sha256 as HashState;
-use crate::fetch::stamp::Stamp;
+use crate::fetch::store::stamp::Stamp;
 
 #[tokio::test]
 async fn a_broken_off_download_continues_where_it_stopped() {

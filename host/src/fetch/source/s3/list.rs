@@ -17,7 +17,7 @@ use object_store::path::Path as Key;
 use object_store::{ClientOptions, Extensions, GetOptions, HeaderMap, HeaderValue, ObjectStore};
 
 use super::{Store, Stores, innermost};
-use crate::fetch::access::Credentials;
+use crate::fetch::source::access::Credentials;
 use crate::fetch::source::discover::{Found, MAX_FILES};
 use crate::s3::{store_said, unreachable};
 

@@ -14,9 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::future::BoxFuture;
 
-use super::disk::{self, disk_error};
 use super::lock::DirLock;
-use super::{Error, Fetcher, usage};
+use super::usage;
+use crate::fetch::disk::{self, disk_error};
+use crate::fetch::{Error, Fetcher};
 
 /// Frees space by dropping one model's local copy: the one deployed least
 /// recently that no queued or running deployment uses, never `keep`.
@@ -27,7 +28,7 @@ pub trait Reclaim: Send + Sync {
 
 /// The budget and what enforces it.
 #[derive(Clone)]
-pub(super) struct Budget {
+pub(in crate::fetch) struct Budget {
     max_bytes: u64,
     reclaim: Arc<dyn Reclaim>,
     turn: Arc<tokio::sync::Mutex<()>>,
@@ -36,7 +37,7 @@ pub(super) struct Budget {
 }
 
 /// Bytes a fetch may download, held until it ends.
-pub(super) struct Claim {
+pub(in crate::fetch) struct Claim {
     bytes: u64,
     claimed: Arc<AtomicU64>,
 }
@@ -62,7 +63,11 @@ impl Fetcher {
 
     /// Makes room under the budget for `needed` more bytes of the model
     /// `job_id`, whose own copy is never dropped. `None` without a budget.
-    pub(super) async fn claim(&self, job_id: &str, needed: u64) -> Result<Option<Claim>, Error> {
+    pub(in crate::fetch) async fn claim(
+        &self,
+        job_id: &str,
+        needed: u64,
+    ) -> Result<Option<Claim>, Error> {
         let Some(budget) = &self.budget else {
             return Ok(None);
         };

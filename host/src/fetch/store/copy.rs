@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::blobs::Blobs;
 use super::lock::{DirLock, SharedLocks};
 use super::stamp::Stamps;
-use super::{Bookkeeping, Fetcher, disk};
+use crate::fetch::{Bookkeeping, Fetcher, disk};
 
 /// A model directory held for dropping.
 pub struct HeldCopy {
@@ -99,7 +99,7 @@ fn remove_file_if_any(path: &Path) -> std::io::Result<()> {
 }
 
 /// The start of the name a copy being dropped is renamed to.
-pub(super) const DROPPING: &str = ".dropping-";
+pub(in crate::fetch) const DROPPING: &str = ".dropping-";
 
 /// Renames `path` to a hidden name beside it, where no fetch or
 /// deployment looks; `None` if it was absent.

@@ -26,15 +26,15 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::partial::TEMP_PREFIX;
-use super::sha::hash_file;
 use super::stamp::{Stamp, Stamps};
-use super::{BLOBS_DIR, META_DIR};
+use crate::fetch::partial::TEMP_PREFIX;
+use crate::fetch::sha::hash_file;
+use crate::fetch::{BLOBS_DIR, META_DIR};
 use crate::model::ModelFile;
 
 /// Where the blobs of one models dir live.
 #[derive(Clone, Debug)]
-pub(super) struct Blobs {
+pub(in crate::fetch) struct Blobs {
     models_dir: PathBuf,
     /// `.blobs/sha256`: the blobs, by digest.
     files: PathBuf,
@@ -43,7 +43,7 @@ pub(super) struct Blobs {
 }
 
 impl Blobs {
-    pub(super) fn new(models_dir: &Path) -> Self {
+    pub(in crate::fetch) fn new(models_dir: &Path) -> Self {
         Self {
             models_dir: models_dir.to_path_buf(),
             files: models_dir.join(BLOBS_DIR).join("sha256"),
@@ -51,7 +51,7 @@ impl Blobs {
         }
     }
 
-    pub(super) fn path(&self, hex: &str) -> PathBuf {
+    pub(in crate::fetch) fn path(&self, hex: &str) -> PathBuf {
         self.files.join(hex.get(..2).unwrap_or("__")).join(hex)
     }
 
@@ -60,14 +60,14 @@ impl Blobs {
     }
 
     /// The digest's lock file.
-    pub(super) fn lock_path(&self, hex: &str) -> PathBuf {
+    pub(in crate::fetch) fn lock_path(&self, hex: &str) -> PathBuf {
         self.books.join(format!("{hex}.lock"))
     }
 
     /// Whether `meta`, read from a link of the blob `hex`, is the inode as
     /// berth left it after its last link or check. One small read, no byte
     /// of the blob.
-    pub(super) fn vouches(&self, hex: &str, meta: &std::fs::Metadata) -> bool {
+    pub(in crate::fetch) fn vouches(&self, hex: &str, meta: &std::fs::Metadata) -> bool {
         std::fs::read(self.stamp_path(hex))
             .ok()
             .and_then(|bytes| serde_json::from_slice::<Stamp>(&bytes).ok())
@@ -77,7 +77,7 @@ impl Blobs {
     /// Whether `meta`, the file at `file`'s path, holds the bytes last
     /// verified: its own `stamp` says so, or, when berth has since linked
     /// the inode elsewhere (changing its ctime), its blob's stamp does.
-    pub(super) fn vouched(
+    pub(in crate::fetch) fn vouched(
         &self,
         stamp: Option<&Stamp>,
         meta: &std::fs::Metadata,
@@ -89,7 +89,7 @@ impl Blobs {
     }
 
     /// Whether a blob of `hex` exists at all (one `lstat`).
-    pub(super) fn has(&self, hex: &str) -> bool {
+    pub(in crate::fetch) fn has(&self, hex: &str) -> bool {
         std::fs::symlink_metadata(self.path(hex)).is_ok_and(|m| m.is_file())
     }
 
@@ -97,7 +97,7 @@ impl Blobs {
     /// replacing whatever the name held in one rename, and answers the
     /// file's stamp. `None` when there is no intact blob of `size` bytes
     /// or it cannot be linked there; then the file is downloaded.
-    pub(super) fn link_into(&self, hex: &str, size: u64, target: &Path) -> Option<Stamp> {
+    pub(in crate::fetch) fn link_into(&self, hex: &str, size: u64, target: &Path) -> Option<Stamp> {
         let blob = self.path(hex);
         let meta = self.intact(hex)?;
         if meta.len() != size {
@@ -124,7 +124,7 @@ impl Blobs {
     /// the blob (or leaves it alone if it already is), and answers the
     /// file's stamp after the link. A name holding another inode is
     /// replaced in one rename: the verified bytes win.
-    pub(super) fn keep(&self, hex: &str, file: &Path) -> Option<Stamp> {
+    pub(in crate::fetch) fn keep(&self, hex: &str, file: &Path) -> Option<Stamp> {
         let blob = self.path(hex);
         let ours = std::fs::symlink_metadata(file).ok()?;
         let linked = match std::fs::symlink_metadata(&blob) {
@@ -152,7 +152,7 @@ impl Blobs {
     /// store: when the store has the digest already, the blob's link
     /// replaces the file (freeing its bytes), else the file becomes the
     /// blob. Answers the file's stamp after and the bytes freed.
-    pub(super) fn adopt(&self, hex: &str, file: &Path) -> Option<(Stamp, u64)> {
+    pub(in crate::fetch) fn adopt(&self, hex: &str, file: &Path) -> Option<(Stamp, u64)> {
         let ours = std::fs::symlink_metadata(file).ok()?;
         match std::fs::symlink_metadata(self.path(hex)) {
             Ok(theirs) if same_inode(&ours, &theirs) => {
@@ -172,7 +172,7 @@ impl Blobs {
     /// Under the digest's lock: removes `path`, a model's file recorded as
     /// `hex`, keeping the blob's stamp true, and the blob itself once no
     /// model links it. Answers the bytes this frees on disk.
-    pub(super) fn unlink(&self, hex: &str, path: &Path) -> std::io::Result<u64> {
+    pub(in crate::fetch) fn unlink(&self, hex: &str, path: &Path) -> std::io::Result<u64> {
         let meta = std::fs::symlink_metadata(path)?;
         let blob = self.path(hex);
         let blob_meta = std::fs::symlink_metadata(&blob)
@@ -197,7 +197,7 @@ impl Blobs {
 
     /// The blobs no model links (the store's name is their only one): what
     /// `sweep` may remove.
-    pub(super) fn unreferenced(&self) -> Vec<String> {
+    pub(in crate::fetch) fn unreferenced(&self) -> Vec<String> {
         let mut found = Vec::new();
         for prefix in read_dir(&self.files) {
             for entry in read_dir(&prefix.path()) {
@@ -215,7 +215,7 @@ impl Blobs {
 
     /// Under the digest's lock: removes the blob `hex` if still no model
     /// links it; answers the bytes freed.
-    pub(super) fn sweep(&self, hex: &str) -> u64 {
+    pub(in crate::fetch) fn sweep(&self, hex: &str) -> u64 {
         match std::fs::symlink_metadata(self.path(hex)) {
             Ok(meta) if meta.nlink() == 1 && self.remove(hex).is_ok() => meta.len(),
             _ => 0,
@@ -328,7 +328,7 @@ fn read_only(blob: &Path) {
 /// A blob's mode: read-only, for everyone.
 const BLOB_MODE: u32 = 0o444;
 
-pub(super) fn same_inode(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+pub(in crate::fetch) fn same_inode(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
     a.dev() == b.dev() && a.ino() == b.ino()
 }
 

@@ -11,8 +11,8 @@ use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use super::disk::{blocking, disk_error};
-use super::{BLOBS_DIR, Error, Fetcher, META_DIR};
+use crate::fetch::disk::{blocking, disk_error};
+use crate::fetch::{BLOBS_DIR, Error, Fetcher, META_DIR};
 
 /// The models dir as one scan saw it.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -14,10 +14,10 @@ use futures::StreamExt;
 
 use super::blobs::{Blobs, same_inode};
 use super::copy::DROPPING;
-use super::disk;
 use super::lock::DirLock;
 use super::stamp::{Stamp, Stamps};
-use super::{Fetcher, META_DIR};
+use crate::fetch::disk;
+use crate::fetch::{Fetcher, META_DIR};
 use crate::model::ModelFile;
 
 /// What one adoption did.
