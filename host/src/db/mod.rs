@@ -9,7 +9,8 @@
 //!
 //! `Db` is the facade: reads go to a pool; every write goes through
 //! `Db::write`. One file per group of tables: `models`, `deployments`,
-//! `queue`, `events`, `catalog`; `notify` names the wake-ups. Never words
+//! `queue`, `events` (with `append`), `catalog`, `approvals`, `rules`;
+//! `notify` names the wake-ups. Never words
 //! a deployment's error: what a sweep, a restart or a cancel records comes
 //! from the caller.
 

@@ -25,9 +25,10 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 
 /// Registers a model: its files and where they come from.
 ///
-/// A body without `files` has them listed at its source, an `s3://`
-/// prefix: each object's size, and its sha256 where the store keeps one
-/// (`x-amz-checksum-sha256`); no object is read.
+/// A body without `files` has them listed at its source: an `s3://`
+/// prefix (each object's size, and its sha256 where the store keeps one,
+/// `x-amz-checksum-sha256`) or an `oci://` manifest (its layers, by
+/// digest); no file is read.
 #[utoipa::path(post, path = "/v1/models", operation_id = "register_model", tag = "models",
     request_body = RegisterBody,
     responses(

@@ -3,11 +3,15 @@
 //! fetch and verify, run the deployer in its sandbox, record the outcome,
 //! publish the event. Every step is owned by its own module; this folder
 //! only sequences them and turns their errors into the deployment's error
-//! text. The order, by file: `admit` (checks, records, takes it here or
-//! queues it), `queue` (takes queued ones while there is room), `run`
-//! (carries out one taken here and records its end), `cancel`, `leases`
-//! (keeps rows true across servers and restarts), `sentences` (the errors
-//! it records). Never reads a request or writes SQL; never stops the
+//! text. The order, by file: `admit` (the one gate: checks, records,
+//! takes it here or queues it), `queue` (takes queued ones while there is
+//! room), `run` (carries out one taken here and records its end),
+//! `cancel`, `leases` and `fence` (keep rows true across servers and
+//! restarts, and stop what runs here before its lease runs out),
+//! `approvals` (an admin's decisions and their expiry), `caused` (a rule's
+//! firing), `copies` (a model's local copy, dropped only when nothing
+//! pins it), `sentences` (the words for a deployment that did not end by
+//! itself). Never reads a request or writes SQL; never stops the
 //! server: it is handed the server's stop token.
 
 mod admit;

@@ -60,7 +60,9 @@ impl CodeCache {
         // engine's configuration. These are only ever bytes this server
         // wrote with `Component::serialize` under a key that includes the
         // engine's compatibility hash, and they still match the `.sha256`
-        // seal written after them, so they have not changed since.
+        // seal written after them: the seal proves the bytes are whole
+        // (not torn by a crash mid-write), not that nobody tampered with
+        // them; the cache directory is trusted as the server's own.
         match unsafe { Component::deserialize(engine, &bytes) } {
             Ok(component) => Some(component),
             Err(e) => {

@@ -1,7 +1,8 @@
 //! A registration's files found at its source rather than given: what
 //! `POST /v1/models` does when a body leaves `files` out. Dispatches on
 //! the source's scheme; only schemes whose sources can be listed answer
-//! (`s3`: an object store's prefix, listed by `s3.rs`). Never reads a
+//! (`s3`: an object store's prefix, listed by `s3/list.rs`; `oci`: a
+//! manifest's layers). Never reads a
 //! file's bytes, and knows nothing of the registration rules: what it
 //! finds is checked by them afterwards, as given files are.
 
