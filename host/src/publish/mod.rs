@@ -24,6 +24,8 @@ mod read;
 mod s3;
 
 #[cfg(test)]
+mod conformance;
+#[cfg(test)]
 mod testing;
 #[cfg(test)]
 mod tests_file;

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
+use super::conformance::{Target, conforms};
 use super::testing::{assert_not_the_verified_one, file, file_body, key};
 use super::{Body, Error, ObjectInfo, Publisher, Publishers};
 use crate::targets::Targets;
@@ -279,4 +280,33 @@ async fn an_empty_file_is_an_empty_object() {
         std::fs::read(target.path().join("empty")).unwrap(),
         contents
     );
+}
+
+#[tokio::test]
+async fn file_conforms() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("out");
+    let (at, partials) = (root.clone(), root.clone());
+    let target = Target {
+        publisher: local(&root),
+        key: |check, path| key(&format!("{check}/{path}")),
+        read_back: Box::new(move |k| {
+            let file = k.segments().fold(at.clone(), |p, s| p.join(s));
+            Box::pin(async move { std::fs::read(&file).ok().filter(|_| file.is_file()) })
+        }),
+        leftovers: Box::new(move || {
+            let found = if partials.exists() {
+                entries(&partials)
+            } else {
+                Vec::new()
+            };
+            let partial = |e: &String| e.rsplit('/').next().unwrap().starts_with(".publish-");
+            Box::pin(async move { found.into_iter().filter(partial).collect() })
+        }),
+        secret: None,
+        stranger: None,
+        refused_key: None,
+        told_while_sending: true,
+    };
+    conforms(&target).await;
 }

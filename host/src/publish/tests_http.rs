@@ -15,6 +15,7 @@ use base64::Engine;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
+use super::conformance::{Target, conforms};
 use super::testing::{assert_not_the_verified_one, file, file_body, key};
 use super::{Body, Error, ObjectInfo, Publishers};
 use crate::targets::Targets;
@@ -431,4 +432,45 @@ async fn an_https_mirror_is_trusted_through_the_ca_file_as_sources_are() {
             .map(Vec::as_slice),
         Some(&b"{}"[..])
     );
+}
+
+#[tokio::test]
+async fn http_conforms() {
+    let state = Arc::new(Mirror::default());
+    let base = serve(state.clone()).await;
+    let publishers = publishers(&format!("{base}/base/"));
+    let url = publishers.get("mirror").unwrap().url(&key("x")).unwrap();
+    let base_path = url.strip_suffix("/x").unwrap().to_string();
+    let held = state.clone();
+    let target = Target {
+        publisher: publishers.get("mirror").unwrap(),
+        key: |check, path| key(&format!("{check}/{path}")),
+        read_back: Box::new(move |k| {
+            let path = format!(
+                "{}/{}",
+                base_path,
+                k.segments().map(escaped).collect::<Vec<_>>().join("/")
+            );
+            let path = url::Url::parse(&path).unwrap().path().to_string();
+            let found = held.objects.lock().unwrap().get(&path).cloned();
+            Box::pin(async move { found })
+        }),
+        // A mirror takes a body whole or not at all.
+        leftovers: Box::new(|| Box::pin(async { Vec::new() })),
+        secret: Some(TOKEN.to_string()),
+        stranger: Some((
+            publishers.get("stranger").unwrap(),
+            "Bearer wrong-token".to_string(),
+        )),
+        refused_key: None,
+        told_while_sending: false,
+    };
+    conforms(&target).await;
+}
+
+/// A key's segment as a url path holds it.
+fn escaped(segment: &str) -> String {
+    let mut url = url::Url::parse("http://h/").unwrap();
+    url.path_segments_mut().unwrap().push(segment);
+    url.path()[1..].to_string()
 }

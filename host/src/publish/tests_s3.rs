@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+use super::conformance::{Target, conforms};
 use super::testing::{assert_not_the_verified_one, file, file_body, key};
 use super::{Body, Error, ObjectInfo, Publisher, Publishers};
 use crate::targets::Targets;
@@ -445,4 +446,23 @@ async fn a_part_whose_connection_breaks_is_sent_again_with_its_checksum() {
     assert!(proxy.saw_header("x-amz-checksum-algorithm", "SHA256"));
     // (moto neither checks these values nor answers a part with its
     // checksum, so the completion lists none here; S3 does both.)
+}
+
+#[tokio::test]
+async fn s3_conforms() {
+    let wrong = "wR0ng/s3cret+Key-nobody-has";
+    let target = Target {
+        publisher: good("conforms"),
+        key: |check, path| key(&format!("{check}/{path}")),
+        read_back: Box::new(|k| Box::pin(async move { object(&format!("conforms/{k}")).await })),
+        leftovers: Box::new(|| Box::pin(unfinished("conforms/"))),
+        secret: Some(moto().secret_access_key.clone()),
+        stranger: Some((
+            releases("conforms", &moto().endpoint, "AKIAWRONGKEY0000", wrong),
+            wrong.to_string(),
+        )),
+        refused_key: None,
+        told_while_sending: true,
+    };
+    conforms(&target).await;
 }
