@@ -3,9 +3,10 @@
 //! manifest that lists them, read back with berth's own registry client;
 //! a blob the repository has is not uploaded again, one the model's own
 //! repository has is mounted, a large one goes in chunks; a refused login
-//! names where it came from, never the secret; a key of another shape, a
-//! file that is not the verified one and a cancelled put leave nothing
-//! pending. What the registry did is read from its access log.
+//! names where it came from, never the secret; a key of another shape is
+//! refused before anything is sent; a file that is not the verified one
+//! never lands as a blob. The conformance suite runs behind a login
+//! (`oci_conforms`). What the registry did is read from its access log.
 
 use std::sync::Arc;
 
@@ -510,10 +511,9 @@ async fn a_key_of_another_shape_is_refused_with_the_shape() {
 }
 
 /// A file that is not the verified one is refused before its last bytes
-/// go (no blob at the registry), as is a cancelled put; neither leaves a
-/// layer pending.
+/// go: no blob at the registry, its session cancelled.
 #[tokio::test]
-async fn a_file_not_the_verified_one_or_a_cancelled_put_leaves_nothing() {
+async fn a_file_not_the_verified_one_never_lands_as_a_blob() {
     let registry = Registry::start();
     let publisher = target(&registry, None);
     let dir = tempfile::tempdir().unwrap();
@@ -552,30 +552,6 @@ async fn a_file_not_the_verified_one_or_a_cancelled_put_leaves_nothing() {
         counted(&requests, "DELETE /v2/team/m/blobs/uploads/"),
         1,
         "{requests:#?}"
-    );
-
-    let cancel = CancellationToken::new();
-    cancel.cancel();
-    let e = publisher
-        .put_into(
-            &pending,
-            &key("m:t/model.bin"),
-            file_body(&path, &contents, Some(&digest)),
-            &|_| {},
-            &cancel,
-        )
-        .await
-        .unwrap_err();
-    assert!(matches!(e, Error::Cancelled), "{e:?}");
-    assert!(pending.is_empty());
-    assert!(publisher.finish(&pending, &never).await.unwrap().is_empty());
-    assert!(
-        client
-            .manifest_if_any("team/m", "t")
-            .await
-            .unwrap()
-            .is_none(),
-        "a manifest was written"
     );
 }
 
