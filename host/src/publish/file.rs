@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
+use super::destination::Destination;
+use super::oci::Slot;
 use super::read::{Piece, Reading};
 use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of};
 
@@ -35,31 +37,6 @@ impl Folder {
         let mut path = self.root.clone();
         path.extend(key.segments());
         path
-    }
-
-    pub(super) async fn put(
-        &self,
-        subject: &Subject,
-        key: &Key,
-        _url: &url::Url,
-        body: Body,
-        tally: &Tally<'_>,
-        cancel: &CancellationToken,
-    ) -> Result<Put, Error> {
-        let what = upload_of(key);
-        let refused = |e: String| subject.refused(&what, e);
-        let destination = self.file_of(key);
-        let (root, folders) = (self.root.clone(), folders_of(key));
-        let folder = tokio::task::spawn_blocking(move || make_folders(&root, &folders))
-            .await
-            .map_err(|e| refused(e.to_string()))?
-            .map_err(refused)?;
-        let partial = Partial::create(&folder).await.map_err(refused)?;
-        let written = self
-            .write(subject, key, &partial, body, tally, cancel)
-            .await?;
-        partial.place(&destination).await.map_err(refused)?;
-        Ok(written)
     }
 
     /// Writes `body` into the partial file and syncs it.
@@ -128,13 +105,35 @@ impl Folder {
             etag: None,
         })
     }
+}
 
-    pub(super) async fn stat(
+impl Destination for Folder {
+    async fn put(
         &self,
         subject: &Subject,
         key: &Key,
-        _url: &url::Url,
-    ) -> Result<Option<ObjectInfo>, Error> {
+        _layer: Option<Slot<'_>>,
+        body: Body,
+        tally: &Tally<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<(String, Put), Error> {
+        let what = upload_of(key);
+        let refused = |e: String| subject.refused(&what, e);
+        let destination = self.file_of(key);
+        let (root, folders) = (self.root.clone(), folders_of(key));
+        let folder = tokio::task::spawn_blocking(move || make_folders(&root, &folders))
+            .await
+            .map_err(|e| refused(e.to_string()))?
+            .map_err(refused)?;
+        let partial = Partial::create(&folder).await.map_err(refused)?;
+        let written = self
+            .write(subject, key, &partial, body, tally, cancel)
+            .await?;
+        partial.place(&destination).await.map_err(refused)?;
+        Ok((subject.join(key).to_string(), written))
+    }
+
+    async fn stat(&self, subject: &Subject, key: &Key) -> Result<Option<ObjectInfo>, Error> {
         let path = self.file_of(key);
         match tokio::fs::symlink_metadata(&path).await {
             Ok(meta) if meta.is_file() => Ok(Some(ObjectInfo {

@@ -21,6 +21,8 @@ use reqwest::header::{CONTENT_LENGTH, CONTENT_TYPE, ETAG, HeaderMap, LOCATION};
 use reqwest::{Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
+use super::destination::Destination;
+use super::oci::Slot;
 use super::read::{Piece, ReadError, Reading};
 use super::{
     Body, Content, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of,
@@ -51,16 +53,57 @@ impl Mirror {
         Ok(Self { client, headers })
     }
 
-    pub(super) async fn put(
+    /// The answer to what `attempt` sends, tried again after a broken
+    /// connection or a 5xx, 408 or 429 answer, up to `TRIES` times with a
+    /// growing wait; the last answer, whatever it is. `attempt` returns
+    /// an error that must not be retried (cancelled, a file not as it
+    /// should be) as its outer `Err`.
+    async fn retrying<F, Fut>(
+        &self,
+        subject: &Subject,
+        what: &str,
+        cancel: &CancellationToken,
+        mut attempt: F,
+    ) -> Result<Response, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<reqwest::Result<Response>, Error>>,
+    {
+        let mut backoff = Backoff::new();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let last = tries == TRIES;
+            let why = match attempt().await? {
+                Ok(response) if last || !worth_retrying(response.status()) => return Ok(response),
+                Ok(response) => format!("it answered {}", response.status()),
+                // A request that cannot be made, or a server whose
+                // certificate is not trusted, will be the same next time.
+                Err(e) if last || e.is_builder() || !crate::trust::hint(&e).is_empty() => {
+                    return Err(subject.unreachable(
+                        what,
+                        format!("{}{}", innermost(&e), crate::trust::hint(&e)),
+                    ));
+                }
+                Err(e) => innermost(&e),
+            };
+            super::wait_to_try_again(subject, what, &why, &mut backoff, cancel).await?;
+        }
+    }
+}
+
+impl Destination for Mirror {
+    async fn put(
         &self,
         subject: &Subject,
         key: &Key,
-        url: &url::Url,
+        _layer: Option<Slot<'_>>,
         body: Body,
         tally: &Tally<'_>,
         cancel: &CancellationToken,
-    ) -> Result<Put, Error> {
+    ) -> Result<(String, Put), Error> {
         let what = upload_of(key);
+        let url = &subject.join(key);
         let super::Digested {
             bytes,
             sha256,
@@ -119,22 +162,19 @@ impl Mirror {
         let response = self.retrying(subject, &what, cancel, attempt).await?;
         let status = response.status();
         if status.is_success() {
-            return Ok(Put {
+            let put = Put {
                 bytes,
                 sha256,
                 etag: etag(response.headers()),
-            });
+            };
+            return Ok((url.to_string(), put));
         }
         Err(subject.refused(&what, answered(subject, response).await))
     }
 
-    pub(super) async fn stat(
-        &self,
-        subject: &Subject,
-        key: &Key,
-        url: &url::Url,
-    ) -> Result<Option<ObjectInfo>, Error> {
+    async fn stat(&self, subject: &Subject, key: &Key) -> Result<Option<ObjectInfo>, Error> {
         let what = look_up_of(key);
+        let url = &subject.join(key);
         // A look-up is not cancelled by itself: it is short.
         let cancel = CancellationToken::new();
         let attempt = || {
@@ -166,44 +206,6 @@ impl Mirror {
                 }))
             }
             _ => Err(subject.refused(&what, answered(subject, response).await)),
-        }
-    }
-
-    /// The answer to what `attempt` sends, tried again after a broken
-    /// connection or a 5xx, 408 or 429 answer, up to `TRIES` times with a
-    /// growing wait; the last answer, whatever it is. `attempt` returns
-    /// an error that must not be retried (cancelled, a file not as it
-    /// should be) as its outer `Err`.
-    async fn retrying<F, Fut>(
-        &self,
-        subject: &Subject,
-        what: &str,
-        cancel: &CancellationToken,
-        mut attempt: F,
-    ) -> Result<Response, Error>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<reqwest::Result<Response>, Error>>,
-    {
-        let mut backoff = Backoff::new();
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let last = tries == TRIES;
-            let why = match attempt().await? {
-                Ok(response) if last || !worth_retrying(response.status()) => return Ok(response),
-                Ok(response) => format!("it answered {}", response.status()),
-                // A request that cannot be made, or a server whose
-                // certificate is not trusted, will be the same next time.
-                Err(e) if last || e.is_builder() || !crate::trust::hint(&e).is_empty() => {
-                    return Err(subject.unreachable(
-                        what,
-                        format!("{}{}", innermost(&e), crate::trust::hint(&e)),
-                    ));
-                }
-                Err(e) => innermost(&e),
-            };
-            super::wait_to_try_again(subject, what, &why, &mut backoff, cancel).await?;
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Publishing: puts bytes at a key under one of the operator's targets
 //! (`crate::targets`) — an S3 bucket (`s3`), an HTTP mirror that takes
 //! `PUT` (`http`), an OCI registry (`oci`: blobs, and the manifests a
-//! `Pending` collects until `finish`), a folder (`file`) — and says what
-//! landed where (a `Receipt`). The bytes are streamed from disk a few chunks at a time
+//! `Pending` collects until `finish`), a folder (`file`), each a
+//! `Destination` (`destination`) — and says what landed where (a
+//! `Receipt`). The bytes are streamed from disk a few chunks at a time
 //! (`read`), checked against the digest they were verified with, and the
 //! destination is given that digest to check in turn; a put that fails or
 //! is cancelled leaves nothing behind (no partial file, no unfinished
@@ -15,12 +16,15 @@
 
 mod answers;
 mod body;
+mod destination;
 mod file;
 mod http;
 mod oci;
 mod read;
 mod s3;
 
+#[cfg(test)]
+mod conformance;
 #[cfg(test)]
 mod testing;
 #[cfg(test)]
@@ -44,6 +48,7 @@ pub use answers::Error;
 use answers::{quote, start_of, worth_retrying};
 pub use body::Body;
 use body::{Content, Digested, sha256_hex};
+use destination::Destination;
 pub use oci::{ARTIFACT_TYPE, Pending};
 
 use crate::targets::{Kind, Targets};
@@ -195,11 +200,24 @@ struct Inner {
     backend: Backend,
 }
 
+/// The target's kind of destination; each is a `Destination`.
 enum Backend {
     S3(s3::Bucket),
     Http(http::Mirror),
     Oci(oci::Registry),
     File(file::Folder),
+}
+
+/// `$then` with `$d` bound to `$backend`'s destination, whatever its kind.
+macro_rules! on_destination {
+    ($backend:expr, $d:ident => $then:expr) => {
+        match $backend {
+            Backend::S3($d) => $then,
+            Backend::Http($d) => $then,
+            Backend::Oci($d) => $then,
+            Backend::File($d) => $then,
+        }
+    };
 }
 
 impl Publisher {
@@ -214,11 +232,7 @@ impl Publisher {
     /// `oci://REGISTRY/NAMESPACE/REPO:TAG#PATH`, and a key not of that
     /// shape is refused.
     pub fn url(&self, key: &Key) -> Result<String, Error> {
-        let subject = &self.inner.subject;
-        match &self.inner.backend {
-            Backend::Oci(registry) => Ok(registry.url(&registry.place(subject, key)?)),
-            _ => Ok(subject.join(key).to_string()),
-        }
+        on_destination!(&self.inner.backend, d => d.url(&self.inner.subject, key))
     }
 
     /// Puts `body` at `key`; `progress(n)` is told of each `n` more bytes
@@ -251,13 +265,10 @@ impl Publisher {
         progress: &'a (dyn Fn(u64) + Send + Sync),
         cancel: &'a CancellationToken,
     ) -> impl Future<Output = Result<Receipt, Error>> + Send + 'a {
-        let subject = &self.inner.subject;
-        let reserved = match &self.inner.backend {
-            Backend::Oci(registry) => registry.reserve(subject, pending, key).map(Some),
-            _ => Ok(None),
-        };
+        let (subject, backend) = (&self.inner.subject, &self.inner.backend);
+        let layer = on_destination!(backend, d => d.reserve(subject, pending, key));
         let put = async move {
-            let reserved = reserved?;
+            let layer = layer?;
             if cancel.is_cancelled() {
                 return Err(Error::Cancelled);
             }
@@ -270,29 +281,9 @@ impl Publisher {
                 ));
             }
             let tally = Tally::new(progress);
-            let (url, put) = match &self.inner.backend {
-                Backend::S3(bucket) => {
-                    let url = subject.join(key);
-                    let put = bucket.put(subject, key, &url, body, &tally, cancel).await?;
-                    (url.to_string(), put)
-                }
-                Backend::Http(mirror) => {
-                    let url = subject.join(key);
-                    let put = mirror.put(subject, key, &url, body, &tally, cancel).await?;
-                    (url.to_string(), put)
-                }
-                Backend::File(folder) => {
-                    let url = subject.join(key);
-                    let put = folder.put(subject, key, &url, body, &tally, cancel).await?;
-                    (url.to_string(), put)
-                }
-                Backend::Oci(registry) => {
-                    let reserved = reserved.expect("an oci put reserves its layer");
-                    registry
-                        .put(subject, key, reserved, pending, body, &tally, cancel)
-                        .await?
-                }
-            };
+            let (url, put) = on_destination!(backend, d => {
+                d.put(subject, key, layer, body, &tally, cancel).await?
+            });
             tally.reached(put.bytes);
             Ok(Receipt {
                 target: subject.target.clone(),
@@ -317,13 +308,9 @@ impl Publisher {
         cancel: &CancellationToken,
     ) -> Result<Vec<Receipt>, Error> {
         let subject = &self.inner.subject;
-        let Backend::Oci(registry) = &self.inner.backend else {
-            return Ok(Vec::new());
-        };
-        let written = registry
-            .finish(subject, pending, cancel)
-            .await
-            .map_err(|e| e.scrubbed(&subject.scrubber))?;
+        let written =
+            on_destination!(&self.inner.backend, d => d.finish(subject, pending, cancel).await)
+                .map_err(|e| e.scrubbed(&subject.scrubber))?;
         Ok(written
             .into_iter()
             .map(|(key, url, put)| Receipt {
@@ -342,19 +329,8 @@ impl Publisher {
     /// (`etag`: its digest), not one still pending.
     pub async fn stat(&self, key: &Key) -> Result<Option<ObjectInfo>, Error> {
         let subject = &self.inner.subject;
-        let url = subject.join(key);
-        let stat = async {
-            match &self.inner.backend {
-                Backend::S3(bucket) => bucket.stat(subject, key, &url).await,
-                Backend::Http(mirror) => mirror.stat(subject, key, &url).await,
-                Backend::Oci(registry) => {
-                    let place = registry.place(subject, key)?;
-                    registry.stat(subject, key, &place).await
-                }
-                Backend::File(folder) => folder.stat(subject, key, &url).await,
-            }
-        };
-        stat.await.map_err(|e| e.scrubbed(&subject.scrubber))
+        let stat = on_destination!(&self.inner.backend, d => d.stat(subject, key).await);
+        stat.map_err(|e| e.scrubbed(&subject.scrubber))
     }
 }
 

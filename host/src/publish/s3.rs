@@ -23,6 +23,8 @@ use object_store::{
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use super::destination::Destination;
+use super::oci::Slot;
 use super::read::{Piece, Reading};
 use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, Tuning, look_up_of, upload_of};
 use crate::causes::innermost;
@@ -91,77 +93,6 @@ impl Bucket {
             parts: Arc::new(Semaphore::new(tuning.parts_in_flight)),
             tuning,
         })
-    }
-
-    pub(super) async fn put(
-        &self,
-        subject: &Subject,
-        key: &Key,
-        url: &url::Url,
-        body: Body,
-        tally: &Tally<'_>,
-        cancel: &CancellationToken,
-    ) -> Result<Put, Error> {
-        let what = upload_of(key);
-        let path = location(url).map_err(|e| subject.refused(&what, e))?;
-        match body {
-            Body::Bytes {
-                bytes,
-                content_type,
-            } => {
-                let sha256 = super::sha256_hex(&bytes);
-                let len = bytes.len() as u64;
-                let mut attributes = Attributes::new();
-                attributes.insert(Attribute::ContentType, content_type.into());
-                let etag = self
-                    .put_one(subject, &what, &path, bytes.into(), attributes, cancel)
-                    .await?;
-                Ok(Put {
-                    bytes: len,
-                    sha256,
-                    etag,
-                })
-            }
-            Body::File {
-                path: file,
-                bytes,
-                sha256,
-                vouched,
-            } => {
-                let part_bytes = self.tuning.part_bytes_for(bytes);
-                let mut reading = Reading::start(
-                    file,
-                    bytes,
-                    sha256,
-                    vouched,
-                    part_bytes as usize,
-                    // Nothing is an object until the upload is completed,
-                    // after the reading's end.
-                    false,
-                    cancel.clone(),
-                );
-                if bytes <= part_bytes {
-                    let (chunks, sha256) = read_whole(&mut reading, subject, key, cancel).await?;
-                    let payload = PutPayload::from_iter(chunks);
-                    let etag = self
-                        .put_one(subject, &what, &path, payload, Attributes::new(), cancel)
-                        .await?;
-                    Ok(Put {
-                        bytes,
-                        sha256,
-                        etag,
-                    })
-                } else {
-                    self.put_parts(subject, key, &path, reading, tally, cancel)
-                        .await
-                        .map(|(sha256, etag)| Put {
-                            bytes,
-                            sha256,
-                            etag,
-                        })
-                }
-            }
-        }
     }
 
     /// One PUT; the store checks the payload's sha256, which object_store
@@ -297,28 +228,6 @@ impl Bucket {
         Ok((parts, sha256.expect("the loop ends after the digest")))
     }
 
-    pub(super) async fn stat(
-        &self,
-        subject: &Subject,
-        key: &Key,
-        url: &url::Url,
-    ) -> Result<Option<ObjectInfo>, Error> {
-        let what = look_up_of(key);
-        let path = location(url).map_err(|e| subject.refused(&what, e))?;
-        match self.store.head(&path).await {
-            Ok(meta) => Ok(Some(ObjectInfo {
-                bytes: meta.size,
-                etag: meta.e_tag,
-            })),
-            Err(e @ object_store::Error::NotFound { .. })
-                if !store_said(&innermost(&e)).starts_with("NoSuchBucket") =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(self.describe(subject, &what, e)),
-        }
-    }
-
     /// What went wrong, in words a person can act on; never the secret
     /// (S3's error documents name the access key id at most).
     fn describe(&self, subject: &Subject, what: &str, e: object_store::Error) -> Error {
@@ -347,6 +256,98 @@ impl Bucket {
                 ),
             ),
             _ => subject.refused(what, said),
+        }
+    }
+}
+
+impl Destination for Bucket {
+    async fn put(
+        &self,
+        subject: &Subject,
+        key: &Key,
+        _layer: Option<Slot<'_>>,
+        body: Body,
+        tally: &Tally<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<(String, Put), Error> {
+        let what = upload_of(key);
+        let url = subject.join(key);
+        let path = location(&url).map_err(|e| subject.refused(&what, e))?;
+        let put = match body {
+            Body::Bytes {
+                bytes,
+                content_type,
+            } => {
+                let sha256 = super::sha256_hex(&bytes);
+                let len = bytes.len() as u64;
+                let mut attributes = Attributes::new();
+                attributes.insert(Attribute::ContentType, content_type.into());
+                let etag = self
+                    .put_one(subject, &what, &path, bytes.into(), attributes, cancel)
+                    .await?;
+                Ok(Put {
+                    bytes: len,
+                    sha256,
+                    etag,
+                })
+            }
+            Body::File {
+                path: file,
+                bytes,
+                sha256,
+                vouched,
+            } => {
+                let part_bytes = self.tuning.part_bytes_for(bytes);
+                let mut reading = Reading::start(
+                    file,
+                    bytes,
+                    sha256,
+                    vouched,
+                    part_bytes as usize,
+                    // Nothing is an object until the upload is completed,
+                    // after the reading's end.
+                    false,
+                    cancel.clone(),
+                );
+                if bytes <= part_bytes {
+                    let (chunks, sha256) = read_whole(&mut reading, subject, key, cancel).await?;
+                    let payload = PutPayload::from_iter(chunks);
+                    let etag = self
+                        .put_one(subject, &what, &path, payload, Attributes::new(), cancel)
+                        .await?;
+                    Ok(Put {
+                        bytes,
+                        sha256,
+                        etag,
+                    })
+                } else {
+                    self.put_parts(subject, key, &path, reading, tally, cancel)
+                        .await
+                        .map(|(sha256, etag)| Put {
+                            bytes,
+                            sha256,
+                            etag,
+                        })
+                }
+            }
+        }?;
+        Ok((url.to_string(), put))
+    }
+
+    async fn stat(&self, subject: &Subject, key: &Key) -> Result<Option<ObjectInfo>, Error> {
+        let what = look_up_of(key);
+        let path = location(&subject.join(key)).map_err(|e| subject.refused(&what, e))?;
+        match self.store.head(&path).await {
+            Ok(meta) => Ok(Some(ObjectInfo {
+                bytes: meta.size,
+                etag: meta.e_tag,
+            })),
+            Err(e @ object_store::Error::NotFound { .. })
+                if !store_said(&innermost(&e)).starts_with("NoSuchBucket") =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(self.describe(subject, &what, e)),
         }
     }
 }

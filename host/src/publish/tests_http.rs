@@ -1,6 +1,6 @@
 //! HTTP mirror targets against a loopback mirror that checks the
-//! `Authorization` header and the body's `Content-Digest`: puts land whole,
-//! a 5xx is tried again, a redirect is refused without the credentials
+//! `Authorization` header and the body's `Content-Digest`: the conformance
+//! suite (`http_conforms`), and a 5xx tried again, a redirect is refused without the credentials
 //! going anywhere else, a file that is not the verified one is refused.
 
 use std::collections::HashMap;
@@ -15,8 +15,9 @@ use base64::Engine;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
+use super::conformance::{Target, conforms};
 use super::testing::{assert_not_the_verified_one, file, file_body, key};
-use super::{Body, Error, ObjectInfo, Publishers};
+use super::{Body, Error, Publishers};
 use crate::targets::Targets;
 use crate::trust::Trust;
 
@@ -131,87 +132,6 @@ fn publishers_trusting(url: &str, trust: &Trust) -> Publishers {
     })
     .unwrap();
     Publishers::new(Arc::new(targets), trust)
-}
-
-#[tokio::test]
-async fn a_file_and_bytes_land_whole_on_the_mirror() {
-    let state = Arc::new(Mirror::default());
-    let base = serve(state.clone()).await;
-    let publisher = publishers(&format!("{base}/base/")).get("mirror").unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (path, contents, sha256) = file(dir.path(), (3 << 20) + 5);
-    let sent = AtomicU64::new(0);
-    let progress = |n: u64| {
-        sent.fetch_add(n, Ordering::Relaxed);
-    };
-    let never = CancellationToken::new();
-
-    // No digest given: computed first, for the header.
-    let k = key("job 1/a:b/model.bin");
-    let body = file_body(&path, &contents, None);
-    let receipt = publisher.put(&k, body, &progress, &never).await.unwrap();
-    assert_eq!(
-        state
-            .objects
-            .lock()
-            .unwrap()
-            .get("/base/job%201/a:b/model.bin"),
-        Some(&contents),
-        "under the base, the key's segments escaped, a:b no scheme"
-    );
-    assert_eq!(receipt.url, format!("{base}/base/job%201/a:b/model.bin"));
-    assert_eq!(receipt.url, publisher.url(&k).unwrap());
-    assert_eq!(
-        (receipt.bytes, receipt.sha256.as_str()),
-        (contents.len() as u64, sha256.as_str())
-    );
-    let etag = format!("\"{}\"", &sha256[..16]);
-    assert_eq!(receipt.etag.as_deref(), Some(etag.as_str()));
-    assert_eq!(sent.load(Ordering::Relaxed), contents.len() as u64);
-
-    let body = Body::File {
-        path,
-        bytes: contents.len() as u64,
-        sha256: Some(sha256.clone()),
-        vouched: None,
-    };
-    publisher
-        .put(&key("given/model.bin"), body, &progress, &never)
-        .await
-        .unwrap();
-    assert_eq!(
-        state.objects.lock().unwrap().get("/base/given/model.bin"),
-        Some(&contents)
-    );
-
-    let manifest = bytes::Bytes::from_static(b"{\"files\": 1}");
-    let body = Body::Bytes {
-        bytes: manifest.clone(),
-        content_type: "application/json".into(),
-    };
-    let receipt = publisher
-        .put(&key("manifest.json"), body, &progress, &never)
-        .await
-        .unwrap();
-    assert_eq!(
-        state
-            .objects
-            .lock()
-            .unwrap()
-            .get("/base/manifest.json")
-            .map(Vec::as_slice),
-        Some(&manifest[..])
-    );
-    assert_eq!(receipt.sha256, hex::encode(Sha256::digest(&manifest)));
-
-    assert_eq!(
-        publisher.stat(&k).await.unwrap(),
-        Some(ObjectInfo {
-            bytes: contents.len() as u64,
-            etag: Some(etag)
-        })
-    );
-    assert_eq!(publisher.stat(&key("absent")).await.unwrap(), None);
 }
 
 #[tokio::test]
@@ -431,4 +351,45 @@ async fn an_https_mirror_is_trusted_through_the_ca_file_as_sources_are() {
             .map(Vec::as_slice),
         Some(&b"{}"[..])
     );
+}
+
+#[tokio::test]
+async fn http_conforms() {
+    let state = Arc::new(Mirror::default());
+    let base = serve(state.clone()).await;
+    let publishers = publishers(&format!("{base}/base/"));
+    let url = publishers.get("mirror").unwrap().url(&key("x")).unwrap();
+    let base_path = url.strip_suffix("/x").unwrap().to_string();
+    let held = state.clone();
+    let target = Target {
+        publisher: publishers.get("mirror").unwrap(),
+        key: |check, path| key(&format!("{check}/{path}")),
+        read_back: Box::new(move |k| {
+            let path = format!(
+                "{}/{}",
+                base_path,
+                k.segments().map(escaped).collect::<Vec<_>>().join("/")
+            );
+            let path = url::Url::parse(&path).unwrap().path().to_string();
+            let found = held.objects.lock().unwrap().get(&path).cloned();
+            Box::pin(async move { found })
+        }),
+        // A mirror takes a body whole or not at all.
+        leftovers: Box::new(|| Box::pin(async { Vec::new() })),
+        secret: Some(TOKEN.to_string()),
+        stranger: Some((
+            publishers.get("stranger").unwrap(),
+            "Bearer wrong-token".to_string(),
+        )),
+        refused_key: None,
+        told_while_sending: false,
+    };
+    conforms(&target).await;
+}
+
+/// A key's segment as a url path holds it.
+fn escaped(segment: &str) -> String {
+    let mut url = url::Url::parse("http://h/").unwrap();
+    url.path_segments_mut().unwrap().push(segment);
+    url.path()[1..].to_string()
 }

@@ -1,14 +1,14 @@
 //! S3 targets against a real S3-compatible server: moto's, started once
-//! for this test binary by `tests/moto/serve.py`. One PUT for a small
-//! body, a multipart upload for a large file (parts of the 5 MiB minimum),
-//! no unfinished upload left by a cancelled, dropped or refused put, wrong
-//! credentials named without the secret, and a part whose connection
-//! breaks sent again.
+//! for this test binary by `tests/moto/serve.py`: the conformance suite
+//! (`s3_conforms`), and what is S3's own: a multipart upload for a large
+//! file (parts of the 5 MiB minimum), no unfinished upload left by a
+//! dropped put, wrong credentials named as S3 says them, and a part whose
+//! connection breaks sent again with its checksum.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use object_store::ObjectStoreExt;
 use object_store::aws::AmazonS3Builder;
@@ -16,8 +16,9 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use super::testing::{assert_not_the_verified_one, file, file_body, key};
-use super::{Body, Error, ObjectInfo, Publisher, Publishers};
+use super::conformance::{Target, conforms};
+use super::testing::{file, file_body, key};
+use super::{Body, Error, Publisher, Publishers};
 use crate::targets::Targets;
 use crate::trust::Trust;
 
@@ -117,74 +118,6 @@ async fn unfinished(prefix: &str) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn a_small_file_and_bytes_go_up_in_one_put_with_their_checksum() {
-    let moto = moto();
-    let proxy = Proxy::start(None).await;
-    let publisher = releases(
-        "small",
-        &proxy.url,
-        &moto.access_key_id,
-        &moto.secret_access_key,
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let (path, contents, sha256) = file(dir.path(), (1 << 20) + 1);
-    let never = CancellationToken::new();
-    let sent = AtomicU64::new(0);
-    let progress = |n: u64| {
-        sent.fetch_add(n, Ordering::Relaxed);
-    };
-    let k = key("job 1/model.bin");
-    let body = Body::File {
-        path,
-        bytes: contents.len() as u64,
-        sha256: Some(sha256.clone()),
-        vouched: None,
-    };
-    let receipt = publisher.put(&k, body, &progress, &never).await.unwrap();
-    assert_eq!(
-        object("small/job 1/model.bin").await,
-        Some(contents.clone())
-    );
-    assert_eq!(
-        receipt.url,
-        format!("s3://{BUCKET}/small/job%201/model.bin")
-    );
-    assert_eq!(receipt.url, publisher.url(&k).unwrap());
-    assert_eq!(
-        (receipt.bytes, receipt.sha256.as_str()),
-        (contents.len() as u64, sha256.as_str())
-    );
-    assert!(receipt.etag.is_some());
-    assert_eq!(sent.load(Ordering::Relaxed), contents.len() as u64);
-
-    let manifest = bytes::Bytes::from_static(b"{\"files\": 1}");
-    let body = Body::Bytes {
-        bytes: manifest.clone(),
-        content_type: "application/json".into(),
-    };
-    let receipt = publisher
-        .put(&key("manifest.json"), body, &progress, &never)
-        .await
-        .unwrap();
-    assert_eq!(
-        object("small/manifest.json").await.as_deref(),
-        Some(&manifest[..])
-    );
-    assert_eq!(receipt.sha256, hex::encode(Sha256::digest(&manifest)));
-
-    let info = publisher.stat(&k).await.unwrap().unwrap();
-    assert_eq!(info.bytes, contents.len() as u64);
-    assert_eq!(publisher.stat(&key("absent")).await.unwrap(), None);
-    assert_eq!(
-        publisher.stat(&key("manifest.json")).await.unwrap(),
-        Some(ObjectInfo {
-            bytes: manifest.len() as u64,
-            etag: receipt.etag
-        })
-    );
-}
-
-#[tokio::test]
 async fn a_large_file_goes_up_in_parts_and_lands_whole() {
     let publisher = good("large");
     let dir = tempfile::tempdir().unwrap();
@@ -223,34 +156,12 @@ async fn a_large_file_goes_up_in_parts_and_lands_whole() {
 }
 
 #[tokio::test]
-async fn a_cancelled_or_dropped_multipart_put_leaves_no_unfinished_upload() {
-    let publisher = good("cancelled");
+async fn a_dropped_multipart_put_leaves_no_unfinished_upload() {
+    // A cancelled one is the conformance suite's.
+    let publisher = good("dropped");
     let dir = tempfile::tempdir().unwrap();
     let (path, contents, sha256) = file(dir.path(), 21 << 20);
     let body = || file_body(&path, &contents, Some(&sha256));
-
-    // Cancelled once a part is in.
-    let cancel = CancellationToken::new();
-    let cancelled_at = std::sync::Mutex::new(None);
-    let progress = |_: u64| {
-        cancelled_at
-            .lock()
-            .unwrap()
-            .get_or_insert_with(Instant::now);
-        cancel.cancel();
-    };
-    let error = publisher
-        .put(&key("a/model.bin"), body(), &progress, &cancel)
-        .await
-        .unwrap_err();
-    assert!(matches!(error, Error::Cancelled), "{error}");
-    let took = cancelled_at.lock().unwrap().unwrap().elapsed();
-    assert!(
-        took < Duration::from_secs(1),
-        "stopped {took:?} after the cancel"
-    );
-    assert_eq!(unfinished("cancelled/").await, Vec::<String>::new());
-    assert_eq!(object("cancelled/a/model.bin").await, None);
 
     // Dropped once a part is in: the abort runs on a task of its own.
     let first = tokio::sync::Notify::new();
@@ -261,34 +172,16 @@ async fn a_cancelled_or_dropped_multipart_put_leaves_no_unfinished_upload() {
         _ = publisher.put(&b, body(), &progress, &never) => panic!("the put ended"),
         _ = first.notified() => {}
     }
-    let mut left = unfinished("cancelled/").await;
+    let mut left = unfinished("dropped/").await;
     for _ in 0..20 {
         if left.is_empty() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        left = unfinished("cancelled/").await;
+        left = unfinished("dropped/").await;
     }
     assert_eq!(left, Vec::<String>::new());
-    assert_eq!(object("cancelled/b/model.bin").await, None);
-}
-
-#[tokio::test]
-async fn a_large_file_that_is_not_the_verified_one_is_refused_and_aborted() {
-    let publisher = good("mismatch");
-    let dir = tempfile::tempdir().unwrap();
-    let (path, contents, _) = file(dir.path(), (11 << 20) + 1);
-    let wrong = "cd".repeat(32);
-    let body = file_body(&path, &contents, Some(&wrong));
-    let error = publisher
-        .put(&key("model.bin"), body, &|_| {}, &CancellationToken::new())
-        .await
-        .unwrap_err();
-    assert!(matches!(error, Error::Source { .. }), "{error:?}");
-    let error = error.to_string();
-    assert_not_the_verified_one(&error, "releases", "model.bin", &path, &wrong);
-    assert_eq!(object("mismatch/model.bin").await, None);
-    assert_eq!(unfinished("mismatch/").await, Vec::<String>::new());
+    assert_eq!(object("dropped/b/model.bin").await, None);
 }
 
 #[tokio::test]
@@ -445,4 +338,23 @@ async fn a_part_whose_connection_breaks_is_sent_again_with_its_checksum() {
     assert!(proxy.saw_header("x-amz-checksum-algorithm", "SHA256"));
     // (moto neither checks these values nor answers a part with its
     // checksum, so the completion lists none here; S3 does both.)
+}
+
+#[tokio::test]
+async fn s3_conforms() {
+    let wrong = "wR0ng/s3cret+Key-nobody-has";
+    let target = Target {
+        publisher: good("conforms"),
+        key: |check, path| key(&format!("{check}/{path}")),
+        read_back: Box::new(|k| Box::pin(async move { object(&format!("conforms/{k}")).await })),
+        leftovers: Box::new(|| Box::pin(unfinished("conforms/"))),
+        secret: Some(moto().secret_access_key.clone()),
+        stranger: Some((
+            releases("conforms", &moto().endpoint, "AKIAWRONGKEY0000", wrong),
+            wrong.to_string(),
+        )),
+        refused_key: None,
+        told_while_sending: true,
+    };
+    conforms(&target).await;
 }

@@ -27,6 +27,7 @@ use reqwest::header::CONTENT_TYPE;
 use reqwest::{Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
+use super::destination::Destination;
 use super::{
     Body, Content, Error, Key, ObjectInfo, Put, Subject, Tally, Tuning, look_up_of, upload_of,
     worth_retrying,
@@ -111,7 +112,7 @@ impl Registry {
 
     /// `oci://REGISTRY/NAMESPACE/REPO:TAG#PATH`: the artifact, and the
     /// file in it after the `#`.
-    pub(super) fn url(&self, place: &Place) -> String {
+    fn url_of(&self, place: &Place) -> String {
         let artifact = self.reference(&place.repository, &place.tag, None);
         format!("{artifact}#{}", place.path)
     }
@@ -124,91 +125,6 @@ impl Registry {
             tag: Some(tag.to_string()),
             digest: digest.map(str::to_string),
         }
-    }
-
-    /// Reserves the layer of `key` in `pending`, now: a manifest's layers
-    /// are in the order the puts were made, not the order they landed.
-    pub(super) fn reserve<'a>(
-        &self,
-        subject: &Subject,
-        pending: &'a Pending,
-        key: &Key,
-    ) -> Result<(Place, Slot<'a>), Error> {
-        let place = self.place(subject, key)?;
-        let slot = pending.reserve(&place);
-        Ok((place, slot))
-    }
-
-    /// Puts `body` as the blob of `place`'s repository and fills its
-    /// layer: the receipt's url and what was put.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn put(
-        &self,
-        subject: &Subject,
-        key: &Key,
-        (place, slot): (Place, Slot<'_>),
-        pending: &Pending,
-        body: Body,
-        tally: &Tally<'_>,
-        cancel: &CancellationToken,
-    ) -> Result<(String, Put), Error> {
-        let super::Digested {
-            bytes,
-            sha256,
-            content_type,
-            content,
-        } = body.digested(subject, key, cancel).await?;
-        let media_type = content_type.map_or_else(|| OCTET_STREAM.to_string(), |t| media_type(&t));
-        let what = upload_of(key);
-        self.push_blob(
-            subject,
-            &what,
-            (key, &place.repository),
-            (bytes, &sha256),
-            &content,
-            pending.origin.as_ref(),
-            tally,
-            cancel,
-        )
-        .await?;
-        let mut annotations = BTreeMap::new();
-        annotations.insert(TITLE.to_string(), place.path.clone());
-        slot.fill(Descriptor {
-            media_type,
-            digest: format!("sha256:{sha256}"),
-            size: bytes,
-            annotations,
-        });
-        Ok((
-            self.url(&place),
-            Put {
-                bytes,
-                etag: Some(format!("sha256:{sha256}")),
-                sha256,
-            },
-        ))
-    }
-
-    /// Writes the pending manifests, each once its config blob (`{}`) is
-    /// there; one receipt each. Those written are no longer pending; on a
-    /// failure, the one that failed and those after it still are.
-    pub(super) async fn finish(
-        &self,
-        subject: &Subject,
-        pending: &Pending,
-        cancel: &CancellationToken,
-    ) -> Result<Vec<(String, String, Put)>, Error> {
-        let mut written = Vec::new();
-        while let Some(manifest) = pending.take() {
-            match self.write(subject, &manifest, cancel).await {
-                Ok(receipt) => written.push(receipt),
-                Err(e) => {
-                    pending.restore(manifest);
-                    return Err(e);
-                }
-            }
-        }
-        Ok(written)
     }
 
     /// Writes one manifest: its key (`REPO:TAG`), url and what was put.
@@ -305,38 +221,6 @@ impl Registry {
         ))
     }
 
-    /// The layer titled PATH in the manifest `REPO:TAG`, if both exist.
-    pub(super) async fn stat(
-        &self,
-        subject: &Subject,
-        key: &Key,
-        place: &Place,
-    ) -> Result<Option<ObjectInfo>, Error> {
-        let what = look_up_of(key);
-        let found = self
-            .client
-            .manifest_if_any(&place.repository, &place.tag)
-            .await
-            .map_err(|e| said(subject, &what, e))?;
-        let Some((_, manifest, _)) = found else {
-            return Ok(None);
-        };
-        Ok(manifest
-            .layers
-            .iter()
-            .find(|layer| {
-                layer
-                    .annotations
-                    .get(MODELPACK_PATH)
-                    .or_else(|| layer.annotations.get(TITLE))
-                    == Some(&place.path)
-            })
-            .map(|layer| ObjectInfo {
-                bytes: layer.size,
-                etag: Some(layer.digest.clone()),
-            }))
-    }
-
     /// Sends what `build` makes for `repository` with push access; a
     /// connection that broke is `Again`, as are answers worth another try.
     async fn request(
@@ -386,6 +270,126 @@ impl Registry {
             format!("it answered {status} ({})", codes.join(", "))
         };
         subject.refused(what, reason).into()
+    }
+}
+
+impl Destination for Registry {
+    /// `oci://REGISTRY/NAMESPACE/REPO:TAG#PATH`; a key of another shape
+    /// is refused.
+    fn url(&self, subject: &Subject, key: &Key) -> Result<String, Error> {
+        Ok(self.url_of(&self.place(subject, key)?))
+    }
+
+    /// Reserves the layer of `key` in `pending`, now: a manifest's layers
+    /// are in the order the puts were made, not the order they landed.
+    fn reserve<'p>(
+        &self,
+        subject: &Subject,
+        pending: &'p Pending,
+        key: &Key,
+    ) -> Result<Option<Slot<'p>>, Error> {
+        let place = self.place(subject, key)?;
+        Ok(Some(pending.reserve(&place)))
+    }
+
+    /// Puts `body` as the blob of `key`'s repository and fills its
+    /// layer: the receipt's url and what was put.
+    async fn put(
+        &self,
+        subject: &Subject,
+        key: &Key,
+        layer: Option<Slot<'_>>,
+        body: Body,
+        tally: &Tally<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<(String, Put), Error> {
+        let slot = layer.expect("an oci put reserves its layer");
+        let place = self.place(subject, key)?;
+        let super::Digested {
+            bytes,
+            sha256,
+            content_type,
+            content,
+        } = body.digested(subject, key, cancel).await?;
+        let media_type = content_type.map_or_else(|| OCTET_STREAM.to_string(), |t| media_type(&t));
+        let what = upload_of(key);
+        self.push_blob(
+            subject,
+            &what,
+            (key, &place.repository),
+            (bytes, &sha256),
+            &content,
+            slot.origin(),
+            tally,
+            cancel,
+        )
+        .await?;
+        let mut annotations = BTreeMap::new();
+        annotations.insert(TITLE.to_string(), place.path.clone());
+        slot.fill(Descriptor {
+            media_type,
+            digest: format!("sha256:{sha256}"),
+            size: bytes,
+            annotations,
+        });
+        Ok((
+            self.url_of(&place),
+            Put {
+                bytes,
+                etag: Some(format!("sha256:{sha256}")),
+                sha256,
+            },
+        ))
+    }
+
+    /// Writes the pending manifests, each once its config blob (`{}`) is
+    /// there; one receipt each. Those written are no longer pending; on a
+    /// failure, the one that failed and those after it still are.
+    async fn finish(
+        &self,
+        subject: &Subject,
+        pending: &Pending,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<(String, String, Put)>, Error> {
+        let mut written = Vec::new();
+        while let Some(manifest) = pending.take() {
+            match self.write(subject, &manifest, cancel).await {
+                Ok(receipt) => written.push(receipt),
+                Err(e) => {
+                    pending.restore(manifest);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    /// The layer titled PATH in the manifest `REPO:TAG`, if both exist.
+    async fn stat(&self, subject: &Subject, key: &Key) -> Result<Option<ObjectInfo>, Error> {
+        let place = self.place(subject, key)?;
+        let what = look_up_of(key);
+        let found = self
+            .client
+            .manifest_if_any(&place.repository, &place.tag)
+            .await
+            .map_err(|e| said(subject, &what, e))?;
+        let Some((_, manifest, _)) = found else {
+            return Ok(None);
+        };
+        Ok(manifest
+            .layers
+            .iter()
+            .find(|layer| {
+                layer
+                    .annotations
+                    .get(MODELPACK_PATH)
+                    .or_else(|| layer.annotations.get(TITLE))
+                    == Some(&place.path)
+            })
+            .map(|layer| ObjectInfo {
+                bytes: layer.size,
+                etag: Some(layer.digest.clone()),
+            }))
     }
 }
 

@@ -134,6 +134,11 @@ pub(in crate::publish) struct Slot<'a> {
 }
 
 impl Slot<'_> {
+    /// Where the deployment's model came from (`Pending::origin`).
+    pub(super) fn origin(&self) -> Option<&Reference> {
+        self.pending.origin.as_ref()
+    }
+
     pub(super) fn fill(mut self, descriptor: Descriptor) {
         self.pending.fill(self.id, descriptor);
         self.filled = true;
