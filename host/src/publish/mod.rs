@@ -221,6 +221,18 @@ impl Publisher {
         }
     }
 
+    /// Where the keys under the folder `key` land (`key/…`), for people:
+    /// `url` of the folder, ending in `/`. On an oci target a folder
+    /// `REPO:TAG` is the artifact, `oci://REGISTRY/NAMESPACE/REPO:TAG`,
+    /// and `REPO:TAG/DIR` is `oci://REGISTRY/NAMESPACE/REPO:TAG#DIR/`.
+    pub fn folder_url(&self, key: &Key) -> Result<String, Error> {
+        let subject = &self.inner.subject;
+        match &self.inner.backend {
+            Backend::Oci(registry) => registry.folder_url(subject, key),
+            _ => Ok(format!("{}/", subject.join(key))),
+        }
+    }
+
     /// Puts `body` at `key`; `progress(n)` is told of each `n` more bytes
     /// sent (bytes sent again by a retry are not told twice). Stops within
     /// a second of `cancel`, leaving nothing behind, as does a failure. On

@@ -69,6 +69,11 @@ async fn a_file_and_bytes_land_whole_under_the_folder() {
         format!("file://{}/job-1/deploy-2/model.bin", root.display())
     );
     assert_eq!(receipt.url, publisher.url(&k).unwrap());
+    // The folder the key is in: where the keys under it land, ending in /.
+    assert_eq!(
+        publisher.folder_url(&key("job-1/deploy-2")).unwrap(),
+        format!("file://{}/job-1/deploy-2/", root.display())
+    );
     assert_eq!(
         (receipt.bytes, receipt.sha256.as_str()),
         (contents.len() as u64, sha256.as_str())

@@ -116,6 +116,20 @@ impl Registry {
         format!("{artifact}#{}", place.path)
     }
 
+    /// The folder `key` names (`REPO:TAG`, or `REPO:TAG/DIR`): the
+    /// artifact, or `…#DIR/`.
+    pub(super) fn folder_url(&self, subject: &Subject, key: &Key) -> Result<String, Error> {
+        let place = Place::folder(&self.namespace, key).map_err(|reason| Error::Key {
+            target: subject.target.clone(),
+            reason,
+        })?;
+        let artifact = self.reference(&place.repository, &place.tag, None);
+        Ok(match place.path.as_str() {
+            "" => artifact.to_string(),
+            path => format!("{artifact}#{path}/"),
+        })
+    }
+
     /// The artifact `repository:tag`, and by digest when given.
     fn reference(&self, repository: &str, tag: &str, digest: Option<&str>) -> Reference {
         Reference {
