@@ -292,6 +292,11 @@ async fn publishes_into_a_file_target(lang: &str, name: &str, wasm: &Path) {
         .unwrap_or_else(|| panic!("{lang}: no published URLs in {deployment}"));
     assert_eq!(urls.len(), contents.len() + 1, "{lang}: {deployment}");
     assert_eq!(Some(&deployment["ref"]), urls.last(), "{lang}");
+    assert_eq!(
+        deployment["details"]["folder"],
+        format!("file://{}/{folder}/", published.display()),
+        "{lang}: the url of a folder key"
+    );
     assert!(
         deployment["ref"]
             .as_str()
