@@ -4,7 +4,8 @@
 .PHONY: run test lint plugins book
 
 # The main job: build everything, serve on SQLite with the example
-# deployers and a registered sample model (scripts/demo prints the curl).
+# deployers, the publishing target demo (./data/published/) and a
+# registered sample model, published once (scripts/demo prints where).
 run:
 	scripts/demo
 

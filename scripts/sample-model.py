@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Writes a small but real LoRA-adapter-shaped model into DIR/JOB_ID/ and
-prints its berth registration (JSON) on stdout.
+"""Writes a small but real LoRA-adapter-shaped training run into
+DIR/JOB_ID/: PEFT's adapter_config.json and adapter_model.safetensors,
+Trainer's trainer_state.json, a tokenizer file. `berth models register
+DIR/JOB_ID` reads it as a user's own run (scripts/demo does).
 
 usage: sample-model.py DIR JOB_ID
 
 The files are deterministic, so running it twice gives the same hashes.
 """
-import hashlib
 import json
 import os
 import random
@@ -59,33 +60,22 @@ def main():
         "tokenizer/special_tokens_map.json": json.dumps(
             {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
         ).encode(),
+        "trainer_state.json": json.dumps(
+            {
+                "global_step": 750,
+                "log_history": [
+                    {"step": 375, "loss": 1.0625},
+                    {"step": 750, "loss": 0.8125},
+                ],
+            },
+            indent=2,
+        ).encode(),
     }
-    listed = []
     for path, data in files.items():
         target = os.path.join(root, job_id, path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(target, "wb") as f:
             f.write(data)
-        listed.append({"path": path, "size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-    source_root = os.path.abspath(root)
-    print(
-        json.dumps(
-            {
-                "name": "support-bot-lora",
-                "job_id": job_id,
-                "base_model": "meta-llama/Llama-3.1-8B",
-                "model_size": "8B",
-                "dataset": "support-tickets-2026-11",
-                "num_examples": 12000,
-                "num_train_steps": 750,
-                "final_loss": 0.8125,
-                "params": {"learning_rate": 0.0002, "lora_rank": rank, "epochs": 2},
-                "source": f"file://{source_root}/{{job_id}}/{{path}}",
-                "files": listed,
-            },
-            indent=2,
-        )
-    )
 
 
 if __name__ == "__main__":

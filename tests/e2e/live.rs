@@ -272,7 +272,7 @@ async fn sigterm_interrupts_running_deployments_and_stops_cleanly(backend: Backe
     assert!(
         berth
             .log()
-            .contains("stopping: running deployments are interrupted"),
+            .contains("stopping on SIGTERM: running deployments are interrupted"),
         "{}",
         berth.log()
     );
@@ -289,6 +289,19 @@ async fn sigterm_interrupts_running_deployments_and_stops_cleanly(backend: Backe
     assert!(
         !berth.log().contains("marked deployments left running"),
         "the stop itself recorded them: {}",
+        berth.log()
+    );
+}
+
+/// The log says which signal stopped the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stop_names_its_signal() {
+    let mut berth = Berth::start(Backend::Sqlite).await;
+    let status = tokio::task::block_in_place(|| berth.stop_by("INT"));
+    assert!(status.success(), "berth exits cleanly: {status}");
+    assert!(
+        berth.log().contains("stopping on SIGINT: "),
+        "{}",
         berth.log()
     );
 }

@@ -15,6 +15,7 @@ mod cluster;
 mod config;
 mod crash;
 mod database_wait;
+mod demo;
 mod deploy;
 mod event_commit;
 mod event_log;

@@ -218,9 +218,10 @@ fn a_second_run_loads_the_plugin_from_the_users_cache() {
         );
     }
 
-    // Baseline code (Winch) is compiled and cached beside the optimized.
-    let baseline = ["--cache-dir", path(&flag), "--compiler", "baseline"];
-    let first = runs(&baseline);
+    // Optimized code (Cranelift) is compiled and cached beside the
+    // baseline code a run starts on.
+    let optimized = ["--cache-dir", path(&flag), "--compiler", "optimized"];
+    let first = runs(&optimized);
     assert!(
         first.contains("plugin archive: compiled and loaded in "),
         "{first}"
@@ -233,7 +234,7 @@ fn a_second_run_loads_the_plugin_from_the_users_cache() {
             .any(|e| e.starts_with(&format!("{sha256}-baseline-")) && e.ends_with(".cwasm")),
         "{entries:?}"
     );
-    let second = runs(&baseline);
+    let second = runs(&optimized);
     assert!(
         second.contains("plugin archive: loaded from the compiled-code cache in "),
         "{second}"

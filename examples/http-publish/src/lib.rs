@@ -128,7 +128,8 @@ impl Guest for HttpPublish {
         };
 
         Ok(DeployResult {
-            ref_: format!("{}/", target.url(&folder)?),
+            // A folder key's url: where the keys under it landed, ending in /.
+            ref_: target.url(&format!("{folder}/"))?,
             details_json: json!({
                 "target": options.target, "files": files, "bytes": bytes, "notified": notified,
             })

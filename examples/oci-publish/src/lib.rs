@@ -105,24 +105,35 @@ impl Guest for OciPublish {
         }
 
         let written = target.finish()?;
-        let manifest = written
+        // On an OCI target `finish` writes the artifact's manifest; on any
+        // other (a folder, a bucket) every put is whole already and the
+        // files sit under the folder `REPO:TAG/`.
+        let (reference, manifest_sha256) = match written
             .iter()
             .find(|receipt| receipt.url.contains(&format!("/{artifact}@sha256:")))
-            .ok_or_else(|| {
-                format!("the host wrote no manifest for {artifact} (a model with no files?)")
-            })?;
+        {
+            Some(manifest) => (manifest.url.clone(), Some(manifest.sha256.clone())),
+            None if written.is_empty() && !files.is_empty() => {
+                (target.url(&format!("{artifact}/"))?, None)
+            }
+            None => {
+                return Err(format!(
+                    "the host wrote no manifest for {artifact} (a model with no files?)"
+                ));
+            }
+        };
         host::log(
             Level::Info,
-            &format!("{}: {} files, {bytes} bytes", manifest.url, files.len()),
+            &format!("{reference}: {} files, {bytes} bytes", files.len()),
         );
         Ok(DeployResult {
-            ref_: manifest.url.clone(),
+            ref_: reference.clone(),
             details_json: json!({
                 "target": options.target,
-                "reference": manifest.url,
+                "reference": reference,
                 "repo": repo,
                 "tag": tag,
-                "manifest_sha256": manifest.sha256,
+                "manifest_sha256": manifest_sha256,
                 "files": files,
                 "bytes": bytes,
             })

@@ -19,6 +19,18 @@ use clap::{ArgMatches, Args, Command};
 use super::serve::ServeArgs;
 use crate::targets::Targets;
 
+/// `berth config`: serve's settings, and what to print of them.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// Print the reference of every setting (flag, environment variable,
+    /// config key, default, help) as the book's Markdown page
+    /// docs/src/operating/reference.md, instead of the effective settings.
+    #[arg(long)]
+    pub reference: bool,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
 /// The subcommands that take `berth serve`'s settings.
 pub const SUBCOMMANDS: [&str; 2] = ["serve", "config"];
 
@@ -193,7 +205,7 @@ fn unknown(key: &str, serve: &Command) -> String {
     )
 }
 
-fn serve_command() -> Command {
+pub(super) fn serve_command() -> Command {
     ServeArgs::augment_args(Command::new("serve"))
 }
 

@@ -7,6 +7,7 @@ mod client;
 mod config;
 mod folder;
 mod plugin;
+mod reference;
 mod serve;
 mod token;
 
@@ -35,8 +36,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Prints the settings `berth serve` would run with (same flags, same
     /// environment, same --config file) and where each comes from, and the
-    /// publishing targets of the sources file; secrets are redacted.
-    Config(serve::ServeArgs),
+    /// publishing targets of the sources file; secrets are redacted. With
+    /// --reference, the book's page of every setting instead.
+    Config(config::ConfigArgs),
     /// Tools for plugin authors: start, check and run a deployer without a
     /// server, and sign it.
     #[command(subcommand)]
@@ -81,7 +83,11 @@ pub fn main() -> ExitCode {
     }
     let matches = command.get_matches_from(argv);
     let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    if let Command::Config(_) = args.command {
+    if let Command::Config(config) = &args.command {
+        if config.reference {
+            print!("{}", reference::page());
+            return ExitCode::SUCCESS;
+        }
         let settings = matches
             .subcommand_matches("config")
             .expect("the config subcommand was parsed");

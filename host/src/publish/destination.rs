@@ -10,7 +10,7 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::oci::Slot;
+use super::oci::pending::Slot;
 use super::{Body, Error, Key, ObjectInfo, Pending, Put, Subject, Tally};
 
 /// One kind of target.
@@ -19,6 +19,11 @@ pub(super) trait Destination {
     /// key. A destination with keys of its own shape refuses others here.
     fn url(&self, subject: &Subject, key: &Key) -> Result<String, Error> {
         Ok(subject.join(key).to_string())
+    }
+
+    /// Where the keys under the folder `key` land, ending in `/`.
+    fn folder_url(&self, subject: &Subject, key: &Key) -> Result<String, Error> {
+        Ok(format!("{}/", subject.join(key)))
     }
 
     /// What a put of `key` takes when it is made, before it is first

@@ -11,7 +11,7 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
 use super::destination::Destination;
-use super::oci::Slot;
+use super::oci::pending::Slot;
 use super::read::{Piece, Reading};
 use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of};
 

@@ -22,7 +22,7 @@ use reqwest::{Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
 use super::destination::Destination;
-use super::oci::Slot;
+use super::oci::pending::Slot;
 use super::read::{Piece, ReadError, Reading};
 use super::{
     Body, Content, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of,

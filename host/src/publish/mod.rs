@@ -235,6 +235,14 @@ impl Publisher {
         on_destination!(&self.inner.backend, d => d.url(&self.inner.subject, key))
     }
 
+    /// Where the keys under the folder `key` land (`key/…`), for people:
+    /// `url` of the folder, ending in `/`. On an oci target a folder
+    /// `REPO:TAG` is the artifact, `oci://REGISTRY/NAMESPACE/REPO:TAG`,
+    /// and `REPO:TAG/DIR` is `oci://REGISTRY/NAMESPACE/REPO:TAG#DIR/`.
+    pub fn folder_url(&self, key: &Key) -> Result<String, Error> {
+        on_destination!(&self.inner.backend, d => d.folder_url(&self.inner.subject, key))
+    }
+
     /// Puts `body` at `key`; `progress(n)` is told of each `n` more bytes
     /// sent (bytes sent again by a retry are not told twice). Stops within
     /// a second of `cancel`, leaving nothing behind, as does a failure. On

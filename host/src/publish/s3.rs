@@ -24,7 +24,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::destination::Destination;
-use super::oci::Slot;
+use super::oci::pending::Slot;
 use super::read::{Piece, Reading};
 use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, Tuning, look_up_of, upload_of};
 use crate::causes::innermost;

@@ -43,6 +43,17 @@ fn entries(dir: &Path) -> Vec<String> {
 }
 
 #[tokio::test]
+async fn a_folder_key_answers_where_the_keys_under_it_land() {
+    let target = tempfile::tempdir().unwrap();
+    let root = target.path().join("out");
+    let publisher = local(&root);
+    assert_eq!(
+        publisher.folder_url(&key("job-1/deploy-2")).unwrap(),
+        format!("file://{}/job-1/deploy-2/", root.display())
+    );
+}
+
+#[tokio::test]
 async fn a_key_never_goes_through_a_link_out_of_the_folder() {
     let (outside, target) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     std::os::unix::fs::symlink(outside.path(), target.path().join("link")).unwrap();

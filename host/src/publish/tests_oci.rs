@@ -116,6 +116,16 @@ async fn puts_and_finish_write_a_manifest_of_the_files_put() {
         let url = format!("oci://{}/team/llama/ft:job-7#w/model.bin", registry.host);
         assert_eq!(receipt.url, url);
         assert_eq!(publisher.url(&weights).unwrap(), url);
+        // Folders: the artifact itself, and a folder in it.
+        let artifact = format!("oci://{}/team/llama/ft:job-7", registry.host);
+        assert_eq!(
+            publisher.folder_url(&key("llama/ft:job-7")).unwrap(),
+            artifact
+        );
+        assert_eq!(
+            publisher.folder_url(&key("llama/ft:job-7/w")).unwrap(),
+            format!("{artifact}#w/")
+        );
         assert_eq!(
             (receipt.bytes, receipt.sha256.as_str()),
             (300_000, digest.as_str())

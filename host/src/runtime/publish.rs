@@ -188,9 +188,14 @@ impl Publishing {
         Ok(Opened { publisher, pending })
     }
 
+    /// Where `key` lands; a folder key, ending in `/`, answers where the
+    /// keys under it land, ending in `/` too (`Publisher::folder_url`).
     pub(crate) fn url(&self, target: &Opened, key: &str) -> Result<String, String> {
-        let key = self.key(target, key)?;
-        target.publisher.url(&key).map_err(|e| self.said(e))
+        let url = match key.strip_suffix('/').filter(|folder| !folder.is_empty()) {
+            Some(folder) => target.publisher.folder_url(&self.key(target, folder)?),
+            None => target.publisher.url(&self.key(target, key)?),
+        };
+        url.map_err(|e| self.said(e))
     }
 
     /// Writes what the target's puts left pending (an oci target's

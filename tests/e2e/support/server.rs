@@ -352,8 +352,16 @@ impl Berth {
 
     /// Asks the server to stop (SIGTERM) and waits until it has.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.stop_by("TERM")
+    }
+
+    /// Sends the signal `SIG{name}` and waits for the server to exit.
+    pub fn stop_by(&mut self, name: &str) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let sent = Command::new("kill")
+            .args([&format!("-{name}"), &pid])
+            .status()
+            .unwrap();
         assert!(sent.success());
         for _ in 0..600 {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -362,7 +370,7 @@ impl Berth {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!(
-            "berth did not stop within 30s of SIGTERM; its log:\n{}",
+            "berth did not stop within 30s of SIG{name}; its log:\n{}",
             self.log()
         );
     }

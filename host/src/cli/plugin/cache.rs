@@ -18,11 +18,12 @@ pub struct CacheArgs {
     /// Compiles the plugin without reading or writing the cache.
     #[arg(long)]
     no_cache: bool,
-    /// Which compiler makes the plugin's code: `optimized` (Cranelift, the
-    /// code a server settles on), or `baseline` (Winch: seconds instead of
-    /// tens of seconds for a Python or JavaScript plugin the first time,
-    /// slower code); each is cached.
-    #[arg(long, value_name = "COMPILER", default_value_t = Compiler::Optimized)]
+    /// Which compiler makes the plugin's code: `baseline` (Winch: a
+    /// rebuilt Python or JavaScript plugin runs within seconds, its code
+    /// slower), or `optimized` (Cranelift, the code a server settles on:
+    /// tens of seconds the first time, for timing a deployer); each is
+    /// cached.
+    #[arg(long, value_name = "COMPILER", default_value_t = Compiler::Baseline)]
     compiler: Compiler,
 }
 

@@ -51,6 +51,11 @@ pub enum PluginCommand {
         #[arg(long = "trusted-key", value_name = "KEY", action = clap::ArgAction::Append,
               value_parser = TrustedKey::parse)]
         trusted_key: Vec<TrustedKey>,
+        /// A sources file whose [[target]]s to look up the targets the
+        /// manifest grants in, as `berth serve --sources-file` (and `plugin
+        /// run --targets-file`) would read it; default: BERTH_SOURCES_FILE.
+        #[arg(long, env = "BERTH_SOURCES_FILE", value_name = "FILE")]
+        targets_file: Option<PathBuf>,
         /// Also time N fresh instantiate + describe calls (median, p99).
         #[arg(long, value_name = "N")]
         repeat: Option<usize>,
@@ -129,9 +134,14 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
         PluginCommand::Check {
             file,
             trusted_key,
+            targets_file,
             repeat,
             cache,
-        } => check(&file, trusted_key, repeat, &cache).await,
+        } => {
+            let targets = trial::targets(targets_file.as_deref())?;
+            let local = targets_file.as_deref().map(|file| (file, &targets));
+            check(&file, trusted_key, local, repeat, &cache).await
+        }
         PluginCommand::Run {
             file,
             dir,
@@ -182,6 +192,7 @@ fn plugin_name(file: &Path) -> anyhow::Result<&str> {
 async fn check(
     file: &Path,
     trusted: Vec<TrustedKey>,
+    targets: Option<(&Path, &crate::targets::Targets)>,
     repeat: Option<usize>,
     code: &CacheArgs,
 ) -> anyhow::Result<ExitCode> {
@@ -239,6 +250,10 @@ async fn check(
                 } else {
                     env.join(", ")
                 }
+            );
+            println!(
+                "targets:     {}",
+                trial::granted_targets(&plugin.manifest.targets, targets)
             );
             if let Some(schema) = &plugin.options_schema {
                 let compact = serde_json::from_str::<serde_json::Value>(schema)
@@ -318,6 +333,18 @@ async fn run_once(args: RunArgs, code: &CacheArgs) -> anyhow::Result<ExitCode> {
     trial::warn_unreachable_targets(&plugin, &targets, args.targets_file.as_deref());
     plugin.limits.memory_mib = overrides.memory_mib.unwrap_or(plugin.limits.memory_mib);
     plugin.limits.timeout = overrides.timeout.unwrap_or(plugin.limits.timeout);
+    // As a server does: the only granted target fills in a left-out
+    // `target` option of a deployer that takes one.
+    let options = &match crate::runtime::default_target(&plugin, options) {
+        Some(filled) => {
+            eprintln!(
+                "plugin {name}: option \"target\" is {:?}, the only target its manifest grants",
+                plugin.manifest.targets[0]
+            );
+            filled
+        }
+        None => options.clone(),
+    };
     if let Err(e) = runtime.check_options(&plugin, options).await {
         println!("deployer {name} refused the options: {e}");
         return Ok(ExitCode::FAILURE);

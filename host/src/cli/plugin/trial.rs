@@ -106,6 +106,31 @@ pub fn warn_unreachable_targets(plugin: &Plugin, targets: &Targets, file: Option
     }
 }
 
+/// `plugin check`'s line of the targets a manifest grants, each with what
+/// the local sources file (`FILE`, if one is given) says of it.
+pub fn granted_targets(granted: &[String], local: Option<(&Path, &Targets)>) -> String {
+    if granted.is_empty() {
+        return "none".into();
+    }
+    let each: Vec<String> = granted
+        .iter()
+        .map(|name| match local {
+            None => name.clone(),
+            Some((file, targets)) => match targets.get(name) {
+                Some(target) => format!("{name} ({})", target.url()),
+                None => format!("{name} (not in {})", file.display()),
+            },
+        })
+        .collect();
+    match local {
+        Some(_) => each.join(", "),
+        None => format!(
+            "{} (no --targets-file or BERTH_SOURCES_FILE to look them up in)",
+            each.join(", ")
+        ),
+    }
+}
+
 /// The id a run's deployment gets without `--deploy-id`: the time in
 /// milliseconds. A server counts its deployments from 1, so a trial run
 /// never writes the keys a server's deployment later will (every trial
@@ -155,6 +180,33 @@ mod tests {
         assert_eq!(lookup("BERTH_TEST_NEVER_SET"), None);
         let read = env.read.lock().unwrap().clone();
         assert!(read.contains("PATH") && !read.contains("UNREAD"));
+    }
+
+    #[test]
+    fn granted_targets_say_whether_the_local_file_defines_them() {
+        let file = Path::new("sources.toml");
+        let targets = Targets::parse(
+            "[[target]]\nname = \"demo\"\nurl = \"file:///srv/published/\"\n",
+            "sources.toml",
+            |_| None,
+        )
+        .unwrap();
+        let granted = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        for (names, local, expected) in [
+            (&[][..], Some((file, &targets)), "none"),
+            (
+                &["demo", "releases"][..],
+                Some((file, &targets)),
+                "demo (file:///srv/published/), releases (not in sources.toml)",
+            ),
+            (
+                &["demo"][..],
+                None,
+                "demo (no --targets-file or BERTH_SOURCES_FILE to look them up in)",
+            ),
+        ] {
+            assert_eq!(granted_targets(&granted(names), local), expected);
+        }
     }
 
     #[test]

@@ -194,8 +194,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            setup::stop_signal().await;
-            tracing::info!("stopping: running deployments are interrupted and recorded as failed");
+            let signal = setup::stop_signal().await;
+            tracing::info!(
+                "stopping on {signal}: running deployments are interrupted and recorded as failed"
+            );
             shutdown.cancel();
         })
         .await?;

@@ -265,12 +265,14 @@ pub(super) async fn serve_metrics(addr: SocketAddr, stop: CancellationToken) -> 
     Ok(())
 }
 
-pub(super) async fn stop_signal() {
+/// Waits for SIGINT (Ctrl-C) or SIGTERM and answers its name, for the
+/// log line that says why the server stops.
+pub(super) async fn stop_signal() -> &'static str {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("installing a SIGTERM handler");
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
     }
 }
 

@@ -14,7 +14,7 @@
 //! (`DELETE` of its session). A connection broken, or a 5xx, 408 or 429
 //! answer, starts the blob again after a wait, up to `TRIES` times.
 
-mod pending;
+pub(super) mod pending;
 mod place;
 mod upload;
 
@@ -39,7 +39,7 @@ use crate::oci::{Access, Login, Reference};
 use crate::trust::Trust;
 use pending::Manifested;
 pub use pending::Pending;
-pub(super) use pending::Slot;
+use pending::Slot;
 pub(super) use place::Place;
 
 /// The artifact type of the manifests berth writes.
@@ -274,6 +274,20 @@ impl Registry {
 }
 
 impl Destination for Registry {
+    /// The folder `key` names (`REPO:TAG`, or `REPO:TAG/DIR`): the
+    /// artifact, or `…#DIR/`.
+    fn folder_url(&self, subject: &Subject, key: &Key) -> Result<String, Error> {
+        let place = Place::folder(&self.namespace, key).map_err(|reason| Error::Key {
+            target: subject.target.clone(),
+            reason,
+        })?;
+        let artifact = self.reference(&place.repository, &place.tag, None);
+        Ok(match place.path.as_str() {
+            "" => artifact.to_string(),
+            path => format!("{artifact}#{path}/"),
+        })
+    }
+
     /// `oci://REGISTRY/NAMESPACE/REPO:TAG#PATH`; a key of another shape
     /// is refused.
     fn url(&self, subject: &Subject, key: &Key) -> Result<String, Error> {

@@ -21,6 +21,17 @@ pub(in crate::publish) struct Place {
 impl Place {
     /// Reads `key` as `REPO:TAG/PATH` under `namespace`.
     pub(in crate::publish) fn parse(namespace: &str, key: &Key) -> Result<Self, String> {
+        Self::read(namespace, key, false)
+    }
+
+    /// Reads the key of a folder (`REPO:TAG` or `REPO:TAG/DIR`, its `/`
+    /// taken off) under `namespace`: `path` is empty for the artifact
+    /// itself.
+    pub(in crate::publish) fn folder(namespace: &str, key: &Key) -> Result<Self, String> {
+        Self::read(namespace, key, true)
+    }
+
+    fn read(namespace: &str, key: &Key, folder: bool) -> Result<Self, String> {
         let text = key.as_str();
         let refuse = |why: String| {
             format!("key {text:?} is not {SHAPE}, which an oci target's keys are: {why}")
@@ -28,9 +39,11 @@ impl Place {
         let (repo, rest) = text
             .split_once(':')
             .ok_or_else(|| refuse("it has no :TAG".into()))?;
-        let (tag, path) = rest
-            .split_once('/')
-            .ok_or_else(|| refuse("it names no /PATH after the tag".into()))?;
+        let (tag, path) = match rest.split_once('/') {
+            Some(split) => split,
+            None if folder => (rest, ""),
+            None => return Err(refuse("it names no /PATH after the tag".into())),
+        };
         let repository = match namespace {
             "" => repo.to_string(),
             namespace => format!("{namespace}/{repo}"),

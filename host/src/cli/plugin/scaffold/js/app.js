@@ -70,6 +70,7 @@ export const plugin = {
     let ref = `${request.outDir}/${SUMMARY}`;
     const summary = JSON.stringify({ model: request.model.name, job_id: request.model.jobId, note, config, files: listed });
     const published = [];
+    let folderUrl = null;
     if (!dryRun) {
       writeFile(request.outDir, SUMMARY, summary);
       if (given.target !== undefined) {
@@ -77,20 +78,36 @@ export const plugin = {
         // and records the put; this code never sees the target's credentials.
         const target = publishing(() => Target.open(given.target));
         const folder = `${request.model.jobId}/deploy-${request.deployId}`;
-        for (const file of files) {
-          published.push(publishing(() => target.putModelFile(file.path, `${folder}/${file.path}`)).url);
+        // One call puts every file, a few at once. It throws nothing for a
+        // file that fails: each result is { tag: 'ok', val: receipt } or
+        // { tag: 'err', val: sentence }, in the order given.
+        const puts = files.map((file) => [file.path, `${folder}/${file.path}`]);
+        const failed = [];
+        publishing(() => target.putModelFiles(puts)).forEach((put, i) => {
+          if (put.tag === 'ok') {
+            published.push(put.val.url);
+          } else {
+            failed.push(`${puts[i][0]}: ${put.val}`);
+          }
+        });
+        if (failed.length > 0) {
+          throw failed.join('; ');
         }
         // Bytes made here; target.putOutFile(SUMMARY, key) would put the
         // file written to /out instead.
         const bytes = new TextEncoder().encode(summary);
         ref = publishing(() => target.putBytes(`${folder}/${SUMMARY}`, bytes, 'application/json')).url;
         published.push(ref);
+        // A folder key (ending in /): where the keys under it landed,
+        // ending in / too.
+        folderUrl = publishing(() => target.url(`${folder}/`));
       }
     }
     log('info', `${ref}: ${files.length} files, ${total} bytes`);
     const details = { files: files.length, bytes: Number(total), written: !dryRun };
     if (published.length > 0) {
       details.published = published;
+      details.folder = folderUrl;
     }
     return { ref, detailsJson: JSON.stringify(details) };
   },

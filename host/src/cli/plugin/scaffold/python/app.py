@@ -84,19 +84,33 @@ class Plugin(exports.Plugin):
             if "target" in given:
                 # The host streams each file, checks its sha256 at the
                 # destination and records the put; this code never sees the
-                # target's credentials. A refusal raises Err(sentence), which
-                # fails the deployment with that sentence.
+                # target's credentials. A refused call raises Err(sentence),
+                # which fails the deployment with that sentence.
                 with publish.Target.open(given["target"]) as target:
                     folder = f"{request.model.job_id}/deploy-{request.deploy_id}"
-                    for file in files:
-                        published.append(target.put_model_file(file.path, f"{folder}/{file.path}").url)
+                    # One call puts every file, a few at once. It raises
+                    # nothing for a file that fails: each result is
+                    # Ok(receipt) or Err(sentence), in the order given.
+                    puts = [(file.path, f"{folder}/{file.path}") for file in files]
+                    failed = []
+                    for (path, key), put in zip(puts, target.put_model_files(puts)):
+                        if isinstance(put, Err):
+                            failed.append(f"{path}: {put.value}")
+                        else:
+                            published.append(put.value.url)
+                    if failed:
+                        raise Err("; ".join(failed))
                     # A file this deployment wrote under /out; put_bytes puts
                     # bytes made in memory instead.
                     ref = target.put_out_file(SUMMARY, f"{folder}/{SUMMARY}").url
                     published.append(ref)
+                    # A folder key (ending in /): where the keys under it
+                    # landed, ending in / too.
+                    folder_url = target.url(f"{folder}/")
         host.log(host.Level.INFO, f"{ref}: {len(files)} files, {total} bytes")
         details = {"files": len(files), "bytes": total, "written": not dry_run}
         if published:
             details["published"] = published
+            details["folder"] = folder_url
         # The WIT field `ref` keeps its name in Python.
         return DeployResult(ref=ref, details_json=json.dumps(details))

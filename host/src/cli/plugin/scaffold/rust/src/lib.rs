@@ -101,6 +101,7 @@ impl Guest for Deployer {
         let path = Path::new(&request.out_dir).join(SUMMARY);
         let mut ref_ = path.display().to_string();
         let mut published = Vec::new();
+        let mut folder_url = None;
         if !dry_run {
             let summary = json!({ "model": request.model.name, "job_id": request.model.job_id, "note": note, "files": listed });
             std::fs::write(&path, summary.to_string())
@@ -111,19 +112,35 @@ impl Guest for Deployer {
                 // target's credentials. Its errors are sentences: pass them on.
                 let target = Target::open(name)?;
                 let folder = format!("{}/deploy-{}", request.model.job_id, request.deploy_id);
-                for file in files {
-                    published.push(target.put_model_file(&file.path, &format!("{folder}/{}", file.path))?.url);
+                // One call puts every file, a few at once; each result is
+                // Ok(receipt) or Err(sentence), in the order given, and a
+                // file that fails does not stop the others.
+                let puts: Vec<(String, String)> =
+                    files.iter().map(|f| (f.path.clone(), format!("{folder}/{}", f.path))).collect();
+                let mut failed = Vec::new();
+                for ((path, _), put) in puts.iter().zip(target.put_model_files(&puts)) {
+                    match put {
+                        Ok(receipt) => published.push(receipt.url),
+                        Err(e) => failed.push(format!("{path}: {e}")),
+                    }
+                }
+                if !failed.is_empty() {
+                    return Err(failed.join("; "));
                 }
                 // A file this deployment wrote under /out; `put_bytes` puts
                 // bytes made in memory instead.
                 ref_ = target.put_out_file(SUMMARY, &format!("{folder}/{SUMMARY}"))?.url;
                 published.push(ref_.clone());
+                // A folder key (ending in /): where the keys under it
+                // landed, ending in / too.
+                folder_url = Some(target.url(&format!("{folder}/"))?);
             }
         }
         host::log(Level::Info, &format!("{ref_}: {} files, {bytes} bytes", files.len()));
         let mut details = json!({ "files": files.len(), "bytes": bytes, "written": !dry_run });
         if !published.is_empty() {
             details["published"] = published.into();
+            details["folder"] = folder_url.into();
         }
         Ok(DeployResult { ref_, details_json: details.to_string() })
     }
