@@ -34,6 +34,8 @@ mod tests_http;
 #[cfg(test)]
 mod tests_oci;
 #[cfg(test)]
+mod tests_oci_conforms;
+#[cfg(test)]
 mod tests_s3;
 
 use std::collections::HashMap;

@@ -5,17 +5,16 @@
 //! repository has is mounted, a large one goes in chunks; a refused login
 //! names where it came from, never the secret; a key of another shape is
 //! refused before anything is sent; a file that is not the verified one
-//! never lands as a blob. The conformance suite runs behind a login
-//! (`oci_conforms`). What the registry did is read from its access log.
+//! never lands as a blob. What the registry did is read from its access
+//! log; the conformance suite's run is `tests_oci_conforms`.
 
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::conformance::{Target, conforms};
 use super::testing::{assert_not_the_verified_one, file, file_body, key};
-use super::{ARTIFACT_TYPE, Body, Error, Key, ObjectInfo, Pending, Publisher, Publishers};
+use super::{ARTIFACT_TYPE, Body, Error, ObjectInfo, Pending, Publisher, Publishers};
 use crate::oci::manifest::{EMPTY_CONFIG, OCI_MANIFEST, TITLE};
 use crate::oci::{Login, Manifest};
 use crate::targets::Targets;
@@ -24,14 +23,14 @@ use crate::trust::Trust;
 // The oci module's tests include the harness too.
 #[allow(clippy::duplicate_mod)]
 #[path = "../../../tests/registry/registry.rs"]
-mod registry;
+pub(super) mod registry;
 use registry::Registry;
 
 const CHUNK: u64 = 5 << 20;
 
 /// The target "registry" at `oci://HOST/team/`, with `login` as its
 /// options (`password` from `${REGISTRY_PASSWORD}`), in chunks of 5 MiB.
-fn target(registry: &Registry, login: Option<(&str, &str)>) -> Publisher {
+pub(super) fn target(registry: &Registry, login: Option<(&str, &str)>) -> Publisher {
     let mut text = format!(
         "[[target]]\nname = \"registry\"\nurl = \"oci://{}/team/\"\n",
         registry.host
@@ -55,7 +54,7 @@ fn target(registry: &Registry, login: Option<(&str, &str)>) -> Publisher {
 }
 
 /// berth's own client of `registry`, as a fetch would read it.
-fn reader(registry: &Registry) -> crate::oci::Registry {
+pub(super) fn reader(registry: &Registry) -> crate::oci::Registry {
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -563,85 +562,4 @@ async fn a_file_not_the_verified_one_never_lands_as_a_blob() {
         1,
         "{requests:#?}"
     );
-}
-
-/// Upload sessions berth left open: written to (`PATCH`) and neither
-/// completed (`PUT`) nor cancelled (`DELETE`, answered 204), by the
-/// registry's access log.
-async fn open_sessions(registry: &Registry) -> Vec<String> {
-    let requests = registry.requests().await;
-    let session = |r: &String| {
-        let path = r.split(' ').nth(1)?;
-        let (_, rest) = path.split_once("/blobs/uploads/")?;
-        let id = rest.split('?').next()?;
-        (!id.is_empty()).then(|| id.to_string())
-    };
-    let closed = |id: &String| {
-        requests.iter().any(|r| {
-            session(r).as_ref() == Some(id)
-                && (r.starts_with("PUT ") || (r.starts_with("DELETE ") && r.ends_with(" 204")))
-        })
-    };
-    let mut open: Vec<String> = requests
-        .iter()
-        .filter_map(session)
-        .filter(|id| !closed(id))
-        .collect();
-    open.dedup();
-    open.iter()
-        .map(|id| {
-            format!(
-                "{id}: {:?}",
-                requests
-                    .iter()
-                    .filter(|r| r.contains(id.as_str()))
-                    .collect::<Vec<_>>()
-            )
-        })
-        .collect()
-}
-
-/// The file `key` (`REPO:TAG/PATH`) of the artifact the registry has,
-/// read with berth's own client as a fetch would.
-async fn artifact_file(client: Arc<crate::oci::Registry>, key: Key) -> Option<Vec<u8>> {
-    let (repo, rest) = key.as_str().split_once(':').unwrap();
-    let (tag, path) = rest.split_once('/').unwrap();
-    let repository = format!("team/{repo}");
-    let (_, manifest, _) = client.manifest_if_any(&repository, tag).await.unwrap()?;
-    let file = manifest
-        .files()
-        .unwrap()
-        .into_iter()
-        .find(|f| f.path == path)?;
-    let blob = client.blob(&repository, &file.sha256, None).await.unwrap();
-    Some(blob.bytes().await.unwrap().to_vec())
-}
-
-#[tokio::test]
-async fn oci_conforms() {
-    let registry = Arc::new(Registry::with_login());
-    let logged = registry.clone();
-    let wrong = "not-the-password-9f2";
-    let reading = Arc::new(reader(&registry));
-    let target = Target {
-        publisher: target(&registry, Some((registry::USER, registry::PASSWORD))),
-        key: |check, path| key(&format!("{check}:t/{path}")),
-        read_back: Box::new(move |k| Box::pin(artifact_file(reading.clone(), k))),
-        leftovers: Box::new(move || {
-            let registry = logged.clone();
-            Box::pin(async move { open_sessions(&registry).await })
-        }),
-        secret: Some(registry::PASSWORD.to_string()),
-        stranger: Some((
-            target(&registry, Some((registry::USER, wrong))),
-            wrong.to_string(),
-        )),
-        refused_key: Some((
-            "m/a.bin",
-            "key \"m/a.bin\" is not REPO:TAG/PATH, e.g. \"llama-ft:job-7/adapter_model.safetensors\", \
-             which an oci target's keys are: it has no :TAG",
-        )),
-        told_while_sending: true,
-    };
-    conforms(&target).await;
 }
