@@ -9,10 +9,12 @@
 run:
 	scripts/demo
 
-# Host tests (guest crates are not default workspace members). The test
+# The book's build and link check, then the host tests (guest crates are
+# not default workspace members). The test
 # database URL comes from scripts/pg-test-server (or BERTH_TEST_DATABASE_URL).
 test:
 	scripts/setup test
+	$(MAKE) book
 	scripts/build-plugins
 	url="$$(scripts/pg-test-server)" && BERTH_TEST_DATABASE_URL="$$url" cargo test
 
