@@ -40,7 +40,7 @@ pub(super) async fn run(args: BackupArgs) -> anyhow::Result<ExitCode> {
     if url.starts_with("postgres:") || url.starts_with("postgresql:") {
         bail!(
             "berth backup copies SQLite databases; this one is PostgreSQL: back it up with \
-             pg_dump or your provider's snapshots (see \"Backups\" in the README)"
+             pg_dump or your provider's snapshots (see docs/src/operating/backups.md)"
         );
     }
     let options = SqliteConnectOptions::from_str(&url)

@@ -139,7 +139,7 @@ pub fn app(ctx: ApiContext) -> Router {
         .merge(page::router())
         .fallback(|| async {
             error::Error::NotFound(
-                "no such endpoint; the API lives under /v1 (see README.md)".into(),
+                "no such endpoint; the API lives under /v1 (GET /openapi.json lists it)".into(),
             )
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
