@@ -227,6 +227,57 @@ fn dotfiles_come_with_all_and_an_empty_folder_is_refused() {
     );
 }
 
+/// The longest name the filesystem allows registers and is fetched and
+/// deployed; a name that is not UTF-8 is refused, named, before anything
+/// is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_name_the_filesystem_allows_registers_and_fetches() {
+    use std::os::unix::ffi::OsStrExt;
+    let parent = TempDir::new().unwrap();
+    let dir = parent.path().join("long-names");
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let longest = format!("sub/{}.safetensors", "w".repeat(255 - ".safetensors".len()));
+    std::fs::write(dir.join(&longest), bytes(3, 70_000)).unwrap();
+    let server = Berth::start(Backend::Sqlite).await;
+    let source = format!("file://{}/{{path}}", path(&dir));
+    let register = || {
+        berth(
+            &server.url,
+            &[
+                "models",
+                "register",
+                path(&dir),
+                "--source",
+                &source,
+                "--json",
+            ],
+        )
+    };
+
+    let model: Value = serde_json::from_str(&expect_success(&register())).unwrap();
+    assert_eq!(model["files"][0]["path"], longest.as_str());
+    let (status, deployment) = server
+        .deploy(model["id"].as_i64().unwrap(), "archive", json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+    assert_eq!(deployment["status"], "completed", "{deployment}");
+
+    std::fs::write(
+        dir.join("sub")
+            .join(std::ffi::OsStr::from_bytes(b"r\xe9sum\xe9.txt")),
+        b"x",
+    )
+    .unwrap();
+    let refused = register();
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let said = lossy(&refused.stderr);
+    assert!(
+        said.contains("sub/r\u{fffd}sum\u{fffd}.txt: the name is not UTF-8"),
+        "{said}"
+    );
+    assert!(!said.contains("No such file"), "{said}");
+}
+
 /// A 2 GiB file (sparse, so the disk does not fill) is hashed through
 /// fixed buffers: the process's peak memory grows far less than the file
 /// over the same command on a 1 MiB file. (The baseline matters: a

@@ -62,6 +62,7 @@ fn walk(root: &Path, dir: &Path, dotfiles: bool, listing: &mut Listing) -> anyho
             .to_string_lossy()
             .replace('\\', "/");
         let name = entry.file_name().to_string_lossy().into_owned();
+        let refuse = |why: String| anyhow::anyhow!("{relative}: {why}");
         let skip = |why| Skipped {
             path: if kind.is_dir() {
                 format!("{relative}/")
@@ -80,9 +81,17 @@ fn walk(root: &Path, dir: &Path, dotfiles: bool, listing: &mut Listing) -> anyho
             listing
                 .skipped
                 .push(skip("its name starts with a dot (--all registers it)"));
+        } else if entry.file_name().to_str().is_none() && (kind.is_dir() || kind.is_file()) {
+            return Err(refuse(format!(
+                "the name is not UTF-8 ({} stands for what is not), and berth records a \
+                 path as UTF-8 text: rename it, or move it out of {}",
+                char::REPLACEMENT_CHARACTER,
+                root.display()
+            )));
         } else if kind.is_dir() {
             walk(root, &path, dotfiles, listing)?;
         } else if kind.is_file() {
+            crate::validate::path_rule(&relative).map_err(refuse)?;
             let size = entry
                 .metadata()
                 .with_context(|| format!("cannot read {}", path.display()))?
@@ -223,6 +232,40 @@ mod tests {
 
         assert!(list(&root.join("a.bin"), false).is_err());
         assert!(list(&root.join("missing"), false).is_err());
+    }
+
+    #[test]
+    fn a_name_that_cannot_be_recorded_is_refused_naming_it() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("a.bin"), b"abc").unwrap();
+        std::fs::create_dir(root.join("sub")).unwrap();
+        let latin1 = std::ffi::OsStr::from_bytes(b"caf\xe9.bin");
+        std::fs::write(root.join("sub").join(latin1), b"x").unwrap();
+        let error = format!("{:#}", list(root, false).unwrap_err());
+        assert!(
+            error.starts_with("sub/caf\u{fffd}.bin: the name is not UTF-8"),
+            "{error}"
+        );
+        assert!(error.contains("rename it"), "{error}");
+
+        // The longest name the filesystem allows lists; a path past the
+        // longest berth records is refused with the limit.
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("n".repeat(255)), b"x").unwrap();
+        assert_eq!(list(root, false).unwrap().files[0].path.len(), 255);
+        let deep: std::path::PathBuf = std::iter::repeat_n("d".repeat(250), 5).collect();
+        std::fs::create_dir_all(root.join(&deep)).unwrap();
+        std::fs::write(root.join(&deep).join("weights.bin"), b"x").unwrap();
+        let error = format!("{:#}", list(root, false).unwrap_err());
+        assert!(
+            error.ends_with(
+                "/weights.bin: is 1266 bytes long; a file's path may be at most 1024 bytes"
+            ),
+            "{error}"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 
 use super::cut;
-use super::partial::{Checkpoint, Kept, Resumable, Writer, Written, partial_path};
+use super::partial::{Checkpoint, Kept, Resumable, Writer, Written, checkpoint_path, partial_path};
 use super::pieces::{self, PieceWriter};
 use super::ranges::Ranges;
 use super::sha::Sha256;
@@ -40,10 +40,7 @@ impl Fetcher {
         let partial = partial_path(&target_path);
         // The checkpoint an interrupted download of this file left, kept
         // beside the verification record, out of the deployers' sight.
-        let record = self
-            .bookkeeping(&model.job_id)
-            .resume
-            .join(format!("{}.json", file.path));
+        let record = checkpoint_path(&self.bookkeeping(&model.job_id).resume, &file.path);
         let kept = disk::holding(&lock, {
             let (target_path, partial, record) =
                 (target_path.clone(), partial.clone(), record.clone());

@@ -9,6 +9,7 @@
 //! need not read the kept bytes back as long as the file is untouched
 //! since. Knows nothing of where the bytes come from.
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use sha2::Digest;
 use tokio::sync::mpsc;
 
 use super::ranges::Ranges;
@@ -35,6 +37,26 @@ pub(crate) const WRITEBACK_WINDOW: u64 = 8 << 20;
 /// Read size when hashing a resumed file's earlier bytes.
 pub(crate) const READ_BUF: usize = 1 << 20;
 
+/// The longest file name berth's own names keep whole: with `.fetch-`
+/// before it and a link's `.<pid>-<n>.link` after, a name stays within the
+/// 255 bytes filesystems allow in one name.
+const KEPT_WHOLE: usize = 200;
+
+/// `name` as berth's own names for it hold it: itself, or, when it is too
+/// long to carry a prefix and a suffix within the 255-byte limit, the
+/// sha256 of it in hex. The same for every attempt, so that an attempt
+/// finds what the one before it left; a name that already looks like such
+/// a digest is hashed too, so that two names never share one.
+pub(crate) fn short_name(name: &str) -> Cow<'_, str> {
+    let digest_like =
+        name.len() == 64 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if name.len() <= KEPT_WHOLE && !digest_like {
+        Cow::Borrowed(name)
+    } else {
+        Cow::Owned(hex::encode(sha2::Sha256::digest(name.as_bytes())))
+    }
+}
+
 /// Where the download of `target` is kept until it is verified: beside it,
 /// under a name registration refuses, the same for every attempt so that
 /// an attempt finds what the one before it left.
@@ -43,7 +65,14 @@ pub(crate) fn partial_path(target: &Path) -> PathBuf {
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
-    target.with_file_name(format!("{TEMP_PREFIX}{name}"))
+    target.with_file_name(format!("{TEMP_PREFIX}{}", short_name(&name)))
+}
+
+/// Where an interrupted download of the model file `path` leaves its
+/// checkpoint, under the model's `resume` folder.
+pub(crate) fn checkpoint_path(resume: &Path, path: &str) -> PathBuf {
+    let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+    resume.join(dir).join(format!("{}.json", short_name(name)))
 }
 
 /// Opens (or creates) a partial file for reading and writing, keeping what

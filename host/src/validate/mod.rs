@@ -66,6 +66,8 @@ impl std::fmt::Display for Problems {
 const MAX_TEXT: usize = 1024;
 const MAX_JOB_ID: usize = 128;
 const MAX_PATH: usize = 1024;
+/// One name of a path: the limit of Linux's filesystems (`NAME_MAX`).
+const MAX_NAME: usize = 255;
 /// Sizes and counts are stored as BIGINT.
 const MAX_COUNT: u64 = i64::MAX as u64;
 
@@ -232,32 +234,44 @@ fn job_id_rule(job_id: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A relative path that stays inside the model directory.
-fn path_rule(path: &str) -> Result<(), &'static str> {
+/// A relative path that stays inside the model directory, each name of it
+/// one the filesystem allows. Also what `berth models register` checks
+/// before it hashes anything.
+pub fn path_rule(path: &str) -> Result<(), String> {
     if path.is_empty() {
-        return Err("is required");
+        return Err("is required".into());
     }
     if path.len() > MAX_PATH {
-        return Err("is too long");
+        return Err(format!(
+            "is {} bytes long; a file's path may be at most {MAX_PATH} bytes",
+            path.len()
+        ));
+    }
+    if let Some(long) = path.split('/').find(|s| s.len() > MAX_NAME) {
+        return Err(format!(
+            "has a name of {} bytes ({long:.40}…); a file or folder name may be at most \
+             {MAX_NAME} bytes, the filesystems' limit",
+            long.len()
+        ));
     }
     if path.contains('\0') {
-        return Err("must not contain a NUL byte");
+        return Err("must not contain a NUL byte".into());
     }
     if path.contains('\\') {
-        return Err("must not contain a backslash (use /)");
+        return Err("must not contain a backslash (use /)".into());
     }
     if path.starts_with('/') {
-        return Err("must be relative, not absolute");
+        return Err("must be relative, not absolute".into());
     }
     for segment in path.split('/') {
         match segment {
-            ".." => return Err("must not contain .."),
-            "" | "." => return Err("must not contain empty or '.' segments"),
+            ".." => return Err("must not contain ..".into()),
+            "" | "." => return Err("must not contain empty or '.' segments".into()),
             s if s.starts_with(".fetch-") => {
-                return Err("must not start with .fetch- (berth's temporary files)");
+                return Err("must not start with .fetch- (berth's temporary files)".into());
             }
             s if s.chars().any(char::is_control) => {
-                return Err("must not contain control characters");
+                return Err("must not contain control characters".into());
             }
             _ => {}
         }

@@ -178,6 +178,25 @@ fn file_paths_stay_inside_the_model_directory() {
 }
 
 #[test]
+fn a_path_names_the_limit_it_passes() {
+    let longest_name = "n".repeat(255);
+    check(|d| d.files = vec![file(&format!("dir/{longest_name}"))], "");
+    check(
+        |d| d.files = vec![file(&format!("dir/{longest_name}x"))],
+        "has a name of 256 bytes (nnnn",
+    );
+    check(
+        |d| d.files = vec![file(&format!("{longest_name}x/a.bin"))],
+        "a file or folder name may be at most 255 bytes",
+    );
+    let deep = vec!["d".repeat(200); 6].join("/");
+    check(
+        |d| d.files = vec![file(&deep)],
+        "is 1205 bytes long; a file's path may be at most 1024 bytes",
+    );
+}
+
+#[test]
 fn every_problem_is_reported_at_once() {
     let problems = model(ModelDraft::default()).unwrap_err();
     let fields: Vec<&str> = problems.0.iter().map(|p| p.field.as_str()).collect();

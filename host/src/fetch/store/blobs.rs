@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::stamp::{Stamp, Stamps};
-use crate::fetch::partial::TEMP_PREFIX;
+use crate::fetch::partial::{TEMP_PREFIX, short_name};
 use crate::fetch::sha::hash_file;
 use crate::fetch::{BLOBS_DIR, META_DIR};
 use crate::model::ModelFile;
@@ -106,7 +106,11 @@ impl Blobs {
         let parent = target.parent()?;
         std::fs::create_dir_all(parent).ok()?;
         let name = target.file_name()?.to_string_lossy();
-        let tmp = parent.join(format!("{TEMP_PREFIX}{name}.{}.link", unique()));
+        let tmp = parent.join(format!(
+            "{TEMP_PREFIX}{}.{}.link",
+            short_name(&name),
+            unique()
+        ));
         if let Err(e) = std::fs::hard_link(&blob, &tmp) {
             cannot_link(&blob, parent, &e);
             return None;

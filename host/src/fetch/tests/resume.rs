@@ -273,3 +273,54 @@ async fn a_cancelled_download_keeps_its_bytes_for_the_next_fetch() {
         .unwrap();
     assert!(resumed_at >= 256 * 1024, "resumed at {resumed_at}");
 }
+
+/// The longest name a filesystem allows is downloaded, broken off,
+/// continued from its checkpoint and linked from the blob store: berth's
+/// own names for it (the partial, the checkpoint, a link's temporary name)
+/// are short, so none overflows the 255-byte limit.
+#[tokio::test]
+async fn the_longest_file_name_is_fetched_resumed_and_linked() {
+    let name = format!("w/{}", "n".repeat(255));
+    let contents = bytes(7, BIG);
+    let setup = Setup::new(&[(&name, contents.clone())]).await;
+    setup.source.with(|s| s.cut_after = Some(BIG / 2));
+
+    let error = setup.fetch().await.unwrap_err().to_string();
+    assert!(error.contains("the download broke off"), "{error}");
+    let short = sha("n".repeat(255).as_bytes());
+    assert_eq!(setup.on_disk(), [format!("w/.fetch-{short}")]);
+    let record = setup
+        .fetcher
+        .models_dir
+        .join(format!(".berth/job.resume/w/{short}.json"));
+    assert!(record.exists(), "no checkpoint at {}", record.display());
+
+    setup.source.with(|s| s.cut_after = None);
+    setup.fetch().await.unwrap();
+    assert_file(&setup, &name, &contents);
+    assert_eq!(setup.on_disk(), [name.as_str()]);
+    let requests = setup.source.requests(&format!("job/{name}"));
+    assert_eq!(requests.len(), 2);
+    assert!(
+        requests[1].is_some(),
+        "continued with a range: {requests:?}"
+    );
+
+    // Another model with the same file gets it from the blob store: its
+    // source (under another job id) serves nothing.
+    let other = TrainedModel::from_files(
+        "other",
+        setup.model.source.clone(),
+        setup.model.files.clone(),
+    );
+    setup
+        .fetcher
+        .fetch(&other, Arc::new(Quiet), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(setup.fetcher.dir_of("other").join(&name)).unwrap(),
+        contents
+    );
+    assert!(setup.source.requests(&format!("other/{name}")).is_empty());
+}
