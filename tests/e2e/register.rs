@@ -25,7 +25,7 @@ fn berth(server: &str, args: &[&str]) -> Output {
 }
 
 /// A finished PEFT run as Trainer leaves it, with the things a folder
-/// picks up besides: a git checkout, a dotfile, a symbolic link, a FIFO.
+/// picks up besides: a git checkout, a dotfile, a link to a folder, a FIFO.
 fn peft_run(parent: &Path) -> std::path::PathBuf {
     let dir = parent.join("support-bot-run");
     for sub in ["checkpoint-500", "checkpoint-1000", ".git/objects"] {
@@ -50,7 +50,7 @@ fn peft_run(parent: &Path) -> std::path::PathBuf {
     );
     write(".git/HEAD", b"ref: refs/heads/main\n");
     write(".env", b"HF_TOKEN=secret\n");
-    std::os::unix::fs::symlink("/etc/passwd", dir.join("passwd.txt")).unwrap();
+    std::os::unix::fs::symlink("checkpoint-1000", dir.join("latest")).unwrap();
     let made = Command::new("mkfifo")
         .arg(dir.join("pipe"))
         .status()
@@ -87,7 +87,7 @@ async fn a_training_folder_is_registered_shown_deployed_and_removed() {
     for skipped in [
         "skipped .env: its name starts with a dot (--all registers it)",
         "skipped .git/: a git repository's own files",
-        "skipped passwd.txt: a symbolic link; a model's files are regular files",
+        "skipped latest: a link to a folder; berth follows links to files only (name the folder itself)",
         "skipped pipe: a FIFO; a model's files are regular files",
     ] {
         assert!(said.lines().any(|l| l == skipped), "{skipped}: {said}");
@@ -224,6 +224,35 @@ fn dotfiles_come_with_all_and_an_empty_folder_is_refused() {
     assert!(
         lossy(&refused.stderr).contains("holds no file to register"),
         "{refused:?}"
+    );
+}
+
+/// A link out of the folder is refused, naming it, unless --follow-links.
+#[test]
+fn a_link_out_of_the_folder_is_refused_unless_followed() {
+    let parent = TempDir::new().unwrap();
+    let dir = peft_run(parent.path());
+    std::fs::write(parent.path().join("tokenizer.json"), b"{}").unwrap();
+    std::os::unix::fs::symlink("../tokenizer.json", dir.join("tokenizer.json")).unwrap();
+    let dry = |extra: &[&str]| {
+        let mut args = vec!["models", "register", path(&dir), "--dry-run"];
+        args.extend_from_slice(&["--source", "http://files.local/{path}"]);
+        args.extend_from_slice(extra);
+        berth("http://127.0.0.1:9", &args)
+    };
+    let refused = dry(&[]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let said = lossy(&refused.stderr);
+    assert!(said.contains("tokenizer.json: a link to "), "{said}");
+    assert!(said.contains("--follow-links"), "{said}");
+
+    let followed = dry(&["--follow-links"]);
+    let body: Value = serde_json::from_str(&expect_success(&followed)).unwrap();
+    assert!(
+        body["files"].as_array().unwrap().contains(
+            &json!({"path": "tokenizer.json", "size_bytes": 2, "sha256": sha256_hex(b"{}")})
+        ),
+        "{body}"
     );
 }
 

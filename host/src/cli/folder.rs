@@ -1,11 +1,13 @@
 //! A folder on this machine as a model's files: which entries are files a
-//! registration can name (and why each other one is skipped), and their
-//! sha256, hashed on a few threads with one fixed buffer each, so memory
-//! stays flat whatever the files' sizes. Reads only; never follows a
-//! symbolic link; never prints.
+//! registration can name (and why each other one is skipped or refused),
+//! and their sha256, hashed on a few threads with one fixed buffer each, so
+//! memory stays flat whatever the files' sizes. A link to a file inside the
+//! folder or into a Hugging Face cache's `blobs/` is followed (registered
+//! under the link's path, hashed from its target); another only when told.
+//! Reads only; never prints.
 
 use std::os::unix::fs::FileTypeExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -28,90 +30,213 @@ pub struct Skipped {
     pub why: &'static str,
 }
 
+/// A link to a file outside the folder, not followed: its path and where
+/// it leads. The command decides whether that is a refusal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkOut {
+    pub path: String,
+    pub target: PathBuf,
+}
+
 /// What a folder holds, sorted by path.
 #[derive(Debug, Default)]
 pub struct Listing {
     pub files: Vec<Listed>,
     pub skipped: Vec<Skipped>,
+    pub links_out: Vec<LinkOut>,
+}
+
+/// What a listing takes in besides the folder's regular files.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Reach {
+    /// Names starting with `.` (`.git/` never).
+    pub dotfiles: bool,
+    /// Links to files anywhere, not only inside the folder or a Hugging
+    /// Face cache's `blobs/`.
+    pub follow_links: bool,
 }
 
 /// Lists `dir`. `.git/` and berth's own `.fetch-*` partials are always
-/// left out; other names starting with `.` only unless `dotfiles`.
-pub fn list(dir: &Path, dotfiles: bool) -> anyhow::Result<Listing> {
+/// left out; other names starting with `.` unless `reach.dotfiles`. An
+/// entry that cannot be registered as it is (a name berth cannot record, a
+/// link that leads nowhere) fails the listing, every one named at once.
+pub fn list(dir: &Path, reach: Reach) -> anyhow::Result<Listing> {
     let meta = std::fs::metadata(dir).with_context(|| format!("{}", dir.display()))?;
     anyhow::ensure!(meta.is_dir(), "{}: not a directory", dir.display());
+    let walk = Walk {
+        root: dir,
+        real_root: &std::fs::canonicalize(dir).with_context(|| format!("{}", dir.display()))?,
+        reach,
+    };
     let mut listing = Listing::default();
-    walk(dir, dir, dotfiles, &mut listing)?;
+    let mut refused = Vec::new();
+    walk.dir(dir, &mut listing, &mut refused)?;
+    anyhow::ensure!(refused.is_empty(), "{}", refused.join("\n"));
     listing.files.sort_by(|a, b| a.path.cmp(&b.path));
     listing.skipped.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(listing)
 }
 
-fn walk(root: &Path, dir: &Path, dotfiles: bool, listing: &mut Listing) -> anyhow::Result<()> {
-    let entries =
-        std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
-    for entry in entries {
-        let entry = entry.with_context(|| format!("cannot read {}", dir.display()))?;
-        let path = entry.path();
-        // `file_type` does not follow a symbolic link.
-        let kind = entry
-            .file_type()
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let relative = path
-            .strip_prefix(root)?
-            .to_string_lossy()
-            .replace('\\', "/");
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let refuse = |why: String| anyhow::anyhow!("{relative}: {why}");
-        let skip = |why| Skipped {
-            path: if kind.is_dir() {
-                format!("{relative}/")
-            } else {
-                relative.clone()
-            },
-            why,
-        };
-        if kind.is_dir() && name == ".git" {
-            listing.skipped.push(skip("a git repository's own files"));
-        } else if name.starts_with(".fetch-") {
-            listing
-                .skipped
-                .push(skip("a download berth has not finished"));
-        } else if name.starts_with('.') && !dotfiles {
-            listing
-                .skipped
-                .push(skip("its name starts with a dot (--all registers it)"));
-        } else if entry.file_name().to_str().is_none() && (kind.is_dir() || kind.is_file()) {
-            return Err(refuse(format!(
-                "the name is not UTF-8 ({} stands for what is not), and berth records a \
-                 path as UTF-8 text: rename it, or move it out of {}",
-                char::REPLACEMENT_CHARACTER,
-                root.display()
-            )));
-        } else if kind.is_dir() {
-            walk(root, &path, dotfiles, listing)?;
-        } else if kind.is_file() {
-            crate::validate::path_rule(&relative).map_err(refuse)?;
-            let size = entry
-                .metadata()
-                .with_context(|| format!("cannot read {}", path.display()))?
-                .len();
-            listing.files.push(Listed {
-                path: relative,
-                size,
-            });
-        } else {
-            listing.skipped.push(skip(what_else(kind)));
-        }
-    }
-    Ok(())
+/// One listing's folder, as given and as the filesystem resolves it.
+struct Walk<'a> {
+    root: &'a Path,
+    real_root: &'a Path,
+    reach: Reach,
 }
 
-/// What an entry that is neither a regular file nor a directory is.
+impl Walk<'_> {
+    /// Lists `dir`'s entries into `listing`; each that cannot be registered
+    /// as it is adds its sentence to `refused`.
+    fn dir(
+        &self,
+        dir: &Path,
+        listing: &mut Listing,
+        refused: &mut Vec<String>,
+    ) -> anyhow::Result<()> {
+        let root = self.root;
+        let entries =
+            std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+        for entry in entries {
+            let entry = entry.with_context(|| format!("cannot read {}", dir.display()))?;
+            let path = entry.path();
+            // `file_type` does not follow a symbolic link.
+            let kind = entry
+                .file_type()
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let relative = path
+                .strip_prefix(root)?
+                .to_string_lossy()
+                .replace('\\', "/");
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let skip = |why| Skipped {
+                path: if kind.is_dir() {
+                    format!("{relative}/")
+                } else {
+                    relative.clone()
+                },
+                why,
+            };
+            if kind.is_dir() && name == ".git" {
+                listing.skipped.push(skip("a git repository's own files"));
+            } else if name.starts_with(".fetch-") {
+                listing
+                    .skipped
+                    .push(skip("a download berth has not finished"));
+            } else if name.starts_with('.') && !self.reach.dotfiles {
+                listing
+                    .skipped
+                    .push(skip("its name starts with a dot (--all registers it)"));
+            } else if entry.file_name().to_str().is_none()
+                && (kind.is_dir() || kind.is_file() || kind.is_symlink())
+            {
+                refused.push(format!(
+                    "{relative}: the name is not UTF-8 ({} stands for what is not), and berth \
+                 records a path as UTF-8 text: rename it, or move it out of {}",
+                    char::REPLACEMENT_CHARACTER,
+                    root.display()
+                ));
+            } else if kind.is_dir() {
+                self.dir(&path, listing, refused)?;
+            } else if kind.is_file() || kind.is_symlink() {
+                let size = if kind.is_file() {
+                    entry
+                        .metadata()
+                        .with_context(|| format!("cannot read {}", path.display()))?
+                        .len()
+                } else {
+                    match self.link(&path) {
+                        Link::File(size) => size,
+                        Link::Skipped(why) => {
+                            listing.skipped.push(skip(why));
+                            continue;
+                        }
+                        Link::Broken(why) => {
+                            refused.push(format!("{relative}: {why}"));
+                            continue;
+                        }
+                        Link::Out(target) => {
+                            listing.links_out.push(LinkOut {
+                                path: relative,
+                                target,
+                            });
+                            continue;
+                        }
+                    }
+                };
+                match crate::validate::path_rule(&relative) {
+                    Ok(()) => listing.files.push(Listed {
+                        path: relative,
+                        size,
+                    }),
+                    Err(why) => refused.push(format!("{relative}: {why}")),
+                }
+            } else {
+                listing.skipped.push(skip(what_else(kind)));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the symbolic link at `path` registers as: the size of the file it
+    /// leads to, if it is followed.
+    fn link(&self, path: &Path) -> Link {
+        let shown =
+            std::fs::read_link(path).map_or_else(|_| "?".into(), |t| t.display().to_string());
+        let (target, meta) = match std::fs::canonicalize(path)
+            .and_then(|target| std::fs::metadata(&target).map(|meta| (target, meta)))
+        {
+            Ok(found) => found,
+            Err(e) => {
+                return Link::Broken(format!(
+                    "a link to {shown}, which cannot be followed ({e}): fix the link or remove it"
+                ));
+            }
+        };
+        if meta.is_dir() {
+            return Link::Skipped(
+                "a link to a folder; berth follows links to files only (name the folder itself)",
+            );
+        }
+        if !meta.is_file() {
+            return Link::Skipped("a link to something that is not a regular file");
+        }
+        if target.starts_with(self.real_root)
+            || self.in_hf_blobs(&target)
+            || self.reach.follow_links
+        {
+            Link::File(meta.len())
+        } else {
+            Link::Out(target)
+        }
+    }
+
+    /// Whether `target` is a blob of the Hugging Face cache repository whose
+    /// `snapshots/` hold the folder (`<repo>/snapshots/<rev>/…` links to
+    /// `<repo>/blobs/<hash>`).
+    fn in_hf_blobs(&self, target: &Path) -> bool {
+        target.parent().is_some_and(|blobs| {
+            blobs.file_name() == Some("blobs".as_ref())
+                && blobs
+                    .parent()
+                    .is_some_and(|repo| self.real_root.starts_with(repo.join("snapshots")))
+        })
+    }
+}
+
+/// What a symbolic link in the folder registers as.
+enum Link {
+    /// Followed: the file it leads to, of this size.
+    File(u64),
+    Skipped(&'static str),
+    /// To a file outside the folder, not followed.
+    Out(PathBuf),
+    /// Leads nowhere: why, and what to do.
+    Broken(String),
+}
+
+/// What an entry that is neither a regular file, a directory nor a link is.
 fn what_else(kind: std::fs::FileType) -> &'static str {
-    if kind.is_symlink() {
-        "a symbolic link; a model's files are regular files"
-    } else if kind.is_fifo() {
+    if kind.is_fifo() {
         "a FIFO; a model's files are regular files"
     } else if kind.is_socket() {
         "a socket; a model's files are regular files"
@@ -217,21 +342,141 @@ mod tests {
         let paths = |l: &Listing| l.files.iter().map(|f| f.path.clone()).collect::<Vec<_>>();
         let skipped = |l: &Listing| l.skipped.iter().map(|s| s.path.clone()).collect::<Vec<_>>();
 
-        let plain = list(root, false).unwrap();
-        assert_eq!(paths(&plain), ["a.bin", "sub/deeper/b.json"]);
+        let plain = list(root, Reach::default()).unwrap();
+        assert_eq!(paths(&plain), ["a.bin", "link.bin", "sub/deeper/b.json"]);
         assert_eq!(plain.files[0].size, 3);
         assert_eq!(
             skipped(&plain),
-            [".cache/", ".env", ".fetch-a.bin", ".git/", "link.bin"]
+            [".cache/", ".env", ".fetch-a.bin", ".git/"]
         );
-        assert!(plain.skipped[4].why.contains("symbolic link"));
 
-        let all = list(root, true).unwrap();
-        assert_eq!(paths(&all), [".env", "a.bin", "sub/deeper/b.json"]);
-        assert_eq!(skipped(&all), [".fetch-a.bin", ".git/", "link.bin"]);
+        let all = list(root, DOTFILES).unwrap();
+        assert_eq!(
+            paths(&all),
+            [".env", "a.bin", "link.bin", "sub/deeper/b.json"]
+        );
+        assert_eq!(skipped(&all), [".fetch-a.bin", ".git/"]);
 
-        assert!(list(&root.join("a.bin"), false).is_err());
-        assert!(list(&root.join("missing"), false).is_err());
+        assert!(list(&root.join("a.bin"), Reach::default()).is_err());
+        assert!(list(&root.join("missing"), Reach::default()).is_err());
+    }
+
+    const DOTFILES: Reach = Reach {
+        dotfiles: true,
+        follow_links: false,
+    };
+
+    #[test]
+    fn links_inside_the_folder_or_into_a_hugging_face_cache_are_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        // A run folder linking its weights from inside itself, with a
+        // folder link (skipped), a dangling link and a link outside.
+        let run = root.join("run");
+        std::fs::create_dir_all(run.join("final")).unwrap();
+        std::fs::write(run.join("final/model.safetensors"), b"weights").unwrap();
+        std::fs::write(root.join("notes.txt"), b"elsewhere").unwrap();
+        std::os::unix::fs::symlink("final/model.safetensors", run.join("model.safetensors"))
+            .unwrap();
+        std::os::unix::fs::symlink("final", run.join("latest")).unwrap();
+        let inside = list(&run, Reach::default()).unwrap();
+        let paths: Vec<_> = inside
+            .files
+            .iter()
+            .map(|f| (f.path.as_str(), f.size))
+            .collect();
+        assert_eq!(
+            paths,
+            [("final/model.safetensors", 7), ("model.safetensors", 7)]
+        );
+        assert_eq!(inside.skipped[0].path, "latest");
+        assert!(inside.skipped[0].why.contains("a link to a folder"));
+
+        std::os::unix::fs::symlink("../notes.txt", run.join("notes.txt")).unwrap();
+        std::os::unix::fs::symlink("gone.bin", run.join("gone.bin")).unwrap();
+        std::os::unix::fs::symlink("/nowhere/x", run.join("x.bin")).unwrap();
+        let error = format!("{:#}", list(&run, Reach::default()).unwrap_err());
+        let lines: Vec<&str> = error.lines().collect();
+        assert_eq!(lines.len(), 2, "every refusal at once: {error}");
+        assert!(
+            lines[0].starts_with("gone.bin: a link to gone.bin, which cannot be followed"),
+            "{error}"
+        );
+        assert!(
+            lines[1].starts_with("x.bin: a link to /nowhere/x"),
+            "{error}"
+        );
+        std::fs::remove_file(run.join("gone.bin")).unwrap();
+        std::fs::remove_file(run.join("x.bin")).unwrap();
+        let out = list(&run, Reach::default()).unwrap();
+        assert_eq!(
+            out.links_out,
+            [LinkOut {
+                path: "notes.txt".into(),
+                target: std::fs::canonicalize(root.join("notes.txt")).unwrap(),
+            }]
+        );
+        assert!(!out.files.iter().any(|f| f.path == "notes.txt"));
+
+        let follow = Reach {
+            dotfiles: false,
+            follow_links: true,
+        };
+        let followed = list(&run, follow).unwrap();
+        assert!(
+            followed
+                .files
+                .iter()
+                .any(|f| f.path == "notes.txt" && f.size == 9)
+        );
+
+        // A Hugging Face cache: every entry of a snapshot is a link into
+        // the repository's blobs/, a sub-folder's too.
+        let repo = root.join("hub/models--org--tiny");
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::create_dir_all(repo.join("snapshots/abc123/onnx")).unwrap();
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        let snapshot = repo.join("snapshots/abc123");
+        for (path, blob, bytes) in [
+            ("config.json", "1111", &b"{}"[..]),
+            ("model.safetensors", "2222", &b"tensor bytes"[..]),
+            ("onnx/model.onnx", "3333", &b"onnx"[..]),
+        ] {
+            std::fs::write(repo.join("blobs").join(blob), bytes).unwrap();
+            let up = "../".repeat(path.matches('/').count() + 2);
+            std::os::unix::fs::symlink(format!("{up}blobs/{blob}"), snapshot.join(path)).unwrap();
+        }
+        let cached = list(&snapshot, Reach::default()).unwrap();
+        let paths: Vec<_> = cached
+            .files
+            .iter()
+            .map(|f| (f.path.as_str(), f.size))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                ("config.json", 2),
+                ("model.safetensors", 12),
+                ("onnx/model.onnx", 4)
+            ]
+        );
+        let hashed = hash(&snapshot, &cached.files, &AtomicU64::new(0)).unwrap();
+        assert_eq!(
+            hashed[1].sha256,
+            hex::encode(Sha256::digest(b"tensor bytes"))
+        );
+
+        // Another repository's blobs are outside.
+        std::fs::create_dir_all(root.join("hub/models--org--other/blobs")).unwrap();
+        std::fs::write(root.join("hub/models--org--other/blobs/4444"), b"x").unwrap();
+        std::os::unix::fs::symlink(
+            root.join("hub/models--org--other/blobs/4444"),
+            snapshot.join("stray.bin"),
+        )
+        .unwrap();
+        let stray = list(&snapshot, Reach::default()).unwrap();
+        assert_eq!(stray.links_out[0].path, "stray.bin");
+        assert_eq!(stray.files.len(), 3);
     }
 
     #[test]
@@ -243,7 +488,7 @@ mod tests {
         std::fs::create_dir(root.join("sub")).unwrap();
         let latin1 = std::ffi::OsStr::from_bytes(b"caf\xe9.bin");
         std::fs::write(root.join("sub").join(latin1), b"x").unwrap();
-        let error = format!("{:#}", list(root, false).unwrap_err());
+        let error = format!("{:#}", list(root, Reach::default()).unwrap_err());
         assert!(
             error.starts_with("sub/caf\u{fffd}.bin: the name is not UTF-8"),
             "{error}"
@@ -255,11 +500,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         std::fs::write(root.join("n".repeat(255)), b"x").unwrap();
-        assert_eq!(list(root, false).unwrap().files[0].path.len(), 255);
+        assert_eq!(
+            list(root, Reach::default()).unwrap().files[0].path.len(),
+            255
+        );
         let deep: std::path::PathBuf = std::iter::repeat_n("d".repeat(250), 5).collect();
         std::fs::create_dir_all(root.join(&deep)).unwrap();
         std::fs::write(root.join(&deep).join("weights.bin"), b"x").unwrap();
-        let error = format!("{:#}", list(root, false).unwrap_err());
+        let error = format!("{:#}", list(root, Reach::default()).unwrap_err());
         assert!(
             error.ends_with(
                 "/weights.bin: is 1266 bytes long; a file's path may be at most 1024 bytes"

@@ -56,6 +56,11 @@ pub struct RegisterArgs {
     /// (`.git/` never).
     #[arg(long)]
     all: bool,
+    /// Follows links to files anywhere. Without it, a link is followed
+    /// only when it leads inside DIR or into the `blobs/` of the Hugging
+    /// Face cache DIR is a snapshot of; any other is refused.
+    #[arg(long)]
+    follow_links: bool,
     /// Prints the registration body instead of sending it.
     #[arg(long)]
     dry_run: bool,
@@ -93,14 +98,34 @@ pub async fn run(args: RegisterArgs) -> Result<(), Error> {
 /// The registration of `args.dir`: listed, hashed, read, flags on top.
 async fn body_of(args: &RegisterArgs) -> Result<RegisterBody, Error> {
     let dir = args.dir.clone();
-    let all = args.all;
+    let reach = folder::Reach {
+        dotfiles: args.all,
+        follow_links: args.follow_links,
+    };
     let invalid = |e: anyhow::Error| Error::Invalid(format!("{e:#}"));
-    let listing = tokio::task::spawn_blocking(move || folder::list(&dir, all))
+    let listing = tokio::task::spawn_blocking(move || folder::list(&dir, reach))
         .await
         .map_err(|e| Error::Invalid(e.to_string()))?
         .map_err(invalid)?;
     for skipped in &listing.skipped {
         eprintln!("skipped {}: {}", skipped.path, skipped.why);
+    }
+    if !listing.links_out.is_empty() {
+        let lines: Vec<String> = listing
+            .links_out
+            .iter()
+            .map(|link| {
+                format!(
+                    "{}: a link to {}, outside {}: berth follows links inside the folder or \
+                     into a Hugging Face cache's blobs/; copy the file in, or pass \
+                     --follow-links to register what it points at",
+                    link.path,
+                    link.target.display(),
+                    args.dir.display()
+                )
+            })
+            .collect();
+        return Err(Error::Invalid(lines.join("\n")));
     }
     if listing.files.is_empty() {
         return Err(Error::Invalid(format!(

@@ -77,9 +77,23 @@ pub fn of_dir(dir: &Path) -> anyhow::Result<TrainedModel> {
 /// other entry is reported on stderr, one line each, saying why it is left
 /// out.
 fn regular_files(dir: &Path) -> anyhow::Result<Vec<String>> {
-    let listing = crate::cli::folder::list(dir, true).with_context(|| "--dir")?;
+    let listing = crate::cli::folder::list(
+        dir,
+        crate::cli::folder::Reach {
+            dotfiles: true,
+            follow_links: false,
+        },
+    )
+    .with_context(|| "--dir")?;
     for skipped in &listing.skipped {
         eprintln!("--dir: skipped {}: {}", skipped.path, skipped.why);
+    }
+    for link in &listing.links_out {
+        eprintln!(
+            "--dir: skipped {}: a link to {}, outside the folder, which the deployer cannot read",
+            link.path,
+            link.target.display()
+        );
     }
     Ok(listing.files.into_iter().map(|f| f.path).collect())
 }
