@@ -92,18 +92,24 @@ async fn a_training_folder_is_registered_shown_deployed_and_removed() {
     ] {
         assert!(said.lines().any(|l| l == skipped), "{skipped}: {said}");
     }
-    let expected_files: Vec<Value> = [
-        "adapter_config.json",
-        "adapter_model.safetensors",
-        "checkpoint-1000/trainer_state.json",
-        "checkpoint-500/trainer_state.json",
-    ]
-    .iter()
-    .map(|p| {
-        let bytes = std::fs::read(dir.join(p)).unwrap();
-        json!({"path": p, "size_bytes": bytes.len(), "sha256": sha256_hex(&bytes)})
-    })
-    .collect();
+    // A Trainer run keeps its final model; its checkpoints are left out,
+    // and said so, but their trainer_state.json still fills the fields.
+    assert!(
+        said.lines().any(|l| l.starts_with(
+            "left out a training run's state, 2 file(s), 209 bytes: checkpoint-1000/, checkpoint-500/; "
+        )),
+        "{said}"
+    );
+    let files_of = |paths: &[&str]| -> Vec<Value> {
+        paths
+            .iter()
+            .map(|p| {
+                let bytes = std::fs::read(dir.join(p)).unwrap();
+                json!({"path": p, "size_bytes": bytes.len(), "sha256": sha256_hex(&bytes)})
+            })
+            .collect()
+    };
+    let expected_files = files_of(&["adapter_config.json", "adapter_model.safetensors"]);
     assert_eq!(
         body,
         json!({
@@ -122,6 +128,36 @@ async fn a_training_folder_is_registered_shown_deployed_and_removed() {
     );
     let (_, listed) = server.get("/v1/models").await;
     assert_eq!(listed["models"], json!([]), "a dry run registers nothing");
+
+    // --include takes the checkpoints back; --exclude leaves a file out.
+    let chosen = register(&[
+        "--include",
+        "checkpoint-*/**",
+        "--exclude",
+        "adapter_model.safetensors",
+        "--dry-run",
+    ]);
+    let body: Value = serde_json::from_str(&expect_success(&chosen)).unwrap();
+    assert_eq!(
+        body["files"],
+        json!(files_of(&[
+            "adapter_config.json",
+            "checkpoint-1000/trainer_state.json",
+            "checkpoint-500/trainer_state.json",
+        ]))
+    );
+    // --checkpoint registers one checkpoint as the model, named after it.
+    let last = register(&["--checkpoint", "last", "--dry-run"]);
+    let body: Value = serde_json::from_str(&expect_success(&last)).unwrap();
+    assert_eq!(body["job_id"], "support-bot-run-checkpoint-1000");
+    assert_eq!(body["files"][0]["path"], "trainer_state.json");
+    let missing = register(&["--checkpoint", "750", "--dry-run"]);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+    assert!(
+        lossy(&missing.stderr)
+            .contains("has no checkpoint 750: it has checkpoint-500, checkpoint-1000"),
+        "{missing:?}"
+    );
 
     let registered = register(&["--job-id", "run-1", "--json"]);
     let model: Value = serde_json::from_str(&expect_success(&registered)).unwrap();
@@ -147,7 +183,7 @@ async fn a_training_folder_is_registered_shown_deployed_and_removed() {
         "meta-llama/Llama-3.2-1B",
         "0.625",
         &sha256_hex(&std::fs::read(dir.join("adapter_model.safetensors")).unwrap()),
-        "4 files",
+        "2 files",
     ] {
         assert!(shown.contains(fragment), "{fragment}: {shown}");
     }

@@ -3,6 +3,7 @@
 //! module prints to stdout.
 
 mod backup;
+mod choose;
 mod client;
 mod config;
 mod folder;

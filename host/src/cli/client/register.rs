@@ -14,7 +14,8 @@ use serde_json::{Map, Value};
 
 use super::api::{Api, Error};
 use super::{Common, print_json, training};
-use crate::cli::folder::{self, Listing};
+use crate::cli::choose::{self, Why};
+use crate::cli::folder::{self, Listed, Listing};
 use crate::http::json::{self, FileBody, RegisterBody};
 
 #[derive(Debug, Args)]
@@ -61,7 +62,21 @@ pub struct RegisterArgs {
     /// Face cache DIR is a snapshot of; any other is refused.
     #[arg(long)]
     follow_links: bool,
-    /// Prints the registration body instead of sending it.
+    /// Leaves out the files PATTERN matches (gitignore-style; repeat for
+    /// more). A `.berthignore` in DIR adds its lines.
+    #[arg(long, value_name = "PATTERN")]
+    exclude: Vec<String>,
+    /// Takes back files an exclude or the training-run default left out,
+    /// e.g. --include 'checkpoint-*/**'.
+    #[arg(long, value_name = "PATTERN")]
+    include: Vec<String>,
+    /// Registers one checkpoint of a Trainer run, DIR/checkpoint-N (`last`:
+    /// the highest N), as the model; its default name and job id are the
+    /// run's folder name and `-checkpoint-N`.
+    #[arg(long, value_name = "N|last")]
+    checkpoint: Option<String>,
+    /// Prints the registration body instead of sending it (what is left
+    /// out is said on stderr, as always).
     #[arg(long)]
     dry_run: bool,
     #[command(flatten)]
@@ -95,15 +110,24 @@ pub async fn run(args: RegisterArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// The registration of `args.dir`: listed, hashed, read, flags on top.
+/// The registration of `args.dir`: listed, chosen, hashed, read, flags on
+/// top.
 async fn body_of(args: &RegisterArgs) -> Result<RegisterBody, Error> {
-    let dir = args.dir.clone();
+    let (dir, folder_name) = match &args.checkpoint {
+        Some(wanted) => {
+            let (n, dir) = checkpoint(&args.dir, wanted)?;
+            let run = folder_name(&args.dir).unwrap_or_default();
+            (dir, Some(format!("{run}-checkpoint-{n}")))
+        }
+        None => (args.dir.clone(), folder_name(&args.dir)),
+    };
+    let listing_dir = dir.clone();
     let reach = folder::Reach {
         dotfiles: args.all,
         follow_links: args.follow_links,
     };
     let invalid = |e: anyhow::Error| Error::Invalid(format!("{e:#}"));
-    let listing = tokio::task::spawn_blocking(move || folder::list(&dir, reach))
+    let mut listing = tokio::task::spawn_blocking(move || folder::list(&listing_dir, reach))
         .await
         .map_err(|e| Error::Invalid(e.to_string()))?
         .map_err(invalid)?;
@@ -121,16 +145,20 @@ async fn body_of(args: &RegisterArgs) -> Result<RegisterBody, Error> {
                      --follow-links to register what it points at",
                     link.path,
                     link.target.display(),
-                    args.dir.display()
+                    dir.display()
                 )
             })
             .collect();
         return Err(Error::Invalid(lines.join("\n")));
     }
+    // The run's own records are read whatever is registered: a Trainer
+    // run's last trainer_state.json is often in a checkpoint left out.
+    let every_file = listing.files.clone();
+    listing.files = chosen(args, &dir, std::mem::take(&mut listing.files))?;
     if listing.files.is_empty() {
         return Err(Error::Invalid(format!(
             "{} holds no file to register{}",
-            args.dir.display(),
+            dir.display(),
             if listing.skipped.is_empty() {
                 ""
             } else {
@@ -138,19 +166,18 @@ async fn body_of(args: &RegisterArgs) -> Result<RegisterBody, Error> {
             }
         )));
     }
-    let files = hashed(&args.dir, &listing).await?;
+    let files = hashed(&dir, &listing).await?;
     let found = training::read(
-        read_text(&args.dir, &listing, "adapter_config.json")
+        read_text(&dir, &every_file, "adapter_config.json")
             .as_ref()
             .map(|(p, t)| (p.as_str(), t.as_str())),
-        read_text(&args.dir, &listing, "trainer_state.json")
+        read_text(&dir, &every_file, "trainer_state.json")
             .as_ref()
             .map(|(p, t)| (p.as_str(), t.as_str())),
     );
     for note in &found.notes {
         eprintln!("note: {note}");
     }
-    let folder_name = folder_name(&args.dir);
     let mut params: Map<String, Value> = found.params;
     params.extend(args.params.iter().cloned());
     Ok(RegisterBody {
@@ -168,6 +195,100 @@ async fn body_of(args: &RegisterArgs) -> Result<RegisterBody, Error> {
     })
 }
 
+/// The checkpoint `wanted` (`N` or `last`) of the run in `dir`: its number
+/// and folder.
+fn checkpoint(dir: &Path, wanted: &str) -> Result<(u64, PathBuf), Error> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", dir.display())))?;
+    let mut numbers: Vec<u64> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| choose::checkpoint_number(e.file_name().to_str()?))
+        .collect();
+    numbers.sort_unstable();
+    let n = match wanted {
+        "last" => numbers.last().copied(),
+        n => n.parse().ok().filter(|n| numbers.contains(n)),
+    };
+    let listed = || {
+        if numbers.is_empty() {
+            "it has no checkpoint-N folder".to_string()
+        } else {
+            let names: Vec<String> = numbers.iter().map(|n| format!("checkpoint-{n}")).collect();
+            format!("it has {}", names.join(", "))
+        }
+    };
+    match n {
+        Some(n) => Ok((n, dir.join(format!("checkpoint-{n}")))),
+        None if wanted != "last" && wanted.parse::<u64>().is_err() => Err(Error::Invalid(format!(
+            "--checkpoint {wanted:?} is neither a number nor last"
+        ))),
+        None => Err(Error::Invalid(format!(
+            "{} has no checkpoint {wanted}: {}",
+            dir.display(),
+            listed()
+        ))),
+    }
+}
+
+/// The files of `dir` the registration takes (`choose`), with what it
+/// left out said on stderr.
+fn chosen(args: &RegisterArgs, dir: &Path, files: Vec<Listed>) -> Result<Vec<Listed>, Error> {
+    let mut rules = choose::Rules {
+        include: args.include.clone(),
+        exclude: args.exclude.clone(),
+    };
+    rules.exclude.push(IGNORE_FILE.to_string());
+    match std::fs::read_to_string(dir.join(IGNORE_FILE)) {
+        Ok(text) => rules = rules.with_ignore_file(&text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(Error::Invalid(format!(
+                "cannot read {}: {e}",
+                dir.join(IGNORE_FILE).display()
+            )));
+        }
+    }
+    let choice = choose::choose(files, &rules).map_err(Error::Invalid)?;
+    let count = |why| choice.left_out.iter().filter(|(_, w)| *w == why).count();
+    let excluded = count(Why::Excluded);
+    if excluded > 0 {
+        eprintln!("left out {excluded} file(s) that --exclude or {IGNORE_FILE} matched");
+    }
+    let state: Vec<&Listed> = choice
+        .left_out
+        .iter()
+        .filter(|(_, w)| *w == Why::TrainingState)
+        .map(|(f, _)| f)
+        .collect();
+    if !state.is_empty() {
+        // A checkpoint's files are said as its folder, once.
+        let mut named: Vec<String> = Vec::new();
+        for file in &state {
+            let name = match file.path.split_once('/') {
+                Some((top, _)) if choose::checkpoint_number(top).is_some() => format!("{top}/"),
+                _ => file.path.clone(),
+            };
+            if !named.contains(&name) {
+                named.push(name);
+            }
+        }
+        let bytes: u64 = state.iter().map(|f| f.size).sum();
+        eprintln!(
+            "left out a training run's state, {} file(s), {}: {}; serving needs none of it. \
+             --include PATTERN takes some back (e.g. --include 'checkpoint-*/**'); \
+             --checkpoint N|last registers one checkpoint as the model",
+            state.len(),
+            crate::human::size(bytes),
+            named.join(", ")
+        );
+    }
+    Ok(choice.kept)
+}
+
+/// Patterns of files a registration leaves out, read from the folder.
+const IGNORE_FILE: &str = ".berthignore";
+
 /// The folder's own name, the default name and job id.
 fn folder_name(dir: &Path) -> Option<String> {
     std::path::absolute(dir)
@@ -179,8 +300,8 @@ fn folder_name(dir: &Path) -> Option<String> {
 
 /// The text of the folder's `name` file (`training::pick`), if it has one
 /// and it can be read; a small file, read whole.
-fn read_text(dir: &Path, listing: &Listing, name: &str) -> Option<(String, String)> {
-    let path = training::pick(listing.files.iter().map(|f| f.path.as_str()), name)?;
+fn read_text(dir: &Path, files: &[Listed], name: &str) -> Option<(String, String)> {
+    let path = training::pick(files.iter().map(|f| f.path.as_str()), name)?;
     match std::fs::read_to_string(dir.join(path)) {
         Ok(text) => Some((path.to_string(), text)),
         Err(e) => {
