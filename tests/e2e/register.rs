@@ -158,6 +158,20 @@ async fn a_training_folder_is_registered_shown_deployed_and_removed() {
             .contains("has no checkpoint 750: it has checkpoint-500, checkpoint-1000"),
         "{missing:?}"
     );
+    // A checkpoint Trainer is still writing has no trainer_state.json yet.
+    let writing = dir.join("checkpoint-1500");
+    std::fs::create_dir(&writing).unwrap();
+    std::fs::write(writing.join("adapter_model.safetensors"), b"half").unwrap();
+    let early = register(&["--checkpoint", "last", "--dry-run"]);
+    assert_eq!(early.status.code(), Some(1), "{early:?}");
+    assert!(
+        lossy(&early.stderr).contains(&format!(
+            "{} has no trainer_state.json, which Trainer writes last: it is still being written",
+            writing.display()
+        )),
+        "{early:?}"
+    );
+    std::fs::remove_dir_all(&writing).unwrap();
 
     let registered = register(&["--job-id", "run-1", "--json"]);
     let model: Value = serde_json::from_str(&expect_success(&registered)).unwrap();

@@ -102,6 +102,33 @@ pub fn choose(files: Vec<Listed>, rules: &Rules) -> Result<Choice, String> {
     Ok(choice)
 }
 
+/// What Trainer writes last into a checkpoint: one without it is still
+/// being written, or was cut short.
+pub const WRITTEN_LAST: &str = "trainer_state.json";
+
+/// The `checkpoint-N/` folders among `files` (at their top, or the top
+/// itself, `""`, when `checkpoint` says the folder is one) that lack the
+/// file Trainer writes last.
+pub fn half_written(files: &[Listed], checkpoint: bool) -> Vec<String> {
+    let mut folders: Vec<String> = Vec::new();
+    if checkpoint {
+        folders.push(String::new());
+    }
+    for file in files {
+        if let Some((top, _)) = file.path.split_once('/')
+            && checkpoint_number(top).is_some()
+            && !folders.iter().any(|f| f == &format!("{top}/"))
+        {
+            folders.push(format!("{top}/"));
+        }
+    }
+    folders.retain(|folder| {
+        let last = format!("{folder}{WRITTEN_LAST}");
+        !files.iter().any(|f| f.path == last)
+    });
+    folders
+}
+
 /// `N` of a folder named `checkpoint-N`.
 pub fn checkpoint_number(name: &str) -> Option<u64> {
     name.strip_prefix("checkpoint-")?.parse().ok()
@@ -270,6 +297,28 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.starts_with("pattern \"a[\": "), "{e}");
+    }
+
+    #[test]
+    fn a_checkpoint_without_its_trainer_state_is_half_written() {
+        let mut files = run();
+        assert!(half_written(&files, false).is_empty());
+        files.retain(|f| f.path != "checkpoint-20/trainer_state.json");
+        assert_eq!(half_written(&files, false), ["checkpoint-20/"]);
+        let inside = |paths: &[&str]| -> Vec<Listed> {
+            paths
+                .iter()
+                .map(|p| Listed {
+                    path: p.to_string(),
+                    size: 1,
+                })
+                .collect()
+        };
+        assert_eq!(
+            half_written(&inside(&["adapter_model.safetensors"]), true),
+            [""]
+        );
+        assert!(half_written(&inside(&["trainer_state.json"]), true).is_empty());
     }
 
     #[test]

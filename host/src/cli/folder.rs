@@ -277,9 +277,7 @@ pub fn hash(dir: &Path, files: &[Listed], done: &AtomicU64) -> anyhow::Result<Ve
             scope.spawn(|| {
                 let mut buffer = vec![0; BUFFER];
                 while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    let path = dir.join(&files[i].path);
-                    let hashed = hash_one(&path, &mut buffer, done)
-                        .with_context(|| format!("cannot read {}", path.display()));
+                    let hashed = hash_one(dir, &files[i], &mut buffer, done);
                     let failed = hashed.is_err();
                     *results[i].lock().unwrap() = Some(hashed);
                     if failed {
@@ -300,12 +298,23 @@ pub fn hash(dir: &Path, files: &[Listed], done: &AtomicU64) -> anyhow::Result<Ve
     Ok(hashed)
 }
 
-fn hash_one(path: &Path, buffer: &mut [u8], done: &AtomicU64) -> std::io::Result<Hashed> {
-    let mut file = std::fs::File::open(path)?;
+/// `file`'s size and sha256, refused if it is not what was listed or
+/// changes while it is read: a file still being written (a training run
+/// saving a checkpoint) would register bytes that are not its last.
+fn hash_one(
+    dir: &Path,
+    file: &Listed,
+    buffer: &mut [u8],
+    done: &AtomicU64,
+) -> anyhow::Result<Hashed> {
+    let path = dir.join(&file.path);
+    let cannot = || format!("cannot read {}", path.display());
+    let mut reader = std::fs::File::open(&path).with_context(cannot)?;
+    let before = reader.metadata().with_context(cannot)?;
     let mut hasher = Sha256::new();
     let mut size = 0;
     loop {
-        match std::io::Read::read(&mut file, buffer) {
+        match std::io::Read::read(&mut reader, buffer) {
             Ok(0) => break,
             Ok(n) => {
                 hasher.update(&buffer[..n]);
@@ -313,8 +322,21 @@ fn hash_one(path: &Path, buffer: &mut [u8], done: &AtomicU64) -> std::io::Result
                 done.fetch_add(n as u64, Ordering::Relaxed);
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(e).with_context(cannot),
         }
+    }
+    let after = std::fs::metadata(&path).with_context(cannot)?;
+    let still =
+        size == file.size && after.len() == size && before.modified().ok() == after.modified().ok();
+    if !still {
+        anyhow::bail!(
+            "{}: it changed while it was read ({} when listed, {} read, {} now): it is still \
+             being written; register the folder once the run has finished writing it",
+            file.path,
+            crate::human::size(file.size),
+            crate::human::size(size),
+            crate::human::size(after.len())
+        );
     }
     Ok(Hashed {
         size,
@@ -513,6 +535,22 @@ mod tests {
                 "/weights.bin: is 1266 bytes long; a file's path may be at most 1024 bytes"
             ),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn a_file_that_changed_since_it_was_listed_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("optimizer.pt"), [1u8; 7]).unwrap();
+        let listing = list(dir.path(), Reach::default()).unwrap();
+        // The run is still writing it.
+        std::fs::write(dir.path().join("optimizer.pt"), [1u8; 36]).unwrap();
+        let e = hash(dir.path(), &listing.files, &AtomicU64::new(0)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "optimizer.pt: it changed while it was read (7 bytes when listed, 36 bytes read, \
+             36 bytes now): it is still being written; register the folder once the run has \
+             finished writing it"
         );
     }
 

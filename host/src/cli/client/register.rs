@@ -250,6 +250,22 @@ fn chosen(args: &RegisterArgs, dir: &Path, files: Vec<Listed>) -> Result<Vec<Lis
         }
     }
     let choice = choose::choose(files, &rules).map_err(Error::Invalid)?;
+    let unfinished = choose::half_written(&choice.kept, args.checkpoint.is_some());
+    if !unfinished.is_empty() {
+        let named: Vec<String> = unfinished
+            .iter()
+            .map(|folder| match folder.as_str() {
+                "" => dir.display().to_string(),
+                folder => folder.to_string(),
+            })
+            .collect();
+        return Err(Error::Invalid(format!(
+            "{} has no {}, which Trainer writes last: it is still being written, or was cut \
+             short; register it once it has one, or leave it out (--exclude)",
+            named.join(", "),
+            choose::WRITTEN_LAST
+        )));
+    }
     let count = |why| choice.left_out.iter().filter(|(_, w)| *w == why).count();
     let excluded = count(Why::Excluded);
     if excluded > 0 {
