@@ -90,10 +90,30 @@ async fn registration_refuses_bad_models_with_every_reason(backend: Backend) {
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(stored["files"].as_array().unwrap().len(), 3);
     assert_eq!(stored["params"], json!({ "lr": 0.0002, "rank": 16 }));
+    // The same files from the same source again: the model there, no new one.
+    let (status, again) = app.post(models, &good).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again, stored);
+    // Other bytes under the taken job id: a 409 naming the model and the file.
+    let mut other = good.clone();
+    other["files"][0]["sha256"] = json!("ab".repeat(32));
+    let first = good["files"][0]["path"].as_str().unwrap().to_string();
     assert_error(
-        &app.post(models, &good).await,
+        &app.post(models, &other).await,
         CONFLICT,
-        "a model with job id \"job-1\" is already registered",
+        &format!(
+            "job id \"job-1\" is registered already as model {} and its {first} has other \
+             bytes (sha256); register this one under another job id (--job-id), or delete \
+             model {} first",
+            stored["id"], stored["id"]
+        ),
+    );
+    let other_source = with(&good, "source", json!("http://elsewhere/{path}"));
+    let (status, said) = app.post(models, &other_source).await;
+    assert_eq!(status, CONFLICT, "{said}");
+    assert!(
+        said["error"].as_str().unwrap().contains("its source is"),
+        "{said}"
     );
     let (_, listing) = app.get(models).await;
     assert_eq!(listing["models"], json!([stored]));

@@ -184,11 +184,23 @@ async fn a_training_folder_is_registered_shown_deployed_and_removed() {
     assert_eq!(status, StatusCode::OK, "{deployment}");
     assert_eq!(deployment["status"], "completed", "{deployment}");
 
+    // The same folder again: the model there.
     let again = register(&["--job-id", "run-1"]);
-    assert_eq!(again.status.code(), Some(1), "{again:?}");
-    let refusal = lossy(&again.stderr);
+    assert_eq!(
+        expect_success(&again).trim(),
+        format!(
+            "already registered as model {id} (job run-1): the same files from the same source"
+        )
+    );
+    // Other files under the job id: refused before hashing, naming both.
+    let other = register(&["--job-id", "run-1", "--include", "checkpoint-*/**"]);
+    assert_eq!(other.status.code(), Some(1), "{other:?}");
+    let refusal = lossy(&other.stderr);
     assert!(
-        refusal.contains("error: ") && refusal.contains("run-1"),
+        refusal.contains(&format!(
+            "job id \"run-1\" is registered already as model {id} and it has no \
+             checkpoint-1000/trainer_state.json of "
+        )) && refusal.contains("(--job-id)"),
         "{refusal}"
     );
 

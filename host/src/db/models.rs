@@ -97,6 +97,18 @@ impl Db {
         Ok(Some(model))
     }
 
+    /// The model registered under `job_id`, if any.
+    pub async fn model_by_job_id(&self, job_id: &str) -> Result<Option<TrainedModel>> {
+        let id: Option<i64> = sqlx::query_scalar("SELECT id FROM models WHERE job_id = $1")
+            .bind(job_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        match id {
+            Some(id) => self.model(id).await,
+            None => Ok(None),
+        }
+    }
+
     /// Every model with the time its newest deployment was made (of any
     /// status), least recently deployed first: never-deployed models
     /// first, then by that time, then by id. The order copies are dropped

@@ -11,6 +11,7 @@ use super::error::Error;
 use super::extract::{Body, Id};
 use super::json::{self, ErrorBody, ProblemsBody, RegisterBody};
 use crate::auth::Caller;
+use crate::db;
 use crate::events::Event;
 use crate::model::TrainedModel;
 use crate::pipeline::copies::DropError;
@@ -33,8 +34,9 @@ pub fn router() -> OpenApiRouter<ApiContext> {
     request_body = RegisterBody,
     responses(
         (status = CREATED, description = "The stored model", body = json::Model),
+        (status = OK, description = "The same files from the same source are registered already under this job id: that model", body = json::Model),
         (status = BAD_REQUEST, description = "The body is not a registration (then `error` alone says why), or every problem of the registration, each also with its field in `problems`; or, without `files`, its source could not be listed (then `error` alone says why: a scheme that cannot be listed, no objects or more than 10000 under the prefix, no bucket, refused credentials, an unreachable store)", body = ProblemsBody),
-        (status = CONFLICT, description = "The job id is registered already", body = ErrorBody),
+        (status = CONFLICT, description = "The job id is registered already, with other files or another source: `error` names the model and what differs", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
     ))]
 async fn register(
@@ -58,13 +60,68 @@ async fn register(
             job_id: row.job_id.clone(),
         }]
     });
-    let stored = ctx.db.insert_model_reported(&model, report).await?;
+    let stored = match ctx.db.insert_model_reported(&model, report).await {
+        Err(db::Error::DuplicateJob(_)) => return repeated(&ctx, &model).await,
+        stored => stored?,
+    };
     tracing::debug!(
         model_id = stored.id,
         files = stored.files.len(),
         "model recorded"
     );
     Ok((StatusCode::CREATED, Json(stored.into())))
+}
+
+/// A registration whose job id is taken: the same files from the same
+/// source are the model already there (200, nothing written); anything
+/// else is a 409 that names the model and the first difference.
+async fn repeated(
+    ctx: &ApiContext,
+    model: &TrainedModel,
+) -> Result<(StatusCode, Json<json::Model>), Error> {
+    let Some(existing) = ctx.db.model_by_job_id(&model.job_id).await? else {
+        // Deleted since the insert was refused: say so rather than guess.
+        return Err(db::Error::DuplicateJob(model.job_id.clone()).into());
+    };
+    match difference(&existing, model) {
+        None => Ok((StatusCode::OK, Json(existing.into()))),
+        Some(differs) => Err(Error::Conflict(format!(
+            "job id {:?} is registered already as model {} and {differs}; register this one \
+             under another job id (--job-id), or delete model {} first",
+            model.job_id, existing.id, existing.id
+        ))),
+    }
+}
+
+/// How `new` differs from `existing` in what a model is (its files and
+/// source), said for a person; `None` when it does not.
+fn difference(existing: &TrainedModel, new: &TrainedModel) -> Option<String> {
+    if existing.source != new.source {
+        return Some(format!(
+            "its source is {:?}, not {:?}",
+            existing.source, new.source
+        ));
+    }
+    for file in &new.files {
+        match existing.files.iter().find(|f| f.path == file.path) {
+            None => return Some(format!("has no file {}", file.path)),
+            Some(old) if old.size_bytes != file.size_bytes => {
+                return Some(format!(
+                    "its {} is {} bytes, not {}",
+                    file.path, old.size_bytes, file.size_bytes
+                ));
+            }
+            Some(old) if old.sha256 != file.sha256 => {
+                return Some(format!("its {} has other bytes (sha256)", file.path));
+            }
+            Some(_) => {}
+        }
+    }
+    existing
+        .files
+        .iter()
+        .find(|old| !new.files.iter().any(|f| f.path == old.path))
+        .map(|old| format!("has a file {} this one does not", old.path))
 }
 
 /// A registration that left its files out, with the files its source

@@ -88,7 +88,7 @@ pub async fn run(args: RegisterArgs) -> Result<(), Error> {
     let api = (!args.dry_run)
         .then(|| Api::new(&args.common.server, args.common.token.as_deref()))
         .transpose()?;
-    let body = body_of(&args).await?;
+    let (body, registered) = body_of(&args, api.as_ref()).await?;
     let Some(api) = api else {
         print_json(&serde_json::to_value(&body).unwrap_or_default());
         return Ok(());
@@ -99,6 +99,13 @@ pub async fn run(args: RegisterArgs) -> Result<(), Error> {
         return Ok(());
     }
     let model = answer.body;
+    if registered == Some(model.id) {
+        println!(
+            "already registered as model {} (job {}): the same files from the same source",
+            model.id, model.job_id
+        );
+        return Ok(());
+    }
     let size: u64 = model.files.iter().map(|f| f.size_bytes).sum();
     println!(
         "registered model {} (job {}): {} files, {}",
@@ -111,8 +118,13 @@ pub async fn run(args: RegisterArgs) -> Result<(), Error> {
 }
 
 /// The registration of `args.dir`: listed, chosen, hashed, read, flags on
-/// top.
-async fn body_of(args: &RegisterArgs) -> Result<RegisterBody, Error> {
+/// top; and the model its job id names on `api` already, if any, whose
+/// files the listing matches (one that does not is refused before any
+/// hashing).
+async fn body_of(
+    args: &RegisterArgs,
+    api: Option<&Api>,
+) -> Result<(RegisterBody, Option<i64>), Error> {
     let (dir, folder_name) = match &args.checkpoint {
         Some(wanted) => {
             let (n, dir) = checkpoint(&args.dir, wanted)?;
@@ -166,6 +178,11 @@ async fn body_of(args: &RegisterArgs) -> Result<RegisterBody, Error> {
             }
         )));
     }
+    let job_id = args.job_id.clone().or(folder_name.clone());
+    let registered = match (api, &job_id) {
+        (Some(api), Some(job_id)) => registered_as(api, job_id, &listing.files).await?,
+        _ => None,
+    };
     let files = hashed(&dir, &listing).await?;
     let found = training::read(
         read_text(&dir, &every_file, "adapter_config.json")
@@ -180,9 +197,9 @@ async fn body_of(args: &RegisterArgs) -> Result<RegisterBody, Error> {
     }
     let mut params: Map<String, Value> = found.params;
     params.extend(args.params.iter().cloned());
-    Ok(RegisterBody {
-        name: args.name.clone().or_else(|| folder_name.clone()),
-        job_id: args.job_id.clone().or(folder_name),
+    let body = RegisterBody {
+        name: args.name.clone().or(folder_name),
+        job_id,
         base_model: args.base_model.clone().or(found.base_model),
         model_size: args.model_size.clone(),
         dataset: args.dataset.clone(),
@@ -192,7 +209,43 @@ async fn body_of(args: &RegisterArgs) -> Result<RegisterBody, Error> {
         params: (!params.is_empty()).then_some(Value::Object(params)),
         source: Some(args.source.clone()),
         files: Some(files),
-    })
+    };
+    Ok((body, registered))
+}
+
+/// The id of the model registered under `job_id` on `api`, if any, when
+/// `files` are its files by path and size; a 409's sentence, before any
+/// hashing, when they are not.
+async fn registered_as(api: &Api, job_id: &str, files: &[Listed]) -> Result<Option<i64>, Error> {
+    let models = api.get::<super::Models>("/v1/models").await?.body.models;
+    let Some(model) = models.into_iter().find(|m| m.job_id == job_id) else {
+        return Ok(None);
+    };
+    let theirs: Vec<(&str, u64)> = model
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f.size_bytes))
+        .collect();
+    let ours: Vec<(&str, u64)> = files.iter().map(|f| (f.path.as_str(), f.size)).collect();
+    if theirs == ours {
+        return Ok(Some(model.id));
+    }
+    let differs = ours
+        .iter()
+        .find(|file| !theirs.contains(file))
+        .map(|(path, size)| format!("it has no {path} of {size} bytes"))
+        .or_else(|| {
+            theirs
+                .iter()
+                .find(|file| !ours.contains(file))
+                .map(|(path, _)| format!("it has {path}, which this folder does not"))
+        })
+        .unwrap_or_default();
+    Err(Error::Invalid(format!(
+        "job id {job_id:?} is registered already as model {} and {differs}; register this \
+         folder under another job id (--job-id), or delete model {} first",
+        model.id, model.id
+    )))
 }
 
 /// The checkpoint `wanted` (`N` or `last`) of the run in `dir`: its number
