@@ -448,3 +448,50 @@ fn waited(mut child: std::process::Child) -> (i64, Output) {
         },
     )
 }
+
+/// Against a server on this machine the folder is its own source, and a
+/// file only its owner can read is warned about (a server running as
+/// another user could not fetch it); a server elsewhere needs --source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_server_fetches_from_the_folder_itself_and_closed_files_are_warned_of() {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = TempDir::new().unwrap();
+    let dir = parent.path().join("merged");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), b"{\"model_type\": \"llama\"}").unwrap();
+    std::fs::write(dir.join("model.safetensors"), bytes(3, 4096)).unwrap();
+    std::fs::set_permissions(
+        dir.join("model.safetensors"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let server = Berth::start(Backend::Sqlite).await;
+
+    let registered = berth(&server.url, &["models", "register", path(&dir), "--json"]);
+    let model: Value = serde_json::from_str(&expect_success(&registered)).unwrap();
+    let folder = url::Url::from_directory_path(&dir).unwrap();
+    assert_eq!(model["source"], format!("{folder}{{path}}"));
+    assert!(
+        lossy(&registered.stderr).contains(
+            "warning: model.safetensors cannot be read by other users (e.g. mode 0600, as \
+             safetensors writes): a server running as another user will fail to fetch it"
+        ),
+        "{registered:?}"
+    );
+    let (status, deployment) = server
+        .deploy(model["id"].as_i64().unwrap(), "archive", json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+
+    let elsewhere = berth(
+        "http://berth.internal:7878",
+        &["models", "register", path(&dir), "--dry-run"],
+    );
+    assert_eq!(elsewhere.status.code(), Some(1), "{elsewhere:?}");
+    assert!(
+        lossy(&elsewhere.stderr).contains(
+            "--source is needed: the server http://berth.internal:7878 is not on this machine"
+        ),
+        "{elsewhere:?}"
+    );
+}

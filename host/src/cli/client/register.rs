@@ -25,8 +25,10 @@ pub struct RegisterArgs {
     /// Where the server fetches the files from: a URL template with
     /// {path} (and optionally {job_id}), like
     /// http://files.internal/{job_id}/{path} or file:///srv/runs/{job_id}/{path}.
+    /// Default, for a server on this machine (--server on loopback): the
+    /// folder itself, file://DIR/{path}.
     #[arg(long, value_name = "TEMPLATE")]
-    source: String,
+    source: Option<String>,
     /// The model's name (default: the folder's name).
     #[arg(long)]
     name: Option<String>,
@@ -183,6 +185,19 @@ async fn body_of(
         (Some(api), Some(job_id)) => registered_as(api, job_id, &listing.files).await?,
         _ => None,
     };
+    let source = source_of(args, &dir)?;
+    if source.starts_with("file:") {
+        let closed = unreadable_by_others(&dir, &listing.files);
+        if !closed.is_empty() {
+            eprintln!(
+                "warning: {} cannot be read by other users (e.g. mode 0600, as safetensors \
+                 writes): a server running as another user will fail to fetch {}; \
+                 chmod o+r them",
+                closed.join(", "),
+                if closed.len() == 1 { "it" } else { "them" }
+            );
+        }
+    }
     let files = hashed(&dir, &listing).await?;
     let found = training::read(
         read_text(&dir, &every_file, "adapter_config.json")
@@ -207,10 +222,53 @@ async fn body_of(
         num_train_steps: args.num_train_steps.or(found.num_train_steps),
         final_loss: args.final_loss.or(found.final_loss),
         params: (!params.is_empty()).then_some(Value::Object(params)),
-        source: Some(args.source.clone()),
+        source: Some(source),
         files: Some(files),
     };
     Ok((body, registered))
+}
+
+/// `--source`, or for a server on this machine the folder's own
+/// `file://` template.
+fn source_of(args: &RegisterArgs, dir: &Path) -> Result<String, Error> {
+    if let Some(source) = &args.source {
+        return Ok(source.clone());
+    }
+    let local = url::Url::parse(&args.common.server)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_string))
+        .is_some_and(|host| matches!(host.as_str(), "127.0.0.1" | "localhost" | "[::1]"));
+    if !local {
+        return Err(Error::Invalid(format!(
+            "--source is needed: the server {} is not on this machine, so it cannot read {} \
+             (give where it fetches the files from, e.g. --source \
+             'https://files.internal/{{job_id}}/{{path}}')",
+            args.common.server,
+            dir.display()
+        )));
+    }
+    let absolute =
+        std::path::absolute(dir).map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))?;
+    let folder = url::Url::from_directory_path(&absolute).map_err(|()| {
+        Error::Invalid(format!(
+            "{} cannot be written as a file:// URL",
+            absolute.display()
+        ))
+    })?;
+    Ok(format!("{folder}{{path}}"))
+}
+
+/// Files a server running as another user could not read: `file://`
+/// sources only, where the server opens the files themselves.
+fn unreadable_by_others(dir: &Path, files: &[Listed]) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    files
+        .iter()
+        .filter(|f| {
+            std::fs::metadata(dir.join(&f.path)).is_ok_and(|m| m.permissions().mode() & 0o004 == 0)
+        })
+        .map(|f| f.path.clone())
+        .collect()
 }
 
 /// The id of the model registered under `job_id` on `api`, if any, when
