@@ -15,6 +15,8 @@ import { log, progress } from 'berth:deployer/host@0.1.0';
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 
 const EXTENSION = '.safetensors';
+// Beside a sharded model's shards: which tensor is in which file.
+const INDEX_EXTENSION = '.safetensors.index.json';
 // The safetensors format itself refuses headers over 100 MB.
 const MAX_HEADER_BYTES = 100_000_000;
 const METADATA_KEY = '__metadata__';
@@ -56,46 +58,130 @@ export const plugin = {
 
   deploy(request) {
     const options = parseOptions(request.optionsJson);
-    const paths = request.model.files.map((f) => f.path).filter((p) => p.endsWith(EXTENSION));
-    if (paths.length === 0) {
+    const files = request.model.files.filter((f) => f.path.endsWith(EXTENSION));
+    if (files.length === 0) {
       throw `the model has no ${EXTENSION} files among its ${request.model.files.length} files: nothing to check`;
     }
     const dir = preopen(request.dir);
 
+    const summaries = new Map();
+    for (const [index, file] of files.entries()) {
+      try {
+        summaries.set(file.path, checkFile(dir, file.path, options));
+      } catch (problem) {
+        throw `${file.path}: ${describeProblem(problem)}`;
+      }
+      progress(BigInt(index + 1), BigInt(files.length), file.path);
+    }
+    const paths = request.model.files.map((f) => f.path);
+    for (const index of paths.filter((p) => p.endsWith(INDEX_EXTENSION))) {
+      try {
+        checkIndex(dir, index, paths, summaries);
+      } catch (problem) {
+        throw `${index}: ${describeProblem(problem)}`;
+      }
+    }
+
+    // Each file's bytes are counted once, however many paths hold them.
+    const counted = new Set();
     const dtypes = {};
     let tensors = 0;
     let parameters = 0n;
     let bytes = 0;
-    for (const [index, path] of paths.entries()) {
-      let summary;
-      try {
-        summary = checkFile(dir, path, options);
-      } catch (problem) {
-        throw `${path}: ${describeProblem(problem)}`;
+    const perFile = {};
+    for (const file of files) {
+      const summary = summaries.get(file.path);
+      perFile[file.path] = { tensors: summary.tensors, parameters: toJsonNumber(summary.parameters) };
+      const identity = file.sha256 ?? file.path;
+      if (counted.has(identity)) {
+        continue;
       }
+      counted.add(identity);
       tensors += summary.tensors;
       parameters += summary.parameters;
       bytes += summary.size;
       for (const [dtype, count] of Object.entries(summary.dtypes)) {
         dtypes[dtype] = (dtypes[dtype] ?? 0) + count;
       }
-      progress(BigInt(index + 1), BigInt(paths.length), path);
     }
 
     const params = toJsonNumber(parameters);
-    log('info', `checked ${paths.length} files: ${tensors} tensors, ${params} parameters`);
+    log('info', `checked ${files.length} files: ${tensors} tensors, ${params} parameters`);
     return {
       ref: `ok: ${tensors} tensors, ${params} parameters`,
       detailsJson: JSON.stringify({
-        files: paths.length,
+        files: files.length,
         tensors,
         dtypes: sortedObject(dtypes),
         parameters: params,
         data_bytes: bytes,
+        per_file: sortedObject(perFile),
       }),
     };
   },
 };
+
+/// A sharded model's index (`model.safetensors.index.json`): every shard
+/// its `weight_map` names must be among the model's files, hold exactly
+/// the tensors the index gives it, and no shard of the same name pattern
+/// beside it may be left out of the index.
+function checkIndex(dir, indexPath, paths, summaries) {
+  const folder = indexPath.includes('/') ? indexPath.slice(0, indexPath.lastIndexOf('/') + 1) : '';
+  const file = dir.openAt({ symlinkFollow: false }, indexPath, {}, { read: true });
+  let index;
+  try {
+    const size = Number(file.stat().size);
+    if (size > MAX_HEADER_BYTES) {
+      throw `the index is ${size} bytes, more than ${MAX_HEADER_BYTES}`;
+    }
+    try {
+      index = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(readExactly(file, 0, size)));
+    } catch (e) {
+      throw typeof e === 'string' ? e : `the index is not valid JSON: ${e.message}`;
+    }
+  } finally {
+    file[Symbol.dispose]?.();
+  }
+  const map = index?.weight_map;
+  if (map === null || typeof map !== 'object' || Array.isArray(map)) {
+    throw 'the index has no weight_map object';
+  }
+  const byShard = new Map();
+  for (const [tensor, shard] of Object.entries(map)) {
+    if (typeof shard !== 'string') {
+      throw `weight_map gives tensor ${JSON.stringify(tensor)} a shard that is not a file name`;
+    }
+    if (!byShard.has(shard)) {
+      byShard.set(shard, []);
+    }
+    byShard.get(shard).push(tensor);
+  }
+  for (const [shard, tensors] of byShard) {
+    const summary = summaries.get(folder + shard);
+    if (!summary) {
+      throw `shard ${folder + shard} is missing: the index puts ${tensors.length} tensors in it, and the model has no such file`;
+    }
+    const held = new Set(summary.names);
+    const absent = tensors.find((t) => !held.has(t));
+    if (absent !== undefined) {
+      throw `tensor ${JSON.stringify(absent)} is in ${folder + shard} by the index, but not in that file's header`;
+    }
+    const named = new Set(tensors);
+    const extra = summary.names.find((t) => !named.has(t));
+    if (extra !== undefined) {
+      throw `${folder + shard} holds tensor ${JSON.stringify(extra)}, which the index does not list`;
+    }
+  }
+  const stem = indexPath.slice(folder.length, -INDEX_EXTENSION.length);
+  const pattern = new RegExp(`^${stem.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}-\\d+-of-\\d+\\${EXTENSION}$`);
+  const stray = paths.find((p) => {
+    const name = p.slice(folder.length);
+    return p.startsWith(folder) && !name.includes('/') && pattern.test(name) && !byShard.has(name);
+  });
+  if (stray !== undefined) {
+    throw `${stray} looks like one of its shards, but the index does not name it (a shard of another save?)`;
+  }
+}
 
 /// Returns `{ allowedDtypes: Set | null }`, throwing a sentence when bad.
 function parseOptions(optionsJson) {
@@ -230,7 +316,7 @@ function checkHeader(header, dataLength, { allowedDtypes }) {
     parameters += elements;
   }
   checkCoverage(spans, dataLength);
-  return { tensors: spans.length, dtypes, parameters, size: dataLength };
+  return { tensors: spans.length, names: spans.map((s) => s.name), dtypes, parameters, size: dataLength };
 }
 
 /// The tensors, in offset order, must tile the data section exactly: no

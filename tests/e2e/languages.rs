@@ -17,6 +17,7 @@ use crate::support::{assert_error, bytes, model, on_both_backends, plugins, sha2
 on_both_backends!(
     model_card_writes_a_card_with_and_without_an_adapter_config,
     safetensors_check_counts_good_files_and_names_bad_ones,
+    safetensors_check_follows_a_sharded_models_index,
 );
 
 /// The tier of code (and `--compiler`) each backend's run uses.
@@ -220,6 +221,10 @@ async fn safetensors_check_counts_good_files_and_names_bad_ones(backend: Backend
             "dtypes": { "BF16": 1, "F16": 1, "F32": 2, "F64": 1, "I64": 1 },
             "parameters": 646,
             "data_bytes": (16 * 32 * 4 + 32 * 2 + 64 * 2) + (10 * 8 + 27 * 4 + 8),
+            "per_file": {
+                "adapter_model.safetensors": { "tensors": 3, "parameters": 608 },
+                "shards/model-00001-of-00001.safetensors": { "tensors": 3, "parameters": 38 },
+            },
         })
     );
     let (status, deployment) = berth
@@ -310,6 +315,115 @@ async fn safetensors_check_counts_good_files_and_names_bad_ones(backend: Backend
             .get(&format!("/v1/deployments/{}", deployment["id"]))
             .await;
         assert_eq!(stored, deployment, "{job}: the failed row is stored");
+    }
+}
+
+/// A sharded model: two shards and the index that says which tensor is in
+/// which; then an index that names a missing shard, one that puts a tensor
+/// in the wrong shard, and a stray shard beside them, each named. The same
+/// adapter in two folders is counted once.
+async fn safetensors_check_follows_a_sharded_models_index(backend: Backend) {
+    let files = FileServer::start().await;
+    let berth = Berth::bare(backend)
+        .plugin("safetensors-check", plugins::example("safetensors-check"))
+        .arg(&format!("--compiler={}", tier(backend)))
+        .start()
+        .await;
+    let one = safetensors(&[("a", "F32", &[4, 4]), ("b", "F32", &[4])]);
+    let two = safetensors(&[("c", "BF16", &[8])]);
+    let index = |map: Value| {
+        json!({ "metadata": {}, "weight_map": map })
+            .to_string()
+            .into_bytes()
+    };
+    let good_index = index(json!({
+        "a": "model-00001-of-00002.safetensors",
+        "b": "model-00001-of-00002.safetensors",
+        "c": "model-00002-of-00002.safetensors",
+    }));
+    let adapter = safetensors(&[("lora_A", "F32", &[2, 2])]);
+    let shards = vec![
+        ("model-00001-of-00002.safetensors", one.clone()),
+        ("model-00002-of-00002.safetensors", two.clone()),
+        ("model.safetensors.index.json", good_index.clone()),
+        ("adapter_model.safetensors", adapter.clone()),
+        ("checkpoint-10/adapter_model.safetensors", adapter),
+    ];
+    let id = berth
+        .register(&model(&files, "job-st-sharded", &shards))
+        .await;
+    let (status, deployment) = berth.deploy(id, "safetensors-check", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+    // 16 + 4 + 8, and the adapter's 4 once.
+    assert_eq!(
+        deployment["ref"], "ok: 4 tensors, 32 parameters",
+        "{deployment}"
+    );
+    assert_eq!(
+        deployment["details"]["per_file"]["checkpoint-10/adapter_model.safetensors"],
+        json!({ "tensors": 1, "parameters": 4 })
+    );
+
+    let cases: Vec<(&str, Vec<(&str, Vec<u8>)>, &str)> = vec![
+        (
+            "missing",
+            vec![
+                ("model-00001-of-00002.safetensors", one.clone()),
+                ("model.safetensors.index.json", good_index.clone()),
+            ],
+            "shard model-00002-of-00002.safetensors is missing: the index puts 1 tensors in it",
+        ),
+        (
+            "moved",
+            vec![
+                ("model-00001-of-00002.safetensors", one.clone()),
+                ("model-00002-of-00002.safetensors", two.clone()),
+                (
+                    "model.safetensors.index.json",
+                    index(json!({
+                        "a": "model-00001-of-00002.safetensors",
+                        "b": "model-00002-of-00002.safetensors",
+                        "c": "model-00002-of-00002.safetensors",
+                    })),
+                ),
+            ],
+            "model-00001-of-00002.safetensors holds tensor \"b\", which the index does not list",
+        ),
+        (
+            "unknown",
+            vec![
+                ("model-00001-of-00002.safetensors", one.clone()),
+                ("model-00002-of-00002.safetensors", two.clone()),
+                (
+                    "model.safetensors.index.json",
+                    index(json!({
+                        "a": "model-00001-of-00002.safetensors",
+                        "b": "model-00001-of-00002.safetensors",
+                        "c": "model-00002-of-00002.safetensors",
+                        "d": "model-00002-of-00002.safetensors",
+                    })),
+                ),
+            ],
+            "tensor \"d\" is in model-00002-of-00002.safetensors by the index, but not in that file's header",
+        ),
+        (
+            "stray",
+            vec![
+                ("model-00001-of-00002.safetensors", one.clone()),
+                ("model-00002-of-00002.safetensors", two.clone()),
+                ("model-00003-of-00003.safetensors", two),
+                ("model.safetensors.index.json", good_index),
+            ],
+            "model-00003-of-00003.safetensors looks like one of its shards, but the index does not name it",
+        ),
+    ];
+    for (job, contents, mentions) in cases {
+        let id = berth
+            .register(&model(&files, &format!("job-st-index-{job}"), &contents))
+            .await;
+        let (status, deployment) = berth.deploy(id, "safetensors-check", json!({})).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{job}: {deployment}");
+        assert_failed_naming(&deployment, "model.safetensors.index.json", mentions);
     }
 }
 
