@@ -364,7 +364,9 @@ async fn safetensors_check_follows_a_sharded_models_index(backend: Backend) {
         json!({ "tensors": 1, "parameters": 4 })
     );
 
-    let cases: Vec<(&str, Vec<(&str, Vec<u8>)>, &str)> = vec![
+    // Each case: its name, the model's files, what the error says.
+    type Case<'a> = (&'a str, Vec<(&'a str, Vec<u8>)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "missing",
             vec![
