@@ -171,6 +171,36 @@ async fn a_training_folder_is_registered_shown_deployed_and_removed() {
         )),
         "{early:?}"
     );
+    // With --wait it looks again until Trainer has written the state: the
+    // state is written once it has said it waits.
+    let mut waiting = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["models", "register", path(&dir), "--source", &source])
+        .args(["--checkpoint", "last", "--wait", "--dry-run"])
+        .args(["--server", &server.url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(waiting.stderr.take().unwrap());
+    let mut lines = std::io::BufRead::lines(stderr).map(Result::unwrap);
+    let said = lines
+        .find(|line| line.starts_with("waiting: "))
+        .expect("register --wait says it waits");
+    assert!(
+        said.contains("checkpoint-1500 has no trainer_state.json"),
+        "{said}"
+    );
+    std::fs::write(
+        writing.join("trainer_state.json"),
+        br#"{"global_step": 1500, "log_history": []}"#,
+    )
+    .unwrap();
+    // Read to its end, so the command never writes into a closed pipe.
+    let rest: Vec<String> = lines.collect();
+    let waited = waiting.wait_with_output().unwrap();
+    assert!(waited.status.success(), "{waited:?} {rest:?}");
+    let body: Value = serde_json::from_slice(&waited.stdout).unwrap();
+    assert_eq!(body["job_id"], "support-bot-run-checkpoint-1500");
     std::fs::remove_dir_all(&writing).unwrap();
 
     let registered = register(&["--job-id", "run-1", "--json"]);

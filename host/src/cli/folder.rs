@@ -298,6 +298,12 @@ pub fn hash(dir: &Path, files: &[Listed], done: &AtomicU64) -> anyhow::Result<Ve
     Ok(hashed)
 }
 
+/// A file that changed while it was hashed: the folder is still being
+/// written.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Changed(String);
+
 /// `file`'s size and sha256, refused if it is not what was listed or
 /// changes while it is read: a file still being written (a training run
 /// saving a checkpoint) would register bytes that are not its last.
@@ -329,14 +335,15 @@ fn hash_one(
     let still =
         size == file.size && after.len() == size && before.modified().ok() == after.modified().ok();
     if !still {
-        anyhow::bail!(
+        return Err(Changed(format!(
             "{}: it changed while it was read ({} when listed, {} read, {} now): it is still \
              being written; register the folder once the run has finished writing it",
             file.path,
             crate::human::size(file.size),
             crate::human::size(size),
             crate::human::size(after.len())
-        );
+        ))
+        .into());
     }
     Ok(Hashed {
         size,

@@ -29,6 +29,9 @@ pub enum Error {
     /// Anything else the person has to fix (a bad flag, an unknown model).
     /// Exit status 1.
     Invalid(String),
+    /// A folder still being written (a training run saving a checkpoint):
+    /// worth looking again later. Exit status 1.
+    Unfinished(String),
 }
 
 impl Error {
@@ -36,7 +39,7 @@ impl Error {
     pub fn exit_status(&self) -> u8 {
         match self {
             Error::Unreachable { .. } => 2,
-            Error::Refused { .. } | Error::Invalid(_) => 1,
+            Error::Refused { .. } | Error::Invalid(_) | Error::Unfinished(_) => 1,
         }
     }
 }
@@ -51,7 +54,7 @@ impl fmt::Display for Error {
                 )
             }
             Error::Refused { message, .. } => f.write_str(message),
-            Error::Invalid(message) => f.write_str(message),
+            Error::Invalid(message) | Error::Unfinished(message) => f.write_str(message),
         }
     }
 }

@@ -77,6 +77,11 @@ pub struct RegisterArgs {
     /// run's folder name and `-checkpoint-N`.
     #[arg(long, value_name = "N|last")]
     checkpoint: Option<String>,
+    /// Waits (up to an hour, looking again every 2 s) while the folder is
+    /// still being written, instead of refusing it: a file changing while
+    /// it is hashed, a checkpoint without its trainer_state.json.
+    #[arg(long)]
+    wait: bool,
     /// Prints the registration body instead of sending it (what is left
     /// out is said on stderr, as always).
     #[arg(long)]
@@ -90,7 +95,7 @@ pub async fn run(args: RegisterArgs) -> Result<(), Error> {
     let api = (!args.dry_run)
         .then(|| Api::new(&args.common.server, args.common.token.as_deref()))
         .transpose()?;
-    let (body, registered) = body_of(&args, api.as_ref()).await?;
+    let (body, registered) = complete(&args, api.as_ref()).await?;
     let Some(api) = api else {
         print_json(&serde_json::to_value(&body).unwrap_or_default());
         return Ok(());
@@ -118,6 +123,39 @@ pub async fn run(args: RegisterArgs) -> Result<(), Error> {
     );
     Ok(())
 }
+
+/// `body_of`, looked at again while the folder is still being written and
+/// `--wait` says to wait for it (at most `MAX_WAIT`).
+async fn complete(
+    args: &RegisterArgs,
+    api: Option<&Api>,
+) -> Result<(RegisterBody, Option<i64>), Error> {
+    let started = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        match body_of(args, api).await {
+            Err(Error::Unfinished(why)) if args.wait && started.elapsed() < MAX_WAIT => {
+                if !said {
+                    eprintln!("waiting: {why}");
+                    said = true;
+                }
+                tokio::time::sleep(LOOK_AGAIN).await;
+            }
+            Err(Error::Unfinished(why)) if args.wait => {
+                return Err(Error::Unfinished(format!(
+                    "{why} (still, after waiting {})",
+                    crate::human::duration(MAX_WAIT)
+                )));
+            }
+            done => return done,
+        }
+    }
+}
+
+/// How long `--wait` waits for a run to finish writing its folder.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+/// How often it looks again.
+const LOOK_AGAIN: Duration = Duration::from_secs(2);
 
 /// The registration of `args.dir`: listed, chosen, hashed, read, flags on
 /// top; and the model its job id names on `api` already, if any, whose
@@ -370,9 +408,10 @@ fn chosen(args: &RegisterArgs, dir: &Path, files: Vec<Listed>) -> Result<Vec<Lis
                 folder => folder.to_string(),
             })
             .collect();
-        return Err(Error::Invalid(format!(
+        return Err(Error::Unfinished(format!(
             "{} has no {}, which Trainer writes last: it is still being written, or was cut \
-             short; register it once it has one, or leave it out (--exclude)",
+             short; register it once it has one (--wait waits for it), or leave it out \
+             (--exclude)",
             named.join(", "),
             choose::WRITTEN_LAST
         )));
@@ -482,7 +521,10 @@ async fn hashed(dir: &Path, listing: &Listing) -> Result<Vec<FileBody>, Error> {
     }
     let (files, hashed) = result
         .map_err(|e| Error::Invalid(e.to_string()))?
-        .map_err(|e| Error::Invalid(format!("{e:#}")))?;
+        .map_err(|e| match e.downcast::<folder::Changed>() {
+            Ok(changed) => Error::Unfinished(changed.to_string()),
+            Err(e) => Error::Invalid(format!("{e:#}")),
+        })?;
     Ok(files
         .into_iter()
         .zip(hashed)
