@@ -50,6 +50,9 @@ LORA_FIELDS = [
     ("target_modules", "Target modules"),
     ("bias", "Bias"),
     ("task_type", "Task type"),
+    ("use_dora", "DoRA"),
+    ("use_rslora", "rsLoRA"),
+    ("modules_to_save", "Modules saved whole"),
     ("base_model_name_or_path", "Base model (adapter config)"),
 ]
 
@@ -183,9 +186,10 @@ def render(request: DeployRequest, options: dict, params: dict, adapter):
 
     section("Training")
     rows = [
-        ("Dataset", model.dataset),
-        ("Examples", str(model.num_examples)),
-        ("Steps", str(model.num_train_steps)),
+        # The contract says "" and 0 where berth recorded nothing.
+        ("Dataset", model.dataset or "unknown"),
+        ("Examples", str(model.num_examples) if model.num_examples else "unknown"),
+        ("Steps", str(model.num_train_steps) if model.num_train_steps else "unknown"),
         ("Final loss", "unknown" if model.final_loss is None else format_loss(model.final_loss)),
     ]
     table(lines, ("Field", "Value"), rows)

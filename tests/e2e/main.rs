@@ -54,4 +54,5 @@ mod space;
 mod storage;
 mod store;
 mod targets;
+mod training_runs;
 mod webhook;

@@ -63,6 +63,11 @@ const SQLITE_MIGRATIONS: Migrations = Migrations(&[
         "rules",
         include_str!("../../../migrations/sqlite/0010_rules.sql"),
     ),
+    (
+        11,
+        "unknown training values",
+        include_str!("../../../migrations/sqlite/0011_unknown_training_values.sql"),
+    ),
 ]);
 const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
     (
@@ -114,6 +119,11 @@ const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
         10,
         "rules",
         include_str!("../../../migrations/postgres/0010_rules.sql"),
+    ),
+    (
+        11,
+        "unknown training values",
+        include_str!("../../../migrations/postgres/0011_unknown_training_values.sql"),
     ),
 ]);
 
@@ -199,6 +209,58 @@ mod tests {
                 "{backend}: the list in db/migrations.rs and the folder differ"
             );
         }
+    }
+
+    /// A model recorded before unknown training values were NULL comes
+    /// out of the upgrade with its 0s and ""s unknown, the rest as it was.
+    #[tokio::test]
+    async fn zeros_and_blanks_recorded_before_become_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = crate::db::testing::url(&dir);
+        let pool = super::super::sqlite::pool(&super::super::sqlite::url(&url), 1)
+            .await
+            .unwrap();
+        let before = Migrations(&SQLITE_MIGRATIONS.0[..10]);
+        sqlx::migrate::Migrator::new(before)
+            .await
+            .unwrap()
+            .run(&pool)
+            .await
+            .unwrap();
+        for (job, base, steps) in [("old-unknown", "", 0), ("old-known", "llama", 750)] {
+            sqlx::query(
+                "INSERT INTO models (name, job_id, base_model, model_size, dataset, \
+                 num_examples, num_train_steps, source, created_at) \
+                 VALUES ($1, $1, $2, '', '', 0, $3, 'file:///m/{path}', '2026-12-01T00:00:00Z')",
+            )
+            .bind(job)
+            .bind(base)
+            .bind(steps)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        pool.close().await;
+        let db = crate::db::Db::connect(&url).await.unwrap();
+        let models = db.models().await.unwrap();
+        let unknown = &models[0];
+        assert_eq!(
+            (
+                &unknown.base_model,
+                unknown.num_train_steps,
+                unknown.num_examples
+            ),
+            (&None, None, None)
+        );
+        let known = &models[1];
+        assert_eq!(
+            (
+                known.base_model.as_deref(),
+                known.num_train_steps,
+                &known.dataset
+            ),
+            (Some("llama"), Some(750), &None)
+        );
     }
 
     /// A database migrated by a newer berth is refused at connect with

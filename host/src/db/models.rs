@@ -165,8 +165,8 @@ async fn insert_model(conn: &mut AnyConnection, mut model: TrainedModel) -> Resu
     .bind(&model.base_model)
     .bind(&model.model_size)
     .bind(&model.dataset)
-    .bind(to_i64(model.num_examples))
-    .bind(to_i64(model.num_train_steps));
+    .bind(model.num_examples.map(to_i64))
+    .bind(model.num_train_steps.map(to_i64));
     // sqlx 0.8's Any driver sends a NULL f64 to PostgreSQL as a `real`
     // and a NULL f32 as a `double precision` (the two are swapped). The
     // connection caches the statement with the first parameter types it
@@ -225,8 +225,14 @@ fn model_row(row: &AnyRow) -> Result<TrainedModel> {
         base_model: row.try_get("base_model")?,
         model_size: row.try_get("model_size")?,
         dataset: row.try_get("dataset")?,
-        num_examples: to_u64(row.try_get("num_examples")?, "num_examples")?,
-        num_train_steps: to_u64(row.try_get("num_train_steps")?, "num_train_steps")?,
+        num_examples: row
+            .try_get::<Option<i64>, _>("num_examples")?
+            .map(|n| to_u64(n, "num_examples"))
+            .transpose()?,
+        num_train_steps: row
+            .try_get::<Option<i64>, _>("num_train_steps")?
+            .map(|n| to_u64(n, "num_train_steps"))
+            .transpose()?,
         final_loss: row.try_get("final_loss")?,
         params_json: row.try_get("params")?,
         source: row.try_get("source")?,

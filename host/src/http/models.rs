@@ -29,13 +29,15 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 /// A body without `files` has them listed at its source: an `s3://`
 /// prefix (each object's size, and its sha256 where the store keeps one,
 /// `x-amz-checksum-sha256`) or an `oci://` manifest (its layers, by
-/// digest); no file is read.
+/// digest); no file is read. Given `files` are each looked for at the
+/// source first (one byte each, for its size), unless `check_source` is
+/// `false`.
 #[utoipa::path(post, path = "/v1/models", operation_id = "register_model", tag = "models",
     request_body = RegisterBody,
     responses(
         (status = CREATED, description = "The stored model", body = json::Model),
         (status = OK, description = "The same files from the same source are registered already under this job id: that model", body = json::Model),
-        (status = BAD_REQUEST, description = "The body is not a registration (then `error` alone says why), or every problem of the registration, each also with its field in `problems`; or, without `files`, its source could not be listed (then `error` alone says why: a scheme that cannot be listed, no objects or more than 10000 under the prefix, no bucket, refused credentials, an unreachable store)", body = ProblemsBody),
+        (status = BAD_REQUEST, description = "The body is not a registration (then `error` alone says why), or every problem of the registration, each also with its field in `problems`; or the source does not answer for a given file with its size (then `error` names the first such file); or, without `files`, its source could not be listed (then `error` alone says why: a scheme that cannot be listed, no objects or more than 10000 under the prefix, no bucket, refused credentials, an unreachable store)", body = ProblemsBody),
         (status = CONFLICT, description = "The job id is registered already, with other files or another source: `error` names the model and what differs", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
     ))]
@@ -45,12 +47,26 @@ async fn register(
     Body(body): Body<RegisterBody>,
 ) -> Result<(StatusCode, Json<json::Model>), Error> {
     let listed = body.files.is_none();
+    // Files found by listing the source are there by definition.
+    let check = !listed && body.check_source != Some(false);
     let mut draft = draft(body);
     if listed {
         draft = discovered(&ctx, draft).await?;
     }
     let mut model = validate::model(draft).map_err(Error::InvalidModel)?;
     model.created_by = caller.map(|Extension(c)| c.name);
+    if check {
+        // A repeat is answered by `repeated` below, source unasked.
+        if ctx.db.model_by_job_id(&model.job_id).await?.is_none() {
+            ctx.fetcher
+                .sources()
+                .answer_for(&model)
+                .await
+                .map_err(|why| {
+                    Error::BadRequest(format!("the source does not hold the files: {why}"))
+                })?;
+        }
+    }
     // The event is the registration's own record, in its transaction:
     // rules fire from it, so a crash cannot keep one from them.
     let report = ctx.events.report_model(|row| {

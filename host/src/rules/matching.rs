@@ -45,12 +45,16 @@ fn value_matches(wanted: &Value, value: Option<&Value>) -> bool {
 
 /// Whether `model` (and, for a completed deployment, `previous`) matches.
 pub fn matches(rule: &Match, model: &TrainedModel, previous: Option<&Deployment>) -> bool {
-    let text =
-        |pattern: &Option<String>, value: &str| pattern.as_deref().is_none_or(|p| glob(p, value));
-    if !(text(&rule.name, &model.name)
-        && text(&rule.job_id, &model.job_id)
-        && text(&rule.base_model, &model.base_model)
-        && text(&rule.dataset, &model.dataset))
+    // A pattern asks for a value: an unknown one matches none.
+    let text = |pattern: &Option<String>, value: Option<&str>| {
+        pattern
+            .as_deref()
+            .is_none_or(|p| value.is_some_and(|v| glob(p, v)))
+    };
+    if !(text(&rule.name, Some(&model.name))
+        && text(&rule.job_id, Some(&model.job_id))
+        && text(&rule.base_model, model.base_model.as_deref())
+        && text(&rule.dataset, model.dataset.as_deref()))
     {
         return false;
     }
@@ -118,8 +122,8 @@ mod tests {
 
     fn model() -> TrainedModel {
         let mut model = TrainedModel::from_files("ft-1", String::new(), Vec::new());
-        model.base_model = "meta-llama/Llama-3.1-8B".into();
-        model.dataset = "support-tickets".into();
+        model.base_model = Some("meta-llama/Llama-3.1-8B".into());
+        model.dataset = Some("support-tickets".into());
         model.final_loss = Some(0.42);
         model.params_json = r#"{"lr": 0.0002, "rank": 16, "kind": "lora"}"#.into();
         model

@@ -102,9 +102,9 @@ fn lookup(
             "id" => Some(model.id.to_string()),
             "name" => Some(model.name.clone()),
             "job_id" => Some(model.job_id.clone()),
-            "base_model" => Some(model.base_model.clone()),
-            "model_size" => Some(model.model_size.clone()),
-            "dataset" => Some(model.dataset.clone()),
+            "base_model" => model.base_model.clone(),
+            "model_size" => model.model_size.clone(),
+            "dataset" => model.dataset.clone(),
             "final_loss" => model.final_loss.map(|l| l.to_string()),
             _ => match field.strip_prefix("params.") {
                 Some(path) => {
@@ -224,7 +224,7 @@ mod tests {
     fn model() -> TrainedModel {
         let mut model = TrainedModel::from_files("ft-7", String::new(), Vec::new());
         model.id = 7;
-        model.base_model = "meta-llama/Llama-3.1-8B".into();
+        model.base_model = Some("meta-llama/Llama-3.1-8B".into());
         model.params_json = r#"{"rank": 16, "nested": {"tag": "v1"}}"#.into();
         model
     }

@@ -88,9 +88,13 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
         value
     };
     let name = text("name", draft.name, true);
-    let base_model = text("base_model", draft.base_model, false);
-    let model_size = text("model_size", draft.model_size, false);
-    let dataset = text("dataset", draft.dataset, false);
+    // An optional text left blank is not known: `None`, as if left out.
+    let mut optional = |field: &str, value: Option<String>| {
+        Some(text(field, value, false)).filter(|v| !v.trim().is_empty())
+    };
+    let base_model = optional("base_model", draft.base_model);
+    let model_size = optional("model_size", draft.model_size);
+    let dataset = optional("dataset", draft.dataset);
 
     let job_id = draft.job_id.unwrap_or_default();
     if let Err(e) = job_id_rule(&job_id) {
@@ -204,8 +208,8 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
         base_model,
         model_size,
         dataset,
-        num_examples: draft.num_examples.unwrap_or(0),
-        num_train_steps: draft.num_train_steps.unwrap_or(0),
+        num_examples: draft.num_examples,
+        num_train_steps: draft.num_train_steps,
         final_loss: draft.final_loss,
         params_json,
         source,
@@ -216,7 +220,7 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
 }
 
 /// The job id names the model's directory on disk.
-fn job_id_rule(job_id: &str) -> Result<(), String> {
+pub(crate) fn job_id_rule(job_id: &str) -> Result<(), String> {
     if job_id.is_empty() {
         return Err("job_id is required".into());
     }

@@ -177,11 +177,12 @@ proptest! {
         let model = model(draft.clone()).map_err(|p| TestCaseError::fail(p.to_string()))?;
         prop_assert_eq!(Some(&model.name), draft.name.as_ref());
         prop_assert_eq!(Some(&model.job_id), draft.job_id.as_ref());
-        prop_assert_eq!(&model.base_model, &draft.base_model.unwrap_or_default());
-        prop_assert_eq!(&model.model_size, &draft.model_size.unwrap_or_default());
-        prop_assert_eq!(&model.dataset, &draft.dataset.unwrap_or_default());
-        prop_assert_eq!(model.num_examples, draft.num_examples.unwrap_or(0));
-        prop_assert_eq!(model.num_train_steps, draft.num_train_steps.unwrap_or(0));
+        let blank_is_unknown = |text: Option<String>| text.filter(|t| !t.trim().is_empty());
+        prop_assert_eq!(&model.base_model, &blank_is_unknown(draft.base_model));
+        prop_assert_eq!(&model.model_size, &blank_is_unknown(draft.model_size));
+        prop_assert_eq!(&model.dataset, &blank_is_unknown(draft.dataset));
+        prop_assert_eq!(model.num_examples, draft.num_examples);
+        prop_assert_eq!(model.num_train_steps, draft.num_train_steps);
         prop_assert_eq!(model.final_loss, draft.final_loss);
         prop_assert_eq!(Some(&model.source), draft.source.as_ref());
         let params: Value = serde_json::from_str(&model.params_json).unwrap();
@@ -239,7 +240,8 @@ proptest! {
         match model(draft) {
             Err(Problems(problems)) => prop_assert!(!problems.is_empty()),
             Ok(model) => {
-                for text in [&model.name, &model.base_model, &model.model_size, &model.dataset, &model.source] {
+                let optional = [&model.base_model, &model.model_size, &model.dataset];
+                for text in [&model.name, &model.source].into_iter().chain(optional.into_iter().flatten()) {
                     prop_assert!(!text.chars().any(char::is_control), "{text:?}");
                 }
                 prop_assert!(!model.name.trim().is_empty());

@@ -222,5 +222,21 @@ fn hashes_are_stored_lowercase_and_defaults_filled() {
     let m = model(draft()).unwrap();
     assert_eq!(m.files[0].sha256.as_deref(), Some("ab".repeat(32).as_str()));
     assert_eq!(m.params_json, "{}");
-    assert_eq!(m.num_examples, 0);
+    assert_eq!(m.num_examples, None);
+}
+
+#[test]
+fn training_values_left_out_or_blank_are_unknown_not_zero() {
+    let mut d = draft();
+    d.dataset = Some("  ".into());
+    d.base_model = Some(String::new());
+    let m = model(d).unwrap();
+    assert_eq!((m.base_model, m.model_size, m.dataset), (None, None, None));
+    assert_eq!((m.num_examples, m.num_train_steps), (None, None));
+    let mut d = draft();
+    d.num_train_steps = Some(0);
+    d.dataset = Some("tickets".into());
+    let m = model(d).unwrap();
+    assert_eq!(m.num_train_steps, Some(0), "a 0 given is kept as given");
+    assert_eq!(m.dataset.as_deref(), Some("tickets"));
 }

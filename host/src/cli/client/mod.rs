@@ -324,7 +324,7 @@ async fn models(api: Api, json: bool) -> Result<(), Error> {
             model.id.to_string(),
             model.job_id,
             model.name,
-            model.base_model,
+            model.base_model.unwrap_or_default(),
             model.files.len().to_string(),
             crate::human::size(size),
             text::timestamp(&model.created_at),

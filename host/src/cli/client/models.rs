@@ -155,21 +155,22 @@ fn shown(model: &json::Model) -> String {
             value.to_string()
         }
     };
+    // A training value nobody gave is said to be unknown, not shown as 0.
+    fn known<T: ToString>(value: &Option<T>) -> String {
+        value
+            .as_ref()
+            .map_or_else(|| "unknown".to_string(), T::to_string)
+    }
     for (field, value) in [
         ("id", model.id.to_string()),
         ("name", model.name.clone()),
         ("job id", model.job_id.clone()),
-        ("base model", optional(&model.base_model)),
-        ("model size", optional(&model.model_size)),
-        ("dataset", optional(&model.dataset)),
-        ("examples", model.num_examples.to_string()),
-        ("train steps", model.num_train_steps.to_string()),
-        (
-            "final loss",
-            model
-                .final_loss
-                .map_or_else(|| "-".to_string(), |l| l.to_string()),
-        ),
+        ("base model", known(&model.base_model)),
+        ("model size", known(&model.model_size)),
+        ("dataset", known(&model.dataset)),
+        ("examples", known(&model.num_examples)),
+        ("train steps", known(&model.num_train_steps)),
+        ("final loss", known(&model.final_loss)),
         ("params", model.params.to_string()),
         ("source", model.source.clone()),
         ("created (UTC)", timestamp(&model.created_at)),

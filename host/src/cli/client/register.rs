@@ -82,6 +82,10 @@ pub struct RegisterArgs {
     /// it is hashed, a checkpoint without its trainer_state.json.
     #[arg(long)]
     wait: bool,
+    /// Stores the model without the server first finding each file at the
+    /// source with its size (for files not copied there yet).
+    #[arg(long)]
+    no_check_source: bool,
     /// Prints the registration body instead of sending it (what is left
     /// out is said on stderr, as always).
     #[arg(long)]
@@ -203,8 +207,6 @@ async fn body_of(
             .collect();
         return Err(Error::Invalid(lines.join("\n")));
     }
-    // The run's own records are read whatever is registered: a Trainer
-    // run's last trainer_state.json is often in a checkpoint left out.
     let every_file = listing.files.clone();
     listing.files = chosen(args, &dir, std::mem::take(&mut listing.files))?;
     if listing.files.is_empty() {
@@ -219,6 +221,13 @@ async fn body_of(
         )));
     }
     let job_id = args.job_id.clone().or(folder_name.clone());
+    // Said before any hashing, with the way out.
+    if let Some(Err(e)) = job_id.as_deref().map(crate::validate::job_id_rule) {
+        return Err(Error::Invalid(match args.job_id {
+            Some(_) => e,
+            None => format!("{e}; the folder's name is the default job id: give one with --job-id"),
+        }));
+    }
     let registered = match (api, &job_id) {
         (Some(api), Some(job_id)) => registered_as(api, job_id, &listing.files).await?,
         _ => None,
@@ -237,14 +246,7 @@ async fn body_of(
         }
     }
     let files = hashed(&dir, &listing).await?;
-    let found = training::read(
-        read_text(&dir, &every_file, "adapter_config.json")
-            .as_ref()
-            .map(|(p, t)| (p.as_str(), t.as_str())),
-        read_text(&dir, &every_file, "trainer_state.json")
-            .as_ref()
-            .map(|(p, t)| (p.as_str(), t.as_str())),
-    );
+    let found = training::of_folder(&dir, &every_file, &listing.files);
     for note in &found.notes {
         eprintln!("note: {note}");
     }
@@ -262,6 +264,7 @@ async fn body_of(
         params: (!params.is_empty()).then_some(Value::Object(params)),
         source: Some(source),
         files: Some(files),
+        check_source: args.no_check_source.then_some(false),
     };
     Ok((body, registered))
 }
@@ -462,19 +465,6 @@ fn folder_name(dir: &Path) -> Option<String> {
         .components()
         .rfind(|c| matches!(c, std::path::Component::Normal(_)))
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
-}
-
-/// The text of the folder's `name` file (`training::pick`), if it has one
-/// and it can be read; a small file, read whole.
-fn read_text(dir: &Path, files: &[Listed], name: &str) -> Option<(String, String)> {
-    let path = training::pick(files.iter().map(|f| f.path.as_str()), name)?;
-    match std::fs::read_to_string(dir.join(path)) {
-        Ok(text) => Some((path.to_string(), text)),
-        Err(e) => {
-            eprintln!("note: {path} cannot be read ({e}): its fields are not filled from it");
-            None
-        }
-    }
 }
 
 /// How often the progress line is redrawn.

@@ -8,6 +8,7 @@
 //! nothing of verification.
 
 pub(crate) mod access;
+mod answers;
 mod discover;
 mod file;
 mod http;

@@ -61,6 +61,11 @@ pub struct RegisterBody {
     /// empty), they are the files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<Vec<FileBody>>,
+    /// Given `files` are looked for at the source before the model is
+    /// stored (each file's size, from one byte of it): `false` stores it
+    /// unchecked, for files that are not there yet. Default `true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check_source: Option<bool>,
 }
 
 #[derive(Serialize, Deserialize, ToSchema)]
@@ -81,22 +86,29 @@ pub struct FileBody {
 
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct Model {
-    pub base_model: String,
+    /// null when the registration did not say (as for every training
+    /// value here: unknown is null, never 0 or "").
+    #[schema(required = true)]
+    pub base_model: Option<String>,
     #[schema(format = DateTime)]
     pub created_at: String,
     /// The name of the API token that registered it; null without tokens.
     #[schema(required = true)]
     pub created_by: Option<String>,
-    pub dataset: String,
+    #[schema(required = true)]
+    pub dataset: Option<String>,
     pub files: Vec<ModelFile>,
     #[schema(required = true)]
     pub final_loss: Option<f64>,
     pub id: i64,
     pub job_id: String,
-    pub model_size: String,
+    #[schema(required = true)]
+    pub model_size: Option<String>,
     pub name: String,
-    pub num_examples: u64,
-    pub num_train_steps: u64,
+    #[schema(required = true)]
+    pub num_examples: Option<u64>,
+    #[schema(required = true)]
+    pub num_train_steps: Option<u64>,
     #[schema(value_type = Object)]
     pub params: Value,
     pub source: String,
@@ -231,7 +243,7 @@ mod tests {
         model.created_at = "2026-12-01T10:00:00.000Z".into();
         check(
             Model::from(model),
-            r#"{"base_model":"","created_at":"2026-12-01T10:00:00.000Z","created_by":null,"dataset":"","files":[{"path":"a.bin","sha256":"abababababababababababababababababababababababababababababababab","size_bytes":10},{"path":"b/c.json","sha256":null,"size_bytes":2}],"final_loss":0.5,"id":1,"job_id":"ft-1","model_size":"","name":"ft-1","num_examples":0,"num_train_steps":0,"params":{"rank":8},"source":"http://files.local/{job_id}/{path}"}"#,
+            r#"{"base_model":null,"created_at":"2026-12-01T10:00:00.000Z","created_by":null,"dataset":null,"files":[{"path":"a.bin","sha256":"abababababababababababababababababababababababababababababababab","size_bytes":10},{"path":"b/c.json","sha256":null,"size_bytes":2}],"final_loss":0.5,"id":1,"job_id":"ft-1","model_size":null,"name":"ft-1","num_examples":null,"num_train_steps":null,"params":{"rank":8},"source":"http://files.local/{job_id}/{path}"}"#,
         );
     }
 

@@ -15,6 +15,11 @@ export function bytes(n) {
   return unit === 0 ? `${n} B` : `${value.toFixed(1)} ${units[unit]}`;
 }
 
+/** A training value the registration did not give: null in the API. */
+export function known(value) {
+  return value === null || value === undefined ? "unknown" : value;
+}
+
 /** As the server writes durations (human::duration): 850ms, 12.3s, 45s,
  * 1m 30s, 30m, 2h, 2h 1m. */
 export function duration(ms) {

@@ -82,11 +82,13 @@ impl From<&DeployCall<'_>> for DeployRequest {
                 id: m.id,
                 name: m.name.clone(),
                 job_id: m.job_id.clone(),
-                base_model: m.base_model.clone(),
-                model_size: m.model_size.clone(),
-                dataset: m.dataset.clone(),
-                num_examples: m.num_examples,
-                num_train_steps: m.num_train_steps,
+                // The contract's fields are not optional: unknown is
+                // "" and 0 there, as its docs say.
+                base_model: m.base_model.clone().unwrap_or_default(),
+                model_size: m.model_size.clone().unwrap_or_default(),
+                dataset: m.dataset.clone().unwrap_or_default(),
+                num_examples: m.num_examples.unwrap_or_default(),
+                num_train_steps: m.num_train_steps.unwrap_or_default(),
                 final_loss: m.final_loss,
                 params_json: m.params_json.clone(),
                 files: m

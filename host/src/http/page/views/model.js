@@ -3,7 +3,7 @@
 
 import { api } from "../api.js";
 import { failure, h, show, table } from "../dom.js";
-import { bytes, duration, statusBadge, when } from "../format.js";
+import { bytes, duration, known, statusBadge, when } from "../format.js";
 import { enter, isShown, loadCatalog, progress } from "../state.js";
 import { deployButton, deployersChanged } from "./deploy-dialog.js";
 import { cancelButton, drawProgress, fillProgress, refLink } from "./deployment-parts.js";
@@ -25,9 +25,10 @@ export async function modelView(id) {
   }
   if (!isShown(view)) return;
   const fields = [
-    ["Job id", model.job_id], ["Base model", model.base_model], ["Size label", model.model_size],
-    ["Dataset", model.dataset], ["Examples", model.num_examples], ["Training steps", model.num_train_steps],
-    ["Final loss", model.final_loss ?? ""], ["Source", model.source], ["Registered", when(model.created_at)],
+    ["Job id", model.job_id], ["Base model", known(model.base_model)], ["Size label", known(model.model_size)],
+    ["Dataset", known(model.dataset)], ["Examples", known(model.num_examples)],
+    ["Training steps", known(model.num_train_steps)], ["Final loss", known(model.final_loss)],
+    ["Source", model.source], ["Registered", when(model.created_at)],
     ["Registered by", model.created_by ?? ""],
   ];
   const body = h("tbody", { id: "deployments-body" }, deployments.deployments.map(deploymentRow));

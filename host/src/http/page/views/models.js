@@ -104,7 +104,7 @@ function modelRow(model) {
   return h("tr", { "data-model": model.id },
     h("td", { class: "wrap" }, h("a", { href: `#/models/${model.id}` }, model.name)),
     h("td", { class: "wrap mono" }, model.job_id),
-    h("td", { class: "wrap hide-narrow" }, model.base_model),
+    h("td", { class: "wrap hide-narrow" }, model.base_model ?? ""),
     h("td", { class: "hide-narrow" }, model.model_size),
     h("td", { class: "num hide-narrow" }, model.files.length),
     h("td", { class: "num", title: `${total} bytes` }, bytes(total)),
