@@ -16,7 +16,7 @@
 //! What was measured against: `model-signing` 1.1.1 from PyPI, OpenSSF's
 //! reference signer (fixtures in `tests/data/signing/` made by
 //! `scripts/make-signing-fixtures`; the interop tests run it). Its facts, in
-//! the book's `guide/signatures.md`.
+//! the book's `operating/security/model-signatures.md`.
 //!
 //! Crates, and why:
 //! - `ring` (0.17) for ECDSA P-256/SHA-256 and P-384/SHA-384 over the DSSE
