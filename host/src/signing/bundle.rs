@@ -151,15 +151,14 @@ fn decode(text: &str) -> Result<Vec<u8>, base64::DecodeError> {
         .or_else(|e| URL_SAFE.decode(text).map_err(|_| e))
 }
 
-/// A bundle for the key method, as model_signing writes it.
-pub(super) fn write_key_bundle(hint: &str, payload: &[u8], signature: &[u8]) -> Vec<u8> {
+/// A bundle as model_signing writes it, `material` being its
+/// `verificationMaterial` less the (empty) transparency-log entries.
+pub(super) fn write(mut material: serde_json::Value, payload: &[u8], signature: &[u8]) -> Vec<u8> {
     use base64::engine::general_purpose::STANDARD;
+    material["tlogEntries"] = serde_json::json!([]);
     let bundle = serde_json::json!({
         "mediaType": MEDIA_TYPE,
-        "verificationMaterial": {
-            "publicKey": { "hint": hint },
-            "tlogEntries": [],
-        },
+        "verificationMaterial": material,
         "dsseEnvelope": {
             "payload": STANDARD.encode(payload),
             "payloadType": super::dsse::IN_TOTO_PAYLOAD_TYPE,

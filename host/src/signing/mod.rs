@@ -60,4 +60,7 @@ pub const SIGNATURE_FILE: &str = "model.sig";
 mod tests;
 
 #[cfg(test)]
+mod chain_tests;
+
+#[cfg(test)]
 mod interop_tests;

@@ -65,6 +65,14 @@ impl SigningKey {
         Err(trust("not an ECDSA P-256 or P-384 PKCS#8 key"))
     }
 
+    /// The DSSE signature (ASN.1 DER) over an in-toto payload.
+    pub(super) fn sign_payload(&self, payload: &[u8]) -> Result<Vec<u8>, Error> {
+        self.pair
+            .sign(&SystemRandom::new(), &dsse::pae(payload))
+            .map(|s| s.as_ref().to_vec())
+            .map_err(|_| Error::CannotSign("the signing key did not sign (ring)".to_owned()))
+    }
+
     /// The key id verifiers will see: sha256 of the public key's PEM.
     pub fn key_id(&self) -> String {
         self.public.key_id()
@@ -108,13 +116,7 @@ pub fn sign(key: &SigningKey, model_name: &str, files: &[ModelFile]) -> Result<V
         .map(|(p, s)| (p.as_str(), s.as_str()))
         .collect();
     let payload = statement::write(model_name, &pairs);
-    let signature = key
-        .pair
-        .sign(&SystemRandom::new(), &dsse::pae(&payload))
-        .map_err(|_| Error::CannotSign("the signing key did not sign (ring)".to_owned()))?;
-    Ok(bundle::write_key_bundle(
-        &key.key_id(),
-        &payload,
-        signature.as_ref(),
-    ))
+    let signature = key.sign_payload(&payload)?;
+    let material = serde_json::json!({ "publicKey": { "hint": key.key_id() } });
+    Ok(bundle::write(material, &payload, &signature))
 }
