@@ -33,6 +33,7 @@ pub mod rules;
 pub mod runtime;
 pub mod s3;
 pub mod scrub;
+pub mod signing;
 mod sources_file;
 pub mod space;
 pub mod targets;
