@@ -41,6 +41,7 @@ use crate::fetch::Fetcher;
 use crate::live::{Live, Running};
 use crate::loops::Loops;
 use crate::model::{Deployment, Published, Status, TrainedModel};
+use crate::model_trust::ModelTrust;
 use crate::runtime::Plugin;
 
 pub use admit::{MAX_OPTIONS_BYTES, Request, RunError, StartError};
@@ -81,6 +82,8 @@ pub struct Pipeline {
     reserve: u64,
     /// When this server last renewed its leases: its fence.
     renewals: fence::Renewals,
+    /// Whom models must be signed by, and whether that is required.
+    model_trust: Arc<ModelTrust>,
 }
 
 /// A claimed deployment, ready to be carried out.
@@ -122,7 +125,20 @@ impl Pipeline {
             spans: Default::default(),
             reserve: 0,
             renewals: fence::Renewals::new(),
+            model_trust: Arc::default(),
         }
+    }
+
+    /// Whom models must be signed by (`--model-signatures`,
+    /// `--model-signer`): registrations verify against it, and the gate
+    /// asks it.
+    pub fn model_trust(mut self, trust: ModelTrust) -> Self {
+        self.model_trust = Arc::new(trust);
+        self
+    }
+
+    pub fn trust_in_models(&self) -> &ModelTrust {
+        &self.model_trust
     }
 
     /// How this server shares the queue, and the name other servers'

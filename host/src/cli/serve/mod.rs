@@ -38,6 +38,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let access = setup::load_access(&args)?;
     let targets = setup::load_targets(&args)?;
     let trust = setup::load_trust(&args)?;
+    let model_trust = crate::model_trust::ModelTrust::load(args.model_signatures, &args.model_signer)
+        .map_err(anyhow::Error::msg)?;
     let signers = setup::signers(&args)?;
     let declared_rules = match &args.rules_file {
         Some(path) => Rules::read_file(path).map_err(anyhow::Error::msg)?,
@@ -99,7 +101,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             shutdown.clone(),
         )
         .reserve(args.min_free_mib << 20)
-        .queue(queue, server_name),
+        .queue(queue, server_name)
+        .model_trust(model_trust),
     );
 
     loops.spawn(
