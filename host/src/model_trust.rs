@@ -129,7 +129,10 @@ impl ModelTrust {
                 Err(e) => {
                     let other_method = matches!(e, signing::Error::MethodMismatch { .. });
                     let sentence = format!("{e} (checked with --model-signer {})", path.display());
-                    if first.as_ref().is_none_or(|(was_other, _)| *was_other && !other_method) {
+                    if first
+                        .as_ref()
+                        .is_none_or(|(was_other, _)| *was_other && !other_method)
+                    {
                         first = Some((other_method, sentence));
                     }
                 }

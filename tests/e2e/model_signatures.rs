@@ -43,7 +43,15 @@ fn signed_copy(sig: Option<&str>) -> (TempDir, PathBuf) {
 
 fn register(server: &str, dir: &Path, job_id: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(["models", "register", path(dir), "--job-id", job_id, "--server", server])
+        .args([
+            "models",
+            "register",
+            path(dir),
+            "--job-id",
+            job_id,
+            "--server",
+            server,
+        ])
         .env_remove("BERTH_SERVER")
         .env_remove("BERTH_TOKEN")
         .stdin(Stdio::null())
@@ -66,7 +74,10 @@ async fn under_require_only_a_model_its_trusted_signer_signed_deploys(backend: B
     let server = Berth::options(backend)
         .plugin("model-card", plugins::example("model-card"))
         .arg("--model-signatures=require")
-        .arg(&format!("--model-signer={}", path(&signing("key-p256.pub.pem"))))
+        .arg(&format!(
+            "--model-signer={}",
+            path(&signing("key-p256.pub.pem"))
+        ))
         .arg(&format!("--model-signer={}", path(&signing("ca/root.pem"))))
         .start()
         .await;
@@ -77,7 +88,8 @@ async fn under_require_only_a_model_its_trusted_signer_signed_deploys(backend: B
     let output = register(&server.url, &dir, "signed-key");
     expect_success(&output);
     assert!(
-        lossy(&output.stderr).contains("signature: ") && lossy(&output.stderr).contains("model.sig"),
+        lossy(&output.stderr).contains("signature: ")
+            && lossy(&output.stderr).contains("model.sig"),
         "{}",
         lossy(&output.stderr)
     );
@@ -85,7 +97,10 @@ async fn under_require_only_a_model_its_trusted_signer_signed_deploys(backend: B
     let key_id = sha256_hex(&std::fs::read(signing("key-p256.pub.pem")).unwrap());
     assert_eq!(signed["signature"]["verified"], true, "{signed}");
     assert_eq!(signed["signature"]["method"], "bare public key");
-    assert_eq!(signed["signature"]["signer"], format!("key sha256:{key_id}"));
+    assert_eq!(
+        signed["signature"]["signer"],
+        format!("key sha256:{key_id}")
+    );
     assert_eq!(signed["signature"]["error"], Value::Null);
     assert!(
         signed["files"]
@@ -174,7 +189,13 @@ fn require_without_a_signer_or_with_a_bad_one_is_refused_at_start() {
     let data = TempDir::new().unwrap();
     let serve = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_berth"))
-            .args(["serve", "--data-dir", path(data.path()), "--listen", "127.0.0.1:0"])
+            .args([
+                "serve",
+                "--data-dir",
+                path(data.path()),
+                "--listen",
+                "127.0.0.1:0",
+            ])
             .args(args)
             .env_remove("BERTH_CONFIG")
             .stdin(Stdio::null())
@@ -184,7 +205,10 @@ fn require_without_a_signer_or_with_a_bad_one_is_refused_at_start() {
     let none = serve(&["--model-signatures", "require"]);
     assert!(!none.status.success());
     let said = lossy(&none.stderr);
-    assert!(said.contains("--model-signatures require needs a --model-signer"), "{said}");
+    assert!(
+        said.contains("--model-signatures require needs a --model-signer"),
+        "{said}"
+    );
     let notes = signing("model/NOTES.md");
     let bad = serve(&["--model-signer", path(&notes)]);
     assert!(!bad.status.success());
@@ -196,4 +220,118 @@ fn require_without_a_signer_or_with_a_bad_one_is_refused_at_start() {
         )),
         "{said}"
     );
+}
+
+/// `model_signing` as `scripts/setup test` installs it; `None` (the test
+/// says why and passes) only outside CI.
+fn reference_tool() -> Option<PathBuf> {
+    let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/model_signing");
+    if tool.exists() {
+        return Some(tool);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{} is missing: scripts/setup test installs it",
+        tool.display()
+    );
+    eprintln!(
+        "skipped: {} is missing (scripts/setup test)",
+        tool.display()
+    );
+    None
+}
+
+/// With --publish-signing-key, what a deployment put into a file target
+/// gets a model.sig the reference tool verifies, over exactly those files;
+/// recorded as one more put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_deployment_publishes_is_signed_and_the_reference_tool_verifies_it() {
+    let Some(tool) = reference_tool() else {
+        return;
+    };
+    let temp = TempDir::new().unwrap();
+    let shelf = temp.path().join("shelf");
+    std::fs::create_dir(&shelf).unwrap();
+    let sources = temp.path().join("sources.toml");
+    std::fs::write(
+        &sources,
+        format!(
+            "[[target]]\nname = \"shelf\"\nurl = \"file://{}/\"\n",
+            path(&shelf)
+        ),
+    )
+    .unwrap();
+    let files = crate::support::files::FileServer::start().await;
+    let server = Berth::options(Backend::Sqlite)
+        .plugin("s3-publish", plugins::example("s3-publish"))
+        .plugins_file("s3-publish.toml", "targets = [\"shelf\"]\n")
+        .arg(&format!("--sources-file={}", path(&sources)))
+        .arg(&format!(
+            "--publish-signing-key={}",
+            path(&signing("key-p256.pem"))
+        ))
+        .start()
+        .await;
+    let contents = crate::support::adapter_files();
+    let id = server
+        .register(&crate::support::model(&files, "job-signed-out", &contents))
+        .await;
+    let (status, deployment) = server
+        .deploy(
+            id,
+            "s3-publish",
+            json!({ "target": "shelf", "prefix": "team/" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+    assert_eq!(deployment["status"], "completed", "{deployment}");
+    let folder = shelf.join(format!("team/job-signed-out/deploy-{}", deployment["id"]));
+    let signature = folder.join("model.sig");
+    assert!(signature.is_file(), "no {}", signature.display());
+    let last = deployment["published"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        last["key"],
+        format!("team/job-signed-out/deploy-{}/model.sig", deployment["id"])
+    );
+    assert!(
+        server
+            .deployment_log(&deployment["id"])
+            .await
+            .contains("signed the 4 file(s) published to target \"shelf\""),
+        "the manifest and the three files"
+    );
+
+    let verify = || {
+        Command::new(&tool)
+            .args(["verify", "key", "--public_key"])
+            .arg(signing("key-p256.pub.pem"))
+            .arg("--signature")
+            .arg(&signature)
+            .arg(&folder)
+            .output()
+            .unwrap()
+    };
+    let verified = verify();
+    assert!(
+        verified.status.success(),
+        "model_signing refused berth's signature: {}{}",
+        lossy(&verified.stdout),
+        lossy(&verified.stderr)
+    );
+    // It covers the bytes: one changed, and the tool refuses it.
+    let published = folder.join("adapter_config.json");
+    let mut bytes = std::fs::read(&published).unwrap();
+    bytes[0] ^= 1;
+    std::fs::set_permissions(
+        &published,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    std::fs::write(&published, bytes).unwrap();
+    assert!(!verify().status.success(), "a changed file still verified");
 }

@@ -187,7 +187,12 @@ async fn insert_model(conn: &mut AnyConnection, mut model: TrainedModel) -> Resu
         .bind(model.signature.as_ref().map(|s| &s.bundle))
         .bind(model.signature.as_ref().and_then(|s| s.method.as_ref()))
         .bind(model.signature.as_ref().and_then(|s| s.signer.as_ref()))
-        .bind(model.signature.as_ref().and_then(|s| s.verified_at.as_ref()))
+        .bind(
+            model
+                .signature
+                .as_ref()
+                .and_then(|s| s.verified_at.as_ref()),
+        )
         .bind(model.signature.as_ref().and_then(|s| s.error.as_ref()))
         .fetch_one(&mut *conn)
         .await;

@@ -61,11 +61,10 @@ async fn register(
             serde_json::Value::String(text) => text.into_bytes(),
             bundle => bundle.to_string().into_bytes(),
         };
-        model.signature = ctx.pipeline.trust_in_models().examine(
-            &bytes,
-            &model.files,
-            &db::now(),
-        );
+        model.signature = ctx
+            .pipeline
+            .trust_in_models()
+            .examine(&bytes, &model.files, &db::now());
     }
     if check {
         // A repeat is answered by `repeated` below, source unasked.

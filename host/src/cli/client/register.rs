@@ -292,8 +292,9 @@ fn signature_of(
         (None, Some(_)) => dir.join(SIGNATURE_FILE),
         (None, None) => return Ok(None),
     };
-    let bytes = std::fs::read(&path)
-        .map_err(|e| Error::Invalid(format!("cannot read the signature {}: {e}", path.display())))?;
+    let bytes = std::fs::read(&path).map_err(|e| {
+        Error::Invalid(format!("cannot read the signature {}: {e}", path.display()))
+    })?;
     if bytes.len() > crate::model_trust::MAX_SIGNATURE_BYTES {
         return Err(Error::Invalid(format!(
             "{} is {} bytes: too large for a model.sig",

@@ -103,6 +103,12 @@ pub struct ServeArgs {
     #[arg(long = "model-signer", env = "BERTH_MODEL_SIGNERS", value_name = "PEM",
           value_delimiter = ',', action = clap::ArgAction::Append)]
     pub(super) model_signer: Vec<PathBuf>,
+    /// Sign what deployments publish to file, http(s) and s3 targets with
+    /// this ECDSA P-256/P-384 private key (PKCS#8 PEM): a model.sig in the
+    /// folder of the published files, OpenSSF model signing's key method,
+    /// which `model_signing verify key` checks. Never seen by a plugin.
+    #[arg(long, env = "BERTH_PUBLISH_SIGNING_KEY", value_name = "PEM")]
+    pub(super) publish_signing_key: Option<PathBuf>,
     /// Limit on fetching all files of one deployment, in seconds.
     #[arg(long, env = "BERTH_FETCH_TIMEOUT_S", default_value_t = 1800)]
     pub(super) fetch_timeout_s: u64,
