@@ -113,6 +113,7 @@ async fn a_damaged_blob_fails_verification_and_a_wrong_login_is_named() {
     let config = &pushed[0];
     std::fs::write(s.registry.blob_file(&config.sha256), bytes(99, 300)).unwrap();
     let source = format!("oci://{}/{REPO}@sha256:{digest}", s.proxy.addr);
+    // Same size: the registration's check of the source passes it.
     let id = s.berth.register(&model("job-bad", &source, &files)).await;
     let (_, body) = s.berth.deploy(id, "archive", json!({})).await;
     assert_eq!(body["status"], "failed", "{body}");
@@ -138,10 +139,20 @@ async fn a_damaged_blob_fails_verification_and_a_wrong_login_is_named() {
     let wrong = setup("not-the-password").await;
     let (digest, _) = wrong.registry.push_model(REPO, "job-login", &files).await;
     let source = format!("oci://{}/{REPO}@sha256:{digest}", wrong.proxy.addr);
-    let id = wrong
-        .berth
-        .register(&model("job-login", &source, &files))
-        .await;
+    // The registration's check of the source meets the refused login
+    // first; registered unchecked, the deployment meets it.
+    let mut login = model("job-login", &source, &files);
+    let (status, refused) = wrong.berth.post("/v1/models", &login).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .contains("refused the login of the sources file's prefix"),
+        "{refused}"
+    );
+    login["check_source"] = json!(false);
+    let id = wrong.berth.register(&login).await;
     let (_, body) = wrong.berth.deploy(id, "archive", json!({})).await;
     assert_eq!(body["status"], "failed", "{body}");
     let error = body["error"].as_str().unwrap();
