@@ -26,7 +26,9 @@
 //! the Rust and Python guests, on each tier; `--archive LABEL=PATH` adds
 //! another build of the archive example), `blobs` (a second model sharing
 //! 3.5 GiB of 4 GiB with one held, against fetching it into an empty
-//! models dir; adopting a models dir of 10,000 files); all by default.
+//! models dir; adopting a models dir of 10,000 files), `signatures` (a
+//! 50-file model's model.sig verified against its record, against
+//! re-hashing it and `model_signing verify`); all by default.
 //! Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
@@ -52,6 +54,7 @@ mod quota;
 #[path = "../../tests/registry/registry.rs"]
 mod registry;
 mod report;
+mod signatures;
 mod source;
 mod store;
 
@@ -116,7 +119,7 @@ impl Ctx {
 
 const SECTIONS: [&str; 18] = [
     "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "load", "quota",
-    "deploys", "dropin", "cluster", "push", "publish", "oci", "native", "blobs",
+    "deploys", "dropin", "cluster", "push", "publish", "oci", "native", "blobs", "signatures",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -229,6 +232,7 @@ fn main() -> anyhow::Result<()> {
                 "quota" => quota::overshoot(&ctx).await?,
                 "deploys" => deploys::run(&ctx).await?,
                 "dropin" => dropin::run(&ctx).await?,
+                "signatures" => signatures::run(&ctx).await?,
                 "cluster" => cluster::run(&ctx).await?,
                 "push" => push::run(&ctx).await?,
                 "publish" => publish::run(&ctx).await?,
