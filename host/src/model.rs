@@ -27,7 +27,8 @@ pub struct TrainedModel {
     pub final_loss: Option<f64>,
     /// A JSON object, kept as text: berth never looks inside.
     pub params_json: String,
-    /// URL template with `{job_id}` and `{path}`.
+    /// URL template with `{job_id}` and `{path}`, a registry's manifest,
+    /// or `UPLOADED`.
     pub source: String,
     pub files: Vec<ModelFile>,
     /// RFC 3339, set by the database layer when the model is recorded.
@@ -36,7 +37,17 @@ pub struct TrainedModel {
     pub created_by: Option<String>,
 }
 
+/// The source of a model whose files came by upload (`berth models push`):
+/// there is nowhere to fetch them again from, so they are linked from the
+/// blob store, where they are pinned, or not at all.
+pub const UPLOADED: &str = "upload:";
+
 impl TrainedModel {
+    /// Whether the files came by upload (`UPLOADED`).
+    pub fn uploaded(&self) -> bool {
+        self.source == UPLOADED
+    }
+
     /// A model known only by its files, with no training metadata: what
     /// `berth plugin run` hands a deployer, and what tests and benchmarks use.
     pub fn from_files(job_id: &str, source: String, files: Vec<ModelFile>) -> Self {

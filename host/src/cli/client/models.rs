@@ -136,8 +136,15 @@ fn usage(storage: &json::Storage) -> String {
         0 => String::new(),
         bytes => format!(", {} in blobs no model links", size(bytes)),
     };
+    let pinned = match storage.pinned_blobs {
+        0 => String::new(),
+        blobs => format!(
+            ", {} in {blobs} uploaded blob(s), pinned",
+            size(storage.pinned_bytes)
+        ),
+    };
     format!(
-        "{}{} on disk{budget} in {}, {} saved by sharing{unreferenced}\n",
+        "{}{} on disk{budget} in {}, {} saved by sharing{pinned}{unreferenced}\n",
         table.render(),
         size(storage.bytes_on_disk),
         storage.models_dir,
@@ -240,6 +247,8 @@ mod tests {
                 ),
             ],
             models_dir: "/data/models".into(),
+            pinned_blobs: 1,
+            pinned_bytes: 1 << 20,
             unreferenced_blob_bytes: 0,
         };
         let expected = [
@@ -247,7 +256,7 @@ mod tests {
             "0 bytes  0 bytes  no     never                ft-2    ft-2 model",
             "  2 MiB    1 MiB  yes    2026-12-03 17:00:00  ft-1    ft-1 model",
             "  2 MiB    1 MiB  yes    2026-12-03 18:00:00  ft-3    ft-3 model",
-            "3 MiB on disk of a 2 GiB budget in /data/models, 1 MiB saved by sharing",
+            "3 MiB on disk of a 2 GiB budget in /data/models, 1 MiB saved by sharing, 1 MiB in 1 uploaded blob(s), pinned",
         ];
         assert_eq!(usage(&storage), expected.map(|l| format!("{l}\n")).concat());
     }
