@@ -26,7 +26,9 @@
 //! the Rust and Python guests, on each tier; `--archive LABEL=PATH` adds
 //! another build of the archive example), `blobs` (a second model sharing
 //! 3.5 GiB of 4 GiB with one held, against fetching it into an empty
-//! models dir; adopting a models dir of 10,000 files); all by default.
+//! models dir; adopting a models dir of 10,000 files), `upload` (`berth
+//! models push` of a `--big-gib` file against `curl -T` of it to the same
+//! upload endpoint, and the server's memory); all by default.
 //! Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
@@ -54,6 +56,7 @@ mod registry;
 mod report;
 mod source;
 mod store;
+mod upload;
 
 use std::path::PathBuf;
 
@@ -114,9 +117,9 @@ impl Ctx {
     }
 }
 
-const SECTIONS: [&str; 18] = [
+const SECTIONS: [&str; 19] = [
     "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "load", "quota",
-    "deploys", "dropin", "cluster", "push", "publish", "oci", "native", "blobs",
+    "deploys", "dropin", "cluster", "push", "publish", "oci", "native", "blobs", "upload",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -235,6 +238,7 @@ fn main() -> anyhow::Result<()> {
                 "oci" => oci::run(&ctx).await?,
                 "native" => native::run(&ctx).await?,
                 "blobs" => blobs::run(&ctx).await?,
+                "upload" => upload::run(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
         }

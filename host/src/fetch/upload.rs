@@ -135,10 +135,12 @@ impl Fetcher {
     /// store: the blob, pinned, once the last byte came and verified. A
     /// body that ends early keeps what came for the next request; one cut
     /// off (an error of `body`) keeps it too, with a checkpoint of the hash.
+    /// A refusal reads no byte of `body`: what is left of it is the
+    /// caller's.
     pub async fn upload<E>(
         &self,
         upload: &Upload,
-        body: impl Stream<Item = Result<Bytes, E>>,
+        body: &mut (impl Stream<Item = Result<Bytes, E>> + Unpin),
     ) -> Result<Uploaded, UploadError> {
         let sha256 = upload.sha256.clone();
         let disk = |e: std::io::Error| UploadError::Disk {
@@ -147,7 +149,7 @@ impl Fetcher {
         };
         let turn = Arc::new(
             DirLock::acquire(
-                &self.upload_books(&sha256, "lock"),
+                &self.upload_books(&sha256, "upload.lock"),
                 self.shared_locks.as_deref(),
             )
             .await
@@ -221,7 +223,6 @@ impl Fetcher {
             reason,
         })?;
         let mut at = upload.offset;
-        let mut body = std::pin::pin!(body);
         while let Some(chunk) = body.next().await {
             let Ok(chunk) = chunk else {
                 let _ = writer.abandon().await;
@@ -386,7 +387,8 @@ impl Fetcher {
         self.models_dir.join(BLOBS_DIR).join(UPLOADS).join(sha256)
     }
 
-    /// An upload's lock (`lock`) and hash checkpoint (`json`).
+    /// An upload's lock (`upload.lock`: not the digest's own lock's name,
+    /// which names a `SharedLocks` lock too) and hash checkpoint (`json`).
     pub(in crate::fetch) fn upload_books(&self, sha256: &str, kind: &str) -> PathBuf {
         self.models_dir
             .join(META_DIR)

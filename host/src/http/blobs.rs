@@ -17,6 +17,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -106,17 +107,38 @@ async fn put(
         sha256: upload.sha256.clone(),
         size_bytes: upload.size,
     };
-    match ctx.fetcher.upload(&upload, body.into_data_stream()).await {
-        Ok(Uploaded::Stored) => Ok((StatusCode::CREATED, axum::Json(blob())).into_response()),
-        Ok(Uploaded::AlreadyStored) => Ok((StatusCode::OK, axum::Json(blob())).into_response()),
-        Ok(Uploaded::Partial { offset }) => Ok((
+    let mut body = body.into_data_stream();
+    let answer = match ctx.fetcher.upload(&upload, &mut body).await {
+        Ok(Uploaded::Stored) => (StatusCode::CREATED, axum::Json(blob())).into_response(),
+        Ok(Uploaded::AlreadyStored) => (StatusCode::OK, axum::Json(blob())).into_response(),
+        Ok(Uploaded::Partial { offset }) => (
             StatusCode::ACCEPTED,
             [(UPLOAD_OFFSET, HeaderValue::from(offset))],
         )
-            .into_response()),
-        Err(e) => Ok(refused(e)),
+            .into_response(),
+        Err(e) => refused(e),
+    };
+    drain(&mut body).await;
+    Ok(answer)
+}
+
+/// Reads what is left of a body the answer did not need (a refusal, a
+/// blob stored already), up to `DRAIN_LIMIT`: a client still sending
+/// when the server answers and closes gets a broken pipe, not the answer.
+/// Past the limit the connection is closed: `berth models push` then asks
+/// again with an empty body to hear why.
+async fn drain(body: &mut axum::body::BodyDataStream) {
+    let mut read = 0;
+    while read < DRAIN_LIMIT {
+        match body.next().await {
+            Some(Ok(chunk)) => read += chunk.len(),
+            _ => return,
+        }
     }
 }
+
+/// The most of an unneeded body read before answering.
+const DRAIN_LIMIT: usize = 8 << 20;
 
 /// An upload's refusal, with the offset to go on from where there is one.
 fn refused(e: UploadError) -> Response {

@@ -177,13 +177,12 @@ impl Api {
         }
     }
 
-    /// `PUT`s `body`, the bytes of an upload from `offset` on, of a blob of
-    /// `size` bytes: the answer's status, or the server's refusal.
+    /// `PUT`s `body`, `len` bytes of an upload from `offset` on, of a blob
+    /// of `size` bytes: the answer's status, or the server's refusal.
     pub async fn upload(
         &self,
         path: &str,
-        size: u64,
-        offset: u64,
+        (size, offset, len): (u64, u64, u64),
         body: reqwest::Body,
     ) -> Result<StatusCode, Error> {
         let request = self
@@ -191,7 +190,7 @@ impl Api {
             .put(format!("{}{path}", self.server))
             .header("upload-length", size)
             .header("upload-offset", offset)
-            .header(reqwest::header::CONTENT_LENGTH, size - offset)
+            .header(reqwest::header::CONTENT_LENGTH, len)
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .body(body);
         self.send_for_status(&Method::PUT, path, request)

@@ -109,13 +109,15 @@ async fn upload(
             return Ok(());
         }
         let body = from_offset(dir, blob, offset, done.clone()).await?;
-        match api.upload(&url, blob.size, offset, body).await {
+        let range = (blob.size, offset, blob.size - offset);
+        match api.upload(&url, range, body).await {
             Ok(status) if status != reqwest::StatusCode::ACCEPTED => return Ok(()),
             // The body ended early, or was cut (the server keeps what came
             // and says where to go on), or another upload of the same bytes
             // moved the offset: ask again.
             Ok(_) => {}
             Err(Error::Unreachable { .. }) if attempt < ATTEMPTS => {
+                refusal(api, &url, blob, offset).await?;
                 tokio::time::sleep(PAUSE).await;
             }
             Err(Error::Refused { status, .. })
@@ -129,6 +131,20 @@ async fn upload(
                 blob.path
             )));
         }
+    }
+}
+
+/// After an upload from `offset` broke off: the server's refusal, if it
+/// took no byte and closed the connection on a body too large to read to
+/// its end before answering (a full budget, say). An empty body is
+/// answered with the same checks, so it hears why; a real cut is `Ok`.
+async fn refusal(api: &Api, url: &str, blob: &Blob<'_>, offset: u64) -> Result<(), Error> {
+    match api.upload_offset(url).await {
+        Ok((false, now)) if now == offset => api
+            .upload(url, (blob.size, offset, 0), reqwest::Body::from(Vec::new()))
+            .await
+            .map(drop),
+        _ => Ok(()),
     }
 }
 

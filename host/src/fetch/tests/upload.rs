@@ -49,7 +49,7 @@ async fn send(
         size: whole.len() as u64,
         offset: offset as u64,
     };
-    fetcher.upload(&upload, body(sent, cut)).await
+    fetcher.upload(&upload, &mut body(sent, cut)).await
 }
 
 fn uploaded_model(job_id: &str, files: &[(&str, &[u8])]) -> TrainedModel {
@@ -249,4 +249,38 @@ async fn an_upload_the_budget_cannot_hold_is_refused_before_a_byte_is_written() 
     let refused = send(&fetcher, &second, 0, &second, None);
     assert!(matches!(refused.await, Err(UploadError::OverBudget { .. })));
     assert!(!fetcher.upload_path(&sha(&second)).exists());
+}
+
+/// Locks by name, as PostgreSQL's advisory locks are: a lock taken twice
+/// under one name by one upload would never be granted.
+#[derive(Default)]
+struct NamedLocks(std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl crate::fetch::SharedLocks for NamedLocks {
+    fn lock<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> futures::future::BoxFuture<'a, std::io::Result<Box<dyn Send + Sync>>> {
+        let lock = self
+            .0
+            .lock()
+            .unwrap()
+            .entry(key.into())
+            .or_default()
+            .clone();
+        Box::pin(async move { Ok(Box::new(lock.lock_owned().await) as Box<dyn Send + Sync>) })
+    }
+}
+
+#[tokio::test]
+async fn an_upload_between_servers_of_one_volume_takes_locks_of_distinct_names() {
+    let (_models, fetcher) = store();
+    let fetcher = fetcher.shared_locks(Arc::new(NamedLocks::default()));
+    let weights = bytes(12, 100_000);
+    let stored = send(&fetcher, &weights, 0, &weights, None);
+    let stored = tokio::time::timeout(Duration::from_secs(20), stored).await;
+    assert_eq!(
+        stored.expect("no lock waits for its own holder"),
+        Ok(Uploaded::Stored)
+    );
 }
