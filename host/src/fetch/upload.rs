@@ -155,7 +155,25 @@ impl Fetcher {
             .await
             .map_err(disk)?,
         );
-        match self.held(&sha256).await {
+        let mut held = self.held(&sha256).await;
+        if let Held::Partial { offset } = held
+            && offset > upload.size
+        {
+            // Bytes sent under a larger Upload-Length than the blob has:
+            // no prefix of it. Started over.
+            let (partial, record) = (
+                self.upload_path(&sha256),
+                self.upload_books(&sha256, "json"),
+            );
+            disk::blocking(move || {
+                let _ = std::fs::remove_file(record);
+                std::fs::remove_file(partial)
+            })
+            .await
+            .map_err(disk)?;
+            held = Held::Partial { offset: 0 };
+        }
+        match held {
             Held::Stored { size } if size != upload.size => {
                 return Err(UploadError::OtherSize {
                     sha256,

@@ -94,7 +94,7 @@ impl ProgressView {
 
 /// How far the client's own work on bytes is: `what` (`hashing 3 files`),
 /// a bar, the bytes done of `total` and, for transfers, the rate; redrawn
-/// on a terminal, a plain line every few seconds otherwise when asked.
+/// on a terminal, a plain line every few seconds otherwise for a transfer.
 pub struct Meter {
     done: Arc<AtomicU64>,
     finished: Arc<AtomicBool>,
@@ -105,13 +105,14 @@ pub struct Meter {
 const REDRAW: Duration = Duration::from_millis(200);
 
 impl Meter {
-    /// Starts drawing. `plain`: also without a terminal, a line every
-    /// `PLAIN_EVERY` (for work long enough to want signs of life in a log).
-    pub fn start(what: String, total: u64, plain: bool) -> Self {
+    /// Starts drawing. `transfer`: bytes sent somewhere, shown with their
+    /// rate and, without a terminal, as a line every `PLAIN_EVERY` (signs
+    /// of life in a log); other work is drawn on a terminal only.
+    pub fn start(what: String, total: u64, transfer: bool) -> Self {
         let done = Arc::new(AtomicU64::new(0));
         let finished = Arc::new(AtomicBool::new(false));
         let terminal = std::io::stderr().is_terminal();
-        let drawer = (terminal || plain).then(|| {
+        let drawer = (terminal || transfer).then(|| {
             let (done, finished) = (done.clone(), finished.clone());
             tokio::spawn(async move {
                 let started = Instant::now();
@@ -123,7 +124,7 @@ impl Meter {
                         done.load(Ordering::Relaxed),
                         total,
                         started.elapsed(),
-                        plain,
+                        transfer,
                     );
                     if terminal {
                         redraw(&line);

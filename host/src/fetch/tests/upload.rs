@@ -284,3 +284,23 @@ async fn an_upload_between_servers_of_one_volume_takes_locks_of_distinct_names()
         Ok(Uploaded::Stored)
     );
 }
+
+#[tokio::test]
+async fn bytes_held_past_the_blob_s_size_are_dropped_and_the_upload_starts_over() {
+    let (_models, fetcher) = store();
+    let weights = bytes(13, 100_000);
+    let mut longer = weights.clone();
+    longer.extend_from_slice(&bytes(14, 50_000));
+    // Sent under a wrong, larger Upload-Length, and cut.
+    let lied = Upload {
+        sha256: sha(&weights),
+        size: longer.len() as u64,
+        offset: 0,
+    };
+    let cut = fetcher
+        .upload(&lied, &mut body(&longer, Some(120_000)))
+        .await;
+    assert!(matches!(cut, Err(UploadError::Cut { .. })));
+    let stored = send(&fetcher, &weights, 0, &weights, None).await;
+    assert_eq!(stored, Ok(Uploaded::Stored));
+}
