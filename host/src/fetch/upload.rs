@@ -16,6 +16,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 
 use super::partial::{Checkpoint, Resumable, Writer};
+use super::store::blobs::UPLOADS;
 use super::store::lock::DirLock;
 use super::{BLOBS_DIR, Error, Fetcher, META_DIR, disk};
 use crate::model::ModelFile;
@@ -414,6 +415,3 @@ impl Fetcher {
             .join(format!("{sha256}.{kind}"))
     }
 }
-
-/// The folder of `.blobs` (and of `.berth`) uploads wait in.
-pub(in crate::fetch) const UPLOADS: &str = "uploads";

@@ -426,6 +426,11 @@ const BLOB_MODE: u32 = 0o444;
 /// The folder of `.blobs` that holds the pins.
 pub(in crate::fetch) const PINS: &str = "pins";
 
+/// The folder of `.blobs` (and of `.berth`) uploads wait in
+/// (`fetch::upload`): on the blobs' filesystem, so an upload becomes its
+/// blob by link.
+pub(in crate::fetch) const UPLOADS: &str = "uploads";
+
 pub(in crate::fetch) fn same_inode(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
     a.dev() == b.dev() && a.ino() == b.ino()
 }

@@ -12,9 +12,8 @@ use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use super::blobs::PINS;
+use super::blobs::{PINS, UPLOADS};
 use crate::fetch::disk::{blocking, disk_error};
-use crate::fetch::upload::UPLOADS;
 use crate::fetch::{BLOBS_DIR, Error, Fetcher, META_DIR};
 
 /// The models dir as one scan saw it.
@@ -288,6 +287,21 @@ mod tests {
         assert_eq!((a.bytes, a.shared_bytes), (128, 0), "one model, two paths");
         assert_eq!(usage.bytes_on_disk, 64);
         assert_eq!(usage.bytes_saved, 64);
+        assert_eq!(usage.unreferenced_blob_bytes, 0);
+    }
+
+    #[test]
+    fn pinned_blobs_are_counted_and_uploads_arriving_are_on_disk_but_no_blob() {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path();
+        let blob = root.join(".blobs/sha256/ab/ab01");
+        write(&blob, 1000);
+        fs::create_dir_all(root.join(".blobs/pins")).unwrap();
+        fs::hard_link(&blob, root.join(".blobs/pins/ab01")).unwrap();
+        write(&root.join(".blobs/uploads/cd02"), 300);
+        let usage = scan(root).unwrap();
+        assert_eq!((usage.pinned_blobs, usage.pinned_bytes), (1, 1000));
+        assert_eq!(usage.bytes_on_disk, 1300);
         assert_eq!(usage.unreferenced_blob_bytes, 0);
     }
 
