@@ -31,8 +31,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
     ))?;
     let (mut pushed, mut curled, mut hashed) = (Vec::new(), Vec::new(), Vec::new());
     let (mut push_rss, mut curl_rss) = (0, 0);
+    // Each server's models dir is removed once measured: a round stores
+    // the file twice.
+    let gone = |name: &str| {
+        let _ = std::fs::remove_dir_all(ctx.out_dir.join(name));
+    };
     for round in 0..ctx.rounds {
-        let server = Server::start(ctx, &format!("upload-curl-{round}"), &[])?;
+        let server = Server::start(ctx, "upload-curl", &[])?;
         let url = format!("{}/v1/blobs/sha256:{}", server.url, file.sha256);
         let (took, rss) = timed(&server, || {
             Command::new("curl")
@@ -45,6 +50,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
         curl_rss = curl_rss.max(rss);
         stored(&server, &file.sha256).await?;
         drop(server);
+        gone("upload-curl");
 
         settle();
         let started = Instant::now();
@@ -55,12 +61,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
             .status()?;
         hashed.push(started.elapsed().as_secs_f64() + curled[round]);
 
-        let server = Server::start(ctx, &format!("upload-push-{round}"), &[])?;
+        let server = Server::start(ctx, "upload-push", &[])?;
         let (took, rss) = timed(&server, || {
             Command::new(env!("CARGO_BIN_EXE_berth"))
                 .args(["models", "push"])
                 .arg(&run)
-                .args(["--server", &server.url])
+                // The benchmark data's own seal, not the model's.
+                .args(["--exclude", "*.sha256", "--server", &server.url])
                 .env_remove("BERTH_TOKEN")
                 .stdout(std::process::Stdio::null())
                 .status()
@@ -68,6 +75,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
         pushed.push(took.as_secs_f64());
         push_rss = push_rss.max(rss);
         stored(&server, &file.sha256).await?;
+        drop(server);
+        gone("upload-push");
     }
     let (push, curl, hash_curl) = (median(&pushed), median(&curled), median(&hashed));
     let mut table = Table::new(&format!(
