@@ -26,9 +26,11 @@
 //! the Rust and Python guests, on each tier; `--archive LABEL=PATH` adds
 //! another build of the archive example), `blobs` (a second model sharing
 //! 3.5 GiB of 4 GiB with one held, against fetching it into an empty
-//! models dir; adopting a models dir of 10,000 files), `signatures` (a
-//! 50-file model's model.sig verified against its record, against
-//! re-hashing it and `model_signing verify`); all by default.
+//! models dir; adopting a models dir of 10,000 files), `upload` (`berth
+//! models push` of a `--big-gib` file against `curl -T` of it to the same
+//! upload endpoint, and the server's memory), `signatures` (a 50-file
+//! model's model.sig verified against its record, against re-hashing it
+//! and `model_signing verify`); all by default.
 //! Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
@@ -57,6 +59,7 @@ mod report;
 mod signatures;
 mod source;
 mod store;
+mod upload;
 
 use std::path::PathBuf;
 
@@ -117,9 +120,27 @@ impl Ctx {
     }
 }
 
-const SECTIONS: [&str; 18] = [
-    "fetch", "resume", "reverify", "plugin", "api", "memory", "capped", "store", "load", "quota",
-    "deploys", "dropin", "cluster", "push", "publish", "oci", "native", "blobs", "signatures",
+const SECTIONS: [&str; 20] = [
+    "fetch",
+    "resume",
+    "reverify",
+    "plugin",
+    "api",
+    "memory",
+    "capped",
+    "store",
+    "load",
+    "quota",
+    "deploys",
+    "dropin",
+    "cluster",
+    "push",
+    "publish",
+    "oci",
+    "native",
+    "blobs",
+    "upload",
+    "signatures",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -239,6 +260,7 @@ fn main() -> anyhow::Result<()> {
                 "oci" => oci::run(&ctx).await?,
                 "native" => native::run(&ctx).await?,
                 "blobs" => blobs::run(&ctx).await?,
+                "upload" => upload::run(&ctx).await?,
                 _ => unreachable!("checked above"),
             }
         }

@@ -29,7 +29,8 @@ pub struct TrainedModel {
     pub final_loss: Option<f64>,
     /// A JSON object, kept as text: berth never looks inside.
     pub params_json: String,
-    /// URL template with `{job_id}` and `{path}`.
+    /// URL template with `{job_id}` and `{path}`, a registry's manifest,
+    /// or `UPLOADED`.
     pub source: String,
     pub files: Vec<ModelFile>,
     /// RFC 3339, set by the database layer when the model is recorded.
@@ -57,6 +58,11 @@ pub struct Signature {
     pub bundle: String,
 }
 
+/// The source of a model whose files came by upload (`berth models push`):
+/// there is nowhere to fetch them again from, so they are linked from the
+/// blob store, where they are pinned, or not at all.
+pub const UPLOADED: &str = "upload:";
+
 impl TrainedModel {
     /// The signer of its signature, if it was verified.
     pub fn signed_by(&self) -> Option<&str> {
@@ -64,6 +70,11 @@ impl TrainedModel {
             .as_ref()
             .filter(|s| s.verified_at.is_some())
             .and_then(|s| s.signer.as_deref())
+    }
+
+    /// Whether the files came by upload (`UPLOADED`).
+    pub fn uploaded(&self) -> bool {
+        self.source == UPLOADED
     }
 
     /// A model known only by its files, with no training metadata: what

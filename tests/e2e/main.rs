@@ -41,6 +41,7 @@ mod plugins;
 mod proxies;
 mod publish;
 mod publish_examples;
+mod push;
 mod queue;
 mod ready;
 mod register;

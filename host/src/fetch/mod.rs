@@ -19,7 +19,8 @@
 //! `file`; the disk work around the downloads, run off the runtime's
 //! threads, `disk`; the bytes' way in, `source` (with the sources file's
 //! credentials, `source::access`), `partial` and `pieces`; what the volume
-//! keeps (blobs, budget, verification records, locks), `store`.
+//! keeps (blobs, budget, verification records, locks), `store`; blobs that
+//! arrive by upload instead of from a source, `upload`.
 
 mod allowance;
 mod cut;
@@ -36,6 +37,7 @@ mod store;
 mod tally;
 #[cfg(test)]
 mod tests;
+mod upload;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -59,6 +61,7 @@ pub use store::stamp::{Stamp, Stamps};
 pub use store::usage;
 use store::{blobs, budget};
 use tally::Tally;
+pub use upload::{Held, Upload, UploadError, Uploaded};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {

@@ -29,6 +29,8 @@ pub enum Error {
     Conflict(String),
     /// 413
     TooLarge(String),
+    /// 507: no room on the server's disk for what was sent.
+    InsufficientStorage(String),
     /// 502: a server berth asked on the request's behalf (a registry)
     /// did not give what was asked for.
     BadGateway(String),
@@ -60,6 +62,7 @@ impl IntoResponse for Error {
             Error::NotFound(m) => (StatusCode::NOT_FOUND, m),
             Error::Conflict(m) => (StatusCode::CONFLICT, m),
             Error::TooLarge(m) => (StatusCode::PAYLOAD_TOO_LARGE, m),
+            Error::InsufficientStorage(m) => (StatusCode::INSUFFICIENT_STORAGE, m),
             Error::BadGateway(m) => (StatusCode::BAD_GATEWAY, m),
             Error::Unavailable(m) => {
                 let body = Json(ErrorBody { error: m });

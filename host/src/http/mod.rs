@@ -5,6 +5,7 @@
 mod approvals;
 mod artifacts;
 mod auth;
+mod blobs;
 mod deployers;
 mod deployments;
 mod error;
@@ -118,6 +119,7 @@ fn routes() -> OpenApiRouter<ApiContext> {
     OpenApiRouter::with_openapi(openapi::base())
         .merge(models::router())
         .merge(storage::router())
+        .merge(blobs::router())
         .merge(deployments::router())
         .merge(approvals::router())
         .merge(rules::router())

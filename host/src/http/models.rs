@@ -26,7 +26,9 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 
 /// Registers a model: its files and where they come from.
 ///
-/// A body without `files` has them listed at its source: an `s3://`
+/// With the source `upload:` (`berth models push`), every file's blob must
+/// have been uploaded (`PUT /v1/blobs/sha256:…`); the registration pins
+/// them. A body without `files` has them listed at its source: an `s3://`
 /// prefix (each object's size, and its sha256 where the store keeps one,
 /// `x-amz-checksum-sha256`) or an `oci://` manifest (its layers, by
 /// digest); no file is read. Given `files` are each looked for at the
@@ -37,7 +39,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
     responses(
         (status = CREATED, description = "The stored model", body = json::Model),
         (status = OK, description = "The same files from the same source are registered already under this job id: that model", body = json::Model),
-        (status = BAD_REQUEST, description = "The body is not a registration (then `error` alone says why), or every problem of the registration, each also with its field in `problems`; or the source does not answer for a given file with its size (then `error` names the first such file); or, without `files`, its source could not be listed (then `error` alone says why: a scheme that cannot be listed, no objects or more than 10000 under the prefix, no bucket, refused credentials, an unreachable store)", body = ProblemsBody),
+        (status = BAD_REQUEST, description = "The body is not a registration (then `error` alone says why), or every problem of the registration, each also with its field in `problems`; or the source does not answer for a given file with its size (then `error` names the first such file); or, with the source `upload:`, a file whose blob was not uploaded (then `error` alone names it); or, without `files`, its source could not be listed (then `error` alone says why: a scheme that cannot be listed, no objects or more than 10000 under the prefix, no bucket, refused credentials, an unreachable store)", body = ProblemsBody),
         (status = CONFLICT, description = "The job id is registered already, with other files or another source: `error` names the model and what differs", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
     ))]
@@ -55,6 +57,9 @@ async fn register(
         draft = discovered(&ctx, draft).await?;
     }
     let mut model = validate::model(draft).map_err(Error::InvalidModel)?;
+    if model.uploaded() {
+        pin_uploaded(&ctx, &model).await?;
+    }
     model.created_by = caller.map(|Extension(c)| c.name);
     if let Some(signature) = signature {
         let bytes = match signature {
@@ -66,7 +71,8 @@ async fn register(
             .trust_in_models()
             .examine(&bytes, &model.files, &db::now());
     }
-    if check {
+    // An uploaded model's blobs were checked by `pin_uploaded`.
+    if check && !model.uploaded() {
         // A repeat is answered by `repeated` below, source unasked.
         if ctx.db.model_by_job_id(&model.job_id).await?.is_none() {
             ctx.fetcher
@@ -98,6 +104,27 @@ async fn register(
         "model recorded"
     );
     Ok((StatusCode::CREATED, Json(stored.into())))
+}
+
+/// Pins the blob of every file of `model`, registered as uploaded: each
+/// must be in the store, put there by `PUT /v1/blobs/sha256:…`.
+async fn pin_uploaded(ctx: &ApiContext, model: &TrainedModel) -> Result<(), Error> {
+    let missing = ctx
+        .fetcher
+        .pin_uploaded(&model.files)
+        .await
+        .map_err(|e| Error::Internal(format!("pinning uploaded blobs: {e}")))?;
+    match missing {
+        None => Ok(()),
+        Some(file) => Err(Error::BadRequest(format!(
+            "file {}: the server's blob store does not hold sha256 {} of {} bytes, and the source \
+             upload: has nowhere else to fetch it from; upload it first (berth models push, or \
+             PUT /v1/blobs/sha256:…)",
+            file.path,
+            file.sha256.as_deref().unwrap_or("(none)"),
+            file.size_bytes
+        ))),
+    }
 }
 
 /// A registration whose job id is taken: the same files from the same

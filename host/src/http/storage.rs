@@ -17,7 +17,8 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 }
 
 /// What the models dir holds: bytes on disk, bytes saved by sharing, the
-/// budget, and each model's local copy (least recently deployed first).
+/// blobs pinned by upload, the budget, and each model's local copy (least
+/// recently deployed first).
 ///
 /// Scans the models dir (one `lstat` per file, no byte read) at each call.
 #[utoipa::path(get, path = "/v1/storage", operation_id = "show_storage", tag = "models",
@@ -50,6 +51,8 @@ async fn show(State(ctx): State<ApiContext>) -> Result<Json<json::Storage>, Erro
         bytes_saved: usage.bytes_saved,
         models,
         models_dir: ctx.fetcher.models_dir().display().to_string(),
+        pinned_blobs: usage.pinned_blobs,
+        pinned_bytes: usage.pinned_bytes,
         unreferenced_blob_bytes: usage.unreferenced_blob_bytes,
     }))
 }

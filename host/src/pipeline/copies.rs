@@ -5,9 +5,10 @@
 //! database is asked before the copy's verification record is forgotten and
 //! again after, under the directory's lock, so a deployment that started
 //! between the two either is seen or cannot trust the record and waits for
-//! the lock. On PostgreSQL the pins of every server are seen.
+//! the lock. On PostgreSQL the pins of every server are seen. Deleting an
+//! uploaded model unpins its blobs that no other uploaded model records.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -46,12 +47,40 @@ impl Pipeline {
             return Err(DropError::UnknownModel(id));
         }
         let freed = remove(held, id, &model.job_id).await?;
+        if model.uploaded() {
+            self.unpin_unused(&model).await?;
+        }
         tracing::info!(
             model_id = id,
             freed_bytes = freed,
             "model deleted, with its local copy"
         );
         Ok(freed)
+    }
+
+    /// Unpins the blobs of `deleted`, an uploaded model, that no other
+    /// uploaded model records: the next sweep may take them.
+    async fn unpin_unused(&self, deleted: &TrainedModel) -> Result<(), DropError> {
+        let kept: HashSet<String> = self
+            .db
+            .models()
+            .await?
+            .into_iter()
+            .filter(TrainedModel::uploaded)
+            .flat_map(|m| m.files.into_iter().filter_map(|f| f.sha256))
+            .collect();
+        let unused: HashSet<String> = deleted
+            .files
+            .iter()
+            .filter_map(|f| f.sha256.clone())
+            .filter(|sha256| !kept.contains(sha256))
+            .collect();
+        self.fetcher.unpin(unused).await.map_err(|e| {
+            DropError::Disk(format!(
+                "unpinning the uploaded files of model {}: {e}",
+                deleted.id
+            ))
+        })
     }
 
     /// Model `id` and its copy, held once no deployment uses it.

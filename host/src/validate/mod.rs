@@ -169,6 +169,12 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
                 format!("files[{i}].sha256 must be 64 hexadecimal characters, got {hash:?}"),
             ));
         }
+        if sha256.is_none() && source == crate::model::UPLOADED {
+            problems.push(Problem::new(
+                field("sha256"),
+                format!("files[{i}].sha256 is required with the source upload:: an uploaded file is kept by its digest"),
+            ));
+        }
         if sha256.is_none() && source.starts_with("oci://") {
             problems.push(Problem::new(
                 field("sha256"),
@@ -284,10 +290,13 @@ pub fn path_rule(path: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `http`, `https`, `s3` or `file` URL template with `{path}`, or a
+/// `http`, `https`, `s3` or `file` URL template with `{path}`, a
 /// registry's manifest pinned by digest (`oci://REG/REPO@sha256:…`, whose
-/// files are its blobs).
+/// files are its blobs), or `upload:` (files uploaded into the blob store).
 fn source_rule(source: &str) -> Result<(), String> {
+    if source == crate::model::UPLOADED {
+        return Ok(());
+    }
     if source.is_empty() {
         return Err(
             "source is required: a URL template such as http://files.local/{job_id}/{path}".into(),
@@ -329,7 +338,7 @@ fn source_rule(source: &str) -> Result<(), String> {
         "s3" => Ok(()),
         "file" => Ok(()),
         other => Err(format!(
-            "source {source:?}: scheme {other} is not supported (use http, https, s3, file or oci)"
+            "source {source:?}: scheme {other} is not supported (use http, https, s3, file or oci; upload: alone for uploaded files)"
         )),
     }
 }

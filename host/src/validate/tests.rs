@@ -107,6 +107,8 @@ fn registrations_are_checked_field_by_field() {
             "source \"oci://r.io/Team/ft@sha256:00\": a sha256",
         ),
         ("oci://r.io", "source \"oci://r.io\" names no repository"),
+        ("upload:", ""),
+        ("upload:{path}", "scheme upload is not supported"),
     ];
     for (source, expected) in sources {
         check(|d| d.source = Some(source.into()), expected);
@@ -146,6 +148,13 @@ fn registrations_are_checked_field_by_field() {
             d.files[0].sha256 = None;
         },
         "files[0].sha256 is required with an oci:// source",
+    );
+    check(
+        |d| {
+            d.source = Some("upload:".into());
+            d.files[0].sha256 = None;
+        },
+        "files[0].sha256 is required with the source upload:",
     );
 }
 

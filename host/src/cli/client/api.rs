@@ -153,6 +153,51 @@ impl Api {
         self.answer(Method::PUT, path, request).await
     }
 
+    /// `HEAD` of an upload (`/v1/blobs/sha256:…`): whether the server
+    /// stores the blob, and how many bytes of it it holds.
+    pub async fn upload_offset(&self, path: &str) -> Result<(bool, u64), Error> {
+        let request = self.http.head(format!("{}{path}", self.server));
+        let response = request.send().await.map_err(|e| self.unreachable(&e))?;
+        let status = response.status();
+        let offset = response
+            .headers()
+            .get("upload-offset")
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        match (status, offset) {
+            (StatusCode::OK | StatusCode::NOT_FOUND, Some(offset)) => {
+                Ok((status == StatusCode::OK, offset))
+            }
+            _ => Err(Error::Refused {
+                status,
+                message: format!(
+                    "{} answered HEAD {path} with {status} and no Upload-Offset (is it a berth server of this version?)",
+                    self.server
+                ),
+            }),
+        }
+    }
+
+    /// `PUT`s `body`, `len` bytes of an upload from `offset` on, of a blob
+    /// of `size` bytes: the answer's status, or the server's refusal.
+    pub async fn upload(
+        &self,
+        path: &str,
+        (size, offset, len): (u64, u64, u64),
+        body: reqwest::Body,
+    ) -> Result<StatusCode, Error> {
+        let request = self
+            .http
+            .put(format!("{}{path}", self.server))
+            .header("upload-length", size)
+            .header("upload-offset", offset)
+            .header(reqwest::header::CONTENT_LENGTH, len)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(body);
+        self.send_for_status(&Method::PUT, path, request)
+            .await
+            .map(|(status, _)| status)
+    }
+
     /// Sends `request`: its JSON answer read as `T`, or the server's
     /// refusal.
     async fn answer<T: DeserializeOwned>(
@@ -185,11 +230,23 @@ impl Api {
         path: &str,
         request: reqwest::RequestBuilder,
     ) -> Result<String, Error> {
+        self.send_for_status(method, path, request)
+            .await
+            .map(|(_, text)| text)
+    }
+
+    /// `send`, with the status of a successful answer.
+    async fn send_for_status(
+        &self,
+        method: &Method,
+        path: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(StatusCode, String), Error> {
         let response = request.send().await.map_err(|e| self.unreachable(&e))?;
         let status = response.status();
         let text = response.text().await.map_err(|e| self.unreachable(&e))?;
         if status.is_success() {
-            return Ok(text);
+            return Ok((status, text));
         }
         match serde_json::from_str::<ErrorBody>(&text) {
             Ok(refusal) => Err(Error::Refused {

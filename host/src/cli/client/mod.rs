@@ -12,8 +12,10 @@ mod catalog;
 mod deploy;
 mod models;
 pub(super) mod progress;
+mod push;
 mod register;
 mod rules;
+mod run_folder;
 mod text;
 mod training;
 

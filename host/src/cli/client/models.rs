@@ -1,10 +1,12 @@
-//! `berth models register | show | rm | du`: one model on a running
-//! server — registered from a folder (`register`), shown with its files,
+//! `berth models register | push | show | rm | du`: one model on a running
+//! server — registered from a folder (`register`) or uploaded from one
+//! (`push`), shown with its files,
 //! or its record deleted — and the disk the models' copies take (`du`).
 
 use clap::Subcommand;
 
 use super::api::{Api, Error};
+use super::push::{self, PushArgs};
 use super::register::{self, RegisterArgs};
 use super::text::{Table, timestamp};
 use super::{Common, find_model, print_json};
@@ -18,6 +20,13 @@ pub enum ModelsCommand {
     /// latest checkpoint-N/), the flags winning. Symbolic links, FIFOs,
     /// sockets, .git/ and (without --all) dotfiles are skipped and named.
     Register(Box<RegisterArgs>),
+    /// Uploads a training run's folder through the server and registers it:
+    /// the same choice of files and fields as register, each file the
+    /// server's blob store lacks sent once (by sha256, verified as it
+    /// arrives), resumed at its offset after a cut (also by running the
+    /// command again), with progress on stderr. The model's source is
+    /// upload:, and its files are pinned: no disk budget drops them.
+    Push(Box<PushArgs>),
     /// Shows a model and its files.
     Show {
         /// The model: its id or its job id.
@@ -52,6 +61,7 @@ pub enum ModelsCommand {
 pub async fn run(command: ModelsCommand) -> Result<(), Error> {
     match command {
         ModelsCommand::Register(args) => register::run(*args).await,
+        ModelsCommand::Push(args) => push::run(*args).await,
         ModelsCommand::Show { model, common } => {
             let api = Api::new(&common.server, common.token.as_deref())?;
             let id = find_model(&api, &model).await?.id;
@@ -136,8 +146,15 @@ fn usage(storage: &json::Storage) -> String {
         0 => String::new(),
         bytes => format!(", {} in blobs no model links", size(bytes)),
     };
+    let pinned = match storage.pinned_blobs {
+        0 => String::new(),
+        blobs => format!(
+            ", {} in {blobs} uploaded blob(s), pinned",
+            size(storage.pinned_bytes)
+        ),
+    };
     format!(
-        "{}{} on disk{budget} in {}, {} saved by sharing{unreferenced}\n",
+        "{}{} on disk{budget} in {}, {} saved by sharing{pinned}{unreferenced}\n",
         table.render(),
         size(storage.bytes_on_disk),
         storage.models_dir,
@@ -260,6 +277,8 @@ mod tests {
                 ),
             ],
             models_dir: "/data/models".into(),
+            pinned_blobs: 1,
+            pinned_bytes: 1 << 20,
             unreferenced_blob_bytes: 0,
         };
         let expected = [
@@ -267,7 +286,7 @@ mod tests {
             "0 bytes  0 bytes  no     never                ft-2    ft-2 model",
             "  2 MiB    1 MiB  yes    2026-12-03 17:00:00  ft-1    ft-1 model",
             "  2 MiB    1 MiB  yes    2026-12-03 18:00:00  ft-3    ft-3 model",
-            "3 MiB on disk of a 2 GiB budget in /data/models, 1 MiB saved by sharing",
+            "3 MiB on disk of a 2 GiB budget in /data/models, 1 MiB saved by sharing, 1 MiB in 1 uploaded blob(s), pinned",
         ];
         assert_eq!(usage(&storage), expected.map(|l| format!("{l}\n")).concat());
     }

@@ -1,9 +1,12 @@
 //! How a running deployment looks while `berth deploy` or `berth plugin run
-//! -v` waits: one redrawn line with a bar on a terminal, occasional plain
-//! lines otherwise (a log, a CI job). Writes only to stderr, so stdout holds
-//! just the result.
+//! -v` waits, and how far the client's own work on a folder is (`Meter`:
+//! hashing, uploading): one redrawn line with a bar on a terminal,
+//! occasional plain lines otherwise (a log, a CI job). Writes only to
+//! stderr, so stdout holds just the result.
 
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::text;
@@ -87,6 +90,100 @@ impl ProgressView {
             self.drawn = false;
         }
     }
+}
+
+/// How far the client's own work on bytes is: `what` (`hashing 3 files`),
+/// a bar, the bytes done of `total` and, for transfers, the rate; redrawn
+/// on a terminal, a plain line every few seconds otherwise for a transfer.
+pub struct Meter {
+    done: Arc<AtomicU64>,
+    finished: Arc<AtomicBool>,
+    drawer: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// How often a meter's line is redrawn on a terminal.
+const REDRAW: Duration = Duration::from_millis(200);
+
+impl Meter {
+    /// Starts drawing. `transfer`: bytes sent somewhere, shown with their
+    /// rate and, without a terminal, as a line every `PLAIN_EVERY` (signs
+    /// of life in a log); other work is drawn on a terminal only.
+    pub fn start(what: String, total: u64, transfer: bool) -> Self {
+        let done = Arc::new(AtomicU64::new(0));
+        let finished = Arc::new(AtomicBool::new(false));
+        let terminal = std::io::stderr().is_terminal();
+        let drawer = (terminal || transfer).then(|| {
+            let (done, finished) = (done.clone(), finished.clone());
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let every = if terminal { REDRAW } else { PLAIN_EVERY };
+                while !finished.load(Ordering::Relaxed) {
+                    tokio::time::sleep(every).await;
+                    let line = meter_line(
+                        &what,
+                        done.load(Ordering::Relaxed),
+                        total,
+                        started.elapsed(),
+                        transfer,
+                    );
+                    if terminal {
+                        redraw(&line);
+                    } else if !finished.load(Ordering::Relaxed) {
+                        eprintln!("{line}");
+                    }
+                }
+                if terminal {
+                    redraw("");
+                }
+            })
+        });
+        Self {
+            done,
+            finished,
+            drawer,
+        }
+    }
+
+    /// The count of bytes done, for the work to add to.
+    pub fn done(&self) -> Arc<AtomicU64> {
+        self.done.clone()
+    }
+
+    /// Stops drawing and clears the line.
+    pub async fn finish(self) {
+        self.finished.store(true, Ordering::Relaxed);
+        if let Some(drawer) = self.drawer {
+            let _ = drawer.await;
+        }
+    }
+}
+
+/// `uploading 2 files [####----] 1 GiB / 4 GiB, 512 MiB/s`; the rate only
+/// for transfers (`rate`).
+fn meter_line(what: &str, done: u64, total: u64, took: Duration, rate: bool) -> String {
+    let fraction = if total == 0 {
+        1.0
+    } else {
+        done as f64 / total as f64
+    };
+    let mut line = format!(
+        "{what} {} {} / {}",
+        bar(fraction, BAR_WIDTH),
+        crate::human::size(done),
+        crate::human::size(total)
+    );
+    if rate && took.as_secs_f64() > 0.0 {
+        let per_second = (done as f64 / took.as_secs_f64()) as u64;
+        line.push_str(&format!(", {}/s", crate::human::size(per_second)));
+    }
+    line
+}
+
+/// Redraws the line on the terminal.
+fn redraw(line: &str) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = write!(stderr, "\r\x1b[2K{line}");
+    let _ = stderr.flush();
 }
 
 /// Whether the fetch's totals are known yet.

@@ -92,7 +92,8 @@ impl std::fmt::Display for Location {
 }
 
 /// Where one file of a model is: its blob when the source is a registry's
-/// manifest (`oci://…@sha256:…`, files by digest), else the template
+/// manifest (`oci://…@sha256:…`, files by digest), nowhere for an uploaded
+/// model (its files are in the blob store or lost), else the template
 /// filled in. The source was validated at registration, so a failure here
 /// means the filled-in URL is broken, which is reported.
 pub(crate) fn locate(
@@ -100,6 +101,14 @@ pub(crate) fn locate(
     job_id: &str,
     file: &crate::model::ModelFile,
 ) -> Result<Location, String> {
+    if source == crate::model::UPLOADED {
+        // Only asked when the store has no intact blob of the file.
+        return Err(format!(
+            "it was uploaded (source upload:), and the blob store no longer holds its sha256 {}: \
+             it was found damaged and removed; push the model again (berth models push)",
+            file.sha256.as_deref().unwrap_or("(none)")
+        ));
+    }
     if source.starts_with("oci://") {
         let reference = crate::oci::Reference::parse(source)?;
         let sha256 = file.sha256.clone().ok_or_else(|| {

@@ -21,6 +21,12 @@
 //! A models dir that cannot hard-link (`.blobs` on another filesystem, a
 //! filesystem without hard links, an inode at its link limit) keeps one
 //! copy per model, as before the store: berth says so once in its log.
+//!
+//! A blob that came by upload (`upload`) has no source to fetch it again
+//! from, so it is *pinned*: one more link of its inode at
+//! `.blobs/pins/<hex>`. A pinned blob is never unreferenced (its links are
+//! at least two), so neither a sweep nor the unlink of a model's last copy
+//! removes it; only `unpin` (its models deleted) or damage (`condemn`) do.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -40,6 +46,8 @@ pub(in crate::fetch) struct Blobs {
     files: PathBuf,
     /// `.berth/blobs`: their stamps and locks.
     books: PathBuf,
+    /// `.blobs/pins`: a second link of each pinned blob.
+    pins: PathBuf,
 }
 
 impl Blobs {
@@ -48,7 +56,12 @@ impl Blobs {
             models_dir: models_dir.to_path_buf(),
             files: models_dir.join(BLOBS_DIR).join("sha256"),
             books: models_dir.join(META_DIR).join("blobs"),
+            pins: models_dir.join(BLOBS_DIR).join(PINS),
         }
+    }
+
+    fn pin_path(&self, hex: &str) -> PathBuf {
+        self.pins.join(hex)
     }
 
     pub(in crate::fetch) fn path(&self, hex: &str) -> PathBuf {
@@ -226,6 +239,82 @@ impl Blobs {
         }
     }
 
+    /// Under the digest's lock: makes `partial`, an upload whose bytes were
+    /// just verified as `hex` and synced, the blob, pinned. A blob of the
+    /// digest the store has already (a fetch got there first) wins and is
+    /// pinned instead. The partial's inode gets the blob's name first and
+    /// the pin's by rename, so a crash in between leaves an unpinned blob,
+    /// never an unverified one.
+    pub(in crate::fetch) fn commit(&self, hex: &str, partial: &Path) -> std::io::Result<()> {
+        if self.intact(hex).is_some() {
+            remove_if_any(partial)?;
+            return self.pin(hex);
+        }
+        read_only(partial);
+        let blob = self.path(hex);
+        if let Some(parent) = blob.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let tmp = blob.with_file_name(format!(".{hex}.{}", unique()));
+        std::fs::hard_link(partial, &tmp)?;
+        std::fs::rename(&tmp, &blob).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+        std::fs::create_dir_all(&self.pins)?;
+        std::fs::rename(partial, self.pin_path(hex))?;
+        for dir in [blob.parent(), Some(self.pins.as_path())]
+            .into_iter()
+            .flatten()
+        {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        self.restamp(hex);
+        Ok(())
+    }
+
+    /// Under the digest's lock, once its bytes were found intact: pins the
+    /// blob `hex` (a second link of its inode among the pins), replacing a
+    /// pin of another inode.
+    fn pin(&self, hex: &str) -> std::io::Result<()> {
+        let blob = self.path(hex);
+        let pin = self.pin_path(hex);
+        let theirs = std::fs::symlink_metadata(&blob)?;
+        if std::fs::symlink_metadata(&pin).is_ok_and(|ours| same_inode(&ours, &theirs)) {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.pins)?;
+        let tmp = self.pins.join(format!(".{hex}.{}", unique()));
+        std::fs::hard_link(&blob, &tmp)?;
+        std::fs::rename(&tmp, &pin).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+        self.restamp(hex);
+        Ok(())
+    }
+
+    /// Under the digest's lock: takes the pin of `hex` away; the blob goes
+    /// with the next sweep once no model links it. Its stamp is taken again
+    /// only if it vouched before: an unpin launders no damage.
+    pub(in crate::fetch) fn unpin(&self, hex: &str) -> std::io::Result<()> {
+        let vouched =
+            std::fs::symlink_metadata(self.path(hex)).is_ok_and(|meta| self.vouches(hex, &meta));
+        remove_if_any(&self.pin_path(hex))?;
+        if vouched {
+            self.restamp(hex);
+        }
+        Ok(())
+    }
+
+    /// Under the digest's lock: pins the blob `hex` if the store holds it
+    /// intact with `size` bytes, as a model registered as uploaded needs of
+    /// each of its files; `false` if it does not.
+    pub(in crate::fetch) fn pin_intact(&self, hex: &str, size: u64) -> std::io::Result<bool> {
+        match self.intact(hex) {
+            Some(meta) if meta.len() == size => self.pin(hex).map(|()| true),
+            _ => Ok(false),
+        }
+    }
+
     /// The blob's metadata if its bytes are the digest's: vouched for by
     /// its stamp, else hashed (and stamped again if right). A blob whose
     /// bytes are wrong is condemned.
@@ -284,9 +373,11 @@ impl Blobs {
     }
 
     /// Takes the blob's name and stamp away; the stamp first, so no stamp
-    /// outlives its blob's check.
+    /// outlives its blob's check. A pin goes too: only damage removes a
+    /// pinned blob, and its bytes are of no use then.
     fn remove(&self, hex: &str) -> std::io::Result<()> {
         remove_if_any(&self.stamp_path(hex))?;
+        remove_if_any(&self.pin_path(hex))?;
         remove_if_any(&self.path(hex))
     }
 
@@ -331,6 +422,14 @@ fn read_only(blob: &Path) {
 
 /// A blob's mode: read-only, for everyone.
 const BLOB_MODE: u32 = 0o444;
+
+/// The folder of `.blobs` that holds the pins.
+pub(in crate::fetch) const PINS: &str = "pins";
+
+/// The folder of `.blobs` (and of `.berth`) uploads wait in
+/// (`fetch::upload`): on the blobs' filesystem, so an upload becomes its
+/// blob by link.
+pub(in crate::fetch) const UPLOADS: &str = "uploads";
 
 pub(in crate::fetch) fn same_inode(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
     a.dev() == b.dev() && a.ino() == b.ino()

@@ -1,7 +1,8 @@
 //! What the models dir holds on disk: each model directory's bytes and how
 //! many of them it shares with another model directory (one inode, hard
 //! linked), the bytes on disk counted once per inode, what sharing saves,
-//! and the blobs no model links any more. One `lstat` per entry, never a
+//! the blobs no model links any more, and the pinned ones (uploaded: never
+//! dropped for the budget); uploads still arriving count as bytes on disk. One `lstat` per entry, never a
 //! byte read and never a symbolic link followed; berth's own bookkeeping
 //! (`.berth`) is not model bytes and is left out. Only reads: what to drop
 //! is decided elsewhere.
@@ -11,6 +12,7 @@ use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+use super::blobs::{PINS, UPLOADS};
 use crate::fetch::disk::{blocking, disk_error};
 use crate::fetch::{BLOBS_DIR, Error, Fetcher, META_DIR};
 
@@ -26,6 +28,10 @@ pub struct Usage {
     pub bytes_saved: u64,
     /// The bytes of blobs that nothing else links (dropped on eviction).
     pub unreferenced_blob_bytes: u64,
+    /// The blobs that came by upload, which no budget drops, and their
+    /// bytes.
+    pub pinned_blobs: u64,
+    pub pinned_bytes: u64,
 }
 
 /// One model directory's regular files (partial downloads included).
@@ -68,9 +74,17 @@ pub fn scan(models_dir: &Path) -> std::io::Result<Usage> {
             continue;
         }
         if name == BLOBS_DIR {
-            walk(&entry.path(), &mut |meta| {
-                seen.blob(meta);
-            })?;
+            for part in read_dir(&entry.path())? {
+                let name = part.file_name();
+                walk_entry(&part, &mut |meta| {
+                    let linked = seen.entry(meta);
+                    match name.to_str() {
+                        Some(PINS) => linked.pinned = true,
+                        Some(UPLOADS) => {}
+                        _ => linked.in_blobs = true,
+                    }
+                })?;
+            }
         } else if !name.starts_with('.') {
             // Job ids never start with a dot: other dot names are not model
             // directories (one being removed, renamed aside).
@@ -98,6 +112,7 @@ struct Linked {
     bytes: u64,
     nlink: u64,
     in_blobs: bool,
+    pinned: bool,
     /// The first model directory met that links it, and whether another
     /// one does too.
     first_dir: Option<usize>,
@@ -112,13 +127,10 @@ impl Seen {
                 bytes: meta.len(),
                 nlink: meta.nlink(),
                 in_blobs: false,
+                pinned: false,
                 first_dir: None,
                 several_dirs: false,
             })
-    }
-
-    fn blob(&mut self, meta: &Metadata) {
-        self.entry(meta).in_blobs = true;
     }
 
     /// Records a file of the model directory numbered `dir`.
@@ -137,6 +149,10 @@ impl Seen {
         let (mut listed, mut unique) = (0, 0);
         for linked in self.inodes.values() {
             usage.bytes_on_disk += linked.bytes;
+            if linked.pinned {
+                usage.pinned_blobs += 1;
+                usage.pinned_bytes += linked.bytes;
+            }
             if linked.first_dir.is_some() {
                 unique += linked.bytes;
             } else if linked.in_blobs && linked.nlink == 1 {
@@ -165,11 +181,17 @@ impl Seen {
 /// skipped.
 fn walk(dir: &Path, file: &mut dyn FnMut(&Metadata)) -> std::io::Result<()> {
     for entry in read_dir(dir)? {
-        match metadata(&entry)? {
-            Some(meta) if meta.is_file() => file(&meta),
-            Some(meta) if meta.is_dir() => walk(&entry.path(), file)?,
-            _ => {}
-        }
+        walk_entry(&entry, file)?;
+    }
+    Ok(())
+}
+
+/// `walk` from one entry: itself if a regular file, its files if a folder.
+fn walk_entry(entry: &std::fs::DirEntry, file: &mut dyn FnMut(&Metadata)) -> std::io::Result<()> {
+    match metadata(entry)? {
+        Some(meta) if meta.is_file() => file(&meta),
+        Some(meta) if meta.is_dir() => walk(&entry.path(), file)?,
+        _ => {}
     }
     Ok(())
 }
@@ -265,6 +287,21 @@ mod tests {
         assert_eq!((a.bytes, a.shared_bytes), (128, 0), "one model, two paths");
         assert_eq!(usage.bytes_on_disk, 64);
         assert_eq!(usage.bytes_saved, 64);
+        assert_eq!(usage.unreferenced_blob_bytes, 0);
+    }
+
+    #[test]
+    fn pinned_blobs_are_counted_and_uploads_arriving_are_on_disk_but_no_blob() {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path();
+        let blob = root.join(".blobs/sha256/ab/ab01");
+        write(&blob, 1000);
+        fs::create_dir_all(root.join(".blobs/pins")).unwrap();
+        fs::hard_link(&blob, root.join(".blobs/pins/ab01")).unwrap();
+        write(&root.join(".blobs/uploads/cd02"), 300);
+        let usage = scan(root).unwrap();
+        assert_eq!((usage.pinned_blobs, usage.pinned_bytes), (1, 1000));
+        assert_eq!(usage.bytes_on_disk, 1300);
         assert_eq!(usage.unreferenced_blob_bytes, 0);
     }
 

@@ -2,7 +2,7 @@
 //! ranges, cut a download off, send slowly, require a header or redirect
 //! (`Source`), and a fresh models dir per test (`Setup`). The cases, one
 //! file per concern: resuming, the verification record, pieces, refusals,
-//! credentials, TLS.
+//! credentials, TLS, uploads.
 
 mod blobs;
 mod credentials;
@@ -11,6 +11,7 @@ mod record;
 mod refusals;
 mod resume;
 mod tls;
+mod upload;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

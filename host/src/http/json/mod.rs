@@ -1,6 +1,6 @@
 //! The API's JSON shapes both ways — request bodies and query parameters
 //! in; models, deployments, deployers, events, the webhook's state,
-//! artifacts, storage and errors out — with their OpenAPI schemas, one file per
+//! artifacts, uploaded blobs, storage and errors out — with their OpenAPI schemas, one file per
 //! resource. The one set of wire types: the handlers answer with them, the
 //! CLI client (`cli/client`) reads the answers back into them, so a renamed
 //! field breaks both at compile time. Handlers convert to domain types by
@@ -12,6 +12,7 @@
 //! fields they do not know, so a client reads a newer server's answers.
 
 mod artifacts;
+mod blobs;
 mod deployers;
 mod deployments;
 mod events;
@@ -25,6 +26,7 @@ use serde_json::{Value, json};
 use utoipa::ToSchema;
 
 pub use artifacts::{Artifact, Artifacts};
+pub use blobs::Blob;
 pub use deployers::{
     Deployer, DeployerVersion, DeployerVersions, Deployers, GrantedTarget, HeldVersion, Origin,
     PullBody, Rejected, RollbackBody, Tier,

@@ -21,6 +21,11 @@ pub struct Storage {
     /// The server's models dir, where each model's copy is
     /// `MODELS_DIR/<job_id>/`.
     pub models_dir: String,
+    /// The blobs that came by upload (`berth models push`): there is no
+    /// source to fetch them again from, so no budget drops them.
+    pub pinned_blobs: u64,
+    /// Their bytes, part of `bytes_on_disk`.
+    pub pinned_bytes: u64,
     /// Bytes of blobs no model links any more.
     pub unreferenced_blob_bytes: u64,
 }
@@ -67,9 +72,11 @@ mod tests {
                     shared_bytes: 1000,
                 }],
                 models_dir: "/data/models".into(),
+                pinned_blobs: 2,
+                pinned_bytes: 200,
                 unreferenced_blob_bytes: 300,
             },
-            r#"{"budget_bytes":null,"bytes_on_disk":1500,"bytes_saved":1000,"models":[{"bytes":1200,"id":3,"job_id":"ft-3","last_deployed":"2026-12-03T17:00:00.000Z","local":true,"name":"support-bot","shared_bytes":1000}],"models_dir":"/data/models","unreferenced_blob_bytes":300}"#,
+            r#"{"budget_bytes":null,"bytes_on_disk":1500,"bytes_saved":1000,"models":[{"bytes":1200,"id":3,"job_id":"ft-3","last_deployed":"2026-12-03T17:00:00.000Z","local":true,"name":"support-bot","shared_bytes":1000}],"models_dir":"/data/models","pinned_blobs":2,"pinned_bytes":200,"unreferenced_blob_bytes":300}"#,
         );
     }
 }

@@ -15,6 +15,9 @@ export function storageLine() {
       `saved by sharing ${bytes(storage.bytes_saved)}`,
     ];
     if (storage.budget_bytes !== null) parts.push(`budget ${bytes(storage.budget_bytes)}`);
+    if (storage.pinned_blobs) {
+      parts.push(`pinned by upload ${bytes(storage.pinned_bytes)} (${storage.pinned_blobs} blobs)`);
+    }
     if (storage.unreferenced_blob_bytes) {
       parts.push(`${bytes(storage.unreferenced_blob_bytes)} in blobs no model links`);
     }
