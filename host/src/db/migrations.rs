@@ -68,6 +68,11 @@ const SQLITE_MIGRATIONS: Migrations = Migrations(&[
         "unknown training values",
         include_str!("../../../migrations/sqlite/0011_unknown_training_values.sql"),
     ),
+    (
+        13,
+        "file formats",
+        include_str!("../../../migrations/sqlite/0013_file_formats.sql"),
+    ),
 ]);
 const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
     (
@@ -124,6 +129,11 @@ const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
         11,
         "unknown training values",
         include_str!("../../../migrations/postgres/0011_unknown_training_values.sql"),
+    ),
+    (
+        13,
+        "file formats",
+        include_str!("../../../migrations/postgres/0013_file_formats.sql"),
     ),
 ]);
 

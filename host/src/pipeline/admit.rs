@@ -59,6 +59,10 @@ pub enum StartError {
     UnknownDeployer { name: String, known: Vec<String> },
     #[error("{0}")]
     BadOptions(String),
+    /// `--pickle refuse`, for a model whose pickle files an earlier fetch
+    /// found, and a deployer that does not accept them.
+    #[error("{0}")]
+    Pickles(String),
     #[error("the deployment could not be recorded: {0}")]
     Record(#[from] db::Error),
 }
@@ -145,6 +149,10 @@ impl Pipeline {
         self.check_reserve()?;
         let (plugin, options_json) = self.checked_step(deployer, options_json).await?;
         let options_json = options_json.as_str();
+        let pickles = super::pickles::pickle_paths(&model.files, None);
+        if let Some(why) = super::pickles::refusal(self.pickles, &model, &plugin, &pickles) {
+            return Err(StartError::Pickles(why));
+        }
 
         let dir = self.fetcher.dir_of(&model.job_id);
         // With room here and nobody waiting, this server takes it at once;

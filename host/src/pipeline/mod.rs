@@ -21,6 +21,7 @@ mod caused;
 pub mod copies;
 mod fence;
 mod leases;
+mod pickles;
 mod queue;
 mod run;
 mod sentences;
@@ -47,6 +48,7 @@ pub use admit::{MAX_OPTIONS_BYTES, Request, RunError, StartError};
 pub use approvals::DecideError;
 pub use cancel::CancelError;
 pub use caused::{Fired, Firing};
+pub use pickles::PicklePolicy;
 pub use queue::QueueSettings;
 
 use queue::QUEUE_POLL;
@@ -81,6 +83,8 @@ pub struct Pipeline {
     reserve: u64,
     /// When this server last renewed its leases: its fence.
     renewals: fence::Renewals,
+    /// What a deployment of pickle files does (`--pickle`).
+    pickles: PicklePolicy,
 }
 
 /// A claimed deployment, ready to be carried out.
@@ -122,7 +126,14 @@ impl Pipeline {
             spans: Default::default(),
             reserve: 0,
             renewals: fence::Renewals::new(),
+            pickles: PicklePolicy::default(),
         }
+    }
+
+    /// What a deployment of a model holding pickle files does.
+    pub fn pickles(mut self, policy: PicklePolicy) -> Self {
+        self.pickles = policy;
+        self
     }
 
     /// How this server shares the queue, and the name other servers'

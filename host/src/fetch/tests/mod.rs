@@ -270,6 +270,7 @@ impl Setup {
                 path: path.to_string(),
                 size_bytes: contents.len() as u64,
                 sha256: Some(sha(contents)),
+                format: None,
             });
         }
         let model = TrainedModel::from_files(
