@@ -22,7 +22,7 @@ pub(super) fn examine_all(
     let mut formats = Vec::with_capacity(files.len());
     let mut first = None;
     for file in files {
-        match formats::examine(&file.path, &dir.join(&file.path)) {
+        match formats::examine(&dir.join(&file.path)) {
             Ok(format) => formats.push(format),
             Err(problem) => {
                 if let Some(stamps) = stamps.as_deref_mut() {

@@ -79,14 +79,13 @@ pub enum Problem {
     Unreadable(String),
     #[error("is not a valid safetensors file: {0}; export it again (safetensors' save_file), or leave it out of the registration")]
     Safetensors(Fault),
-    #[error("is named .safetensors, but its bytes are not safetensors ({}); export it again, or rename it", .0.as_str())]
-    NotSafetensors(Format),
 }
 
-/// The format of the file at `file` (recorded as `path`), with a
-/// safetensors file's header checked; reads its head, and the rest of a
-/// safetensors header or a zip's directory.
-pub fn examine(path: &str, file: &Path) -> Result<Format, Problem> {
+/// The format of the file at `file`, with a safetensors file's header
+/// checked; reads its head, and the rest of a safetensors header or a
+/// zip's directory. Bytes decide, not the name: a `.safetensors` file
+/// that does not open as one is `other`, and left to the deployer.
+pub fn examine(file: &Path) -> Result<Format, Problem> {
     let unreadable = |e: std::io::Error| Problem::Unreadable(e.to_string());
     let mut opened = std::fs::File::open(file).map_err(unreadable)?;
     let len = opened.metadata().map_err(unreadable)?.len();
@@ -99,16 +98,12 @@ pub fn examine(path: &str, file: &Path) -> Result<Format, Problem> {
     if format == Format::Other && zip::is_zip(&head) && zip_holds_data_pkl(&mut opened, len)? {
         format = Format::ZipPickle;
     }
-    match format {
-        Format::Safetensors => {
-            let header = safetensors::read_header(&mut opened, &head, len).map_err(|e| match e {
-                safetensors::Unread::Io(e) => unreadable(e),
-                safetensors::Unread::Fault(fault) => Problem::Safetensors(fault),
-            })?;
-            safetensors::check(&header, len).map_err(Problem::Safetensors)?;
-        }
-        other if path.ends_with(".safetensors") => return Err(Problem::NotSafetensors(other)),
-        _ => {}
+    if format == Format::Safetensors {
+        let header = safetensors::read_header(&mut opened, &head, len).map_err(|e| match e {
+            safetensors::Unread::Io(e) => unreadable(e),
+            safetensors::Unread::Fault(fault) => Problem::Safetensors(fault),
+        })?;
+        safetensors::check(&header, len).map_err(Problem::Safetensors)?;
     }
     Ok(format)
 }
