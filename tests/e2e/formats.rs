@@ -24,7 +24,9 @@ on_both_backends!(
 /// A file written by real torch, transformers and peft.
 fn real(path: &str) -> Vec<u8> {
     std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/training/lora-run").join(path),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/data/training/lora-run")
+            .join(path),
     )
     .unwrap()
 }
@@ -43,7 +45,10 @@ async fn formats(berth: &Berth, id: i64) -> Value {
     assert_eq!(status, StatusCode::OK, "{model}");
     let mut by_path = serde_json::Map::new();
     for file in model["files"].as_array().unwrap() {
-        by_path.insert(file["path"].as_str().unwrap().into(), file["format"].clone());
+        by_path.insert(
+            file["path"].as_str().unwrap().into(),
+            file["format"].clone(),
+        );
     }
     Value::Object(by_path)
 }
@@ -52,7 +57,10 @@ async fn formats(berth: &Berth, id: i64) -> Value {
 fn assert_failed_with(deployment: &Value, mentions: &str) {
     assert_eq!(deployment["status"], "failed", "{deployment}");
     let error = deployment["error"].as_str().unwrap_or_default();
-    assert!(error.contains(mentions), "expected {mentions:?} in {error:?}");
+    assert!(
+        error.contains(mentions),
+        "expected {mentions:?} in {error:?}"
+    );
 }
 
 async fn a_malformed_safetensors_fails_the_deployment_before_the_deployer(backend: Backend) {
@@ -86,7 +94,11 @@ async fn a_malformed_safetensors_fails_the_deployment_before_the_deployer(backen
         let fault = fault.replace("{id}", &id.to_string());
         for attempt in ["first", "again"] {
             let (status, deployment) = berth.deploy(id, "archive", json!({})).await;
-            assert_eq!(status, StatusCode::BAD_GATEWAY, "{job} {attempt}: {deployment}");
+            assert_eq!(
+                status,
+                StatusCode::BAD_GATEWAY,
+                "{job} {attempt}: {deployment}"
+            );
             assert_failed_with(&deployment, &fault);
             // The deployer never ran: nothing of it in the log.
             let log = berth.deployment_log(&deployment["id"]).await;
@@ -105,12 +117,17 @@ async fn formats_are_shown_and_pickles_are_named_in_the_log(backend: Backend) {
     let berth = Berth::start(backend).await;
     let contents = [
         ("adapter_config.json", real("adapter_config.json")),
-        ("adapter_model.safetensors", real("adapter_model.safetensors")),
+        (
+            "adapter_model.safetensors",
+            real("adapter_model.safetensors"),
+        ),
         ("training_args.bin", real("training_args.bin")),
         ("optimizer.pt", real("checkpoint-2/optimizer.pt")),
         ("README.md", real("README.md")),
     ];
-    let id = berth.register(&model(&files, "job-formats", &contents)).await;
+    let id = berth
+        .register(&model(&files, "job-formats", &contents))
+        .await;
     let unknown = formats(&berth, id).await;
     assert!(
         unknown.as_object().unwrap().values().all(Value::is_null),
@@ -153,10 +170,15 @@ async fn refuse_keeps_pickles_from_deployers_that_do_not_accept_them(backend: Ba
         .start()
         .await;
     let contents = [
-        ("adapter_model.safetensors", real("adapter_model.safetensors")),
+        (
+            "adapter_model.safetensors",
+            real("adapter_model.safetensors"),
+        ),
         ("training_args.bin", real("training_args.bin")),
     ];
-    let id = berth.register(&model(&files, "job-pickled", &contents)).await;
+    let id = berth
+        .register(&model(&files, "job-pickled", &contents))
+        .await;
     let sentence = format!(
         "model {id} (job-pickled) holds pickle files, which run code when loaded: \
          training_args.bin; this server refuses them to deployers whose manifest does not say \

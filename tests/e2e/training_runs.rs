@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::support::cli::{expect_success, lossy, path};
-use crate::support::{on_both_backends, plugins};
 use crate::support::server::{Backend, Berth};
+use crate::support::{on_both_backends, plugins};
 
 on_both_backends!(a_real_lora_run_registers_its_adapter_and_says_what_it_does_not_know);
 

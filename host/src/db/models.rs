@@ -143,7 +143,11 @@ impl Db {
     /// Records what the files of model `model_id` are, as a fetch found
     /// them: one `(path, format)` per file. A file since deleted is
     /// skipped.
-    pub async fn record_formats(&self, model_id: i64, formats: Vec<(String, Format)>) -> Result<()> {
+    pub async fn record_formats(
+        &self,
+        model_id: i64,
+        formats: Vec<(String, Format)>,
+    ) -> Result<()> {
         self.write(statements!(|conn| {
             for (path, format) in &formats {
                 sqlx::query("UPDATE model_files SET format = $1 WHERE model_id = $2 AND path = $3")

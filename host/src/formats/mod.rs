@@ -77,7 +77,9 @@ fn looks_like_json(head: &[u8]) -> bool {
 pub enum Problem {
     #[error("cannot be read to tell its format: {0}")]
     Unreadable(String),
-    #[error("is not a valid safetensors file: {0}; export it again (safetensors' save_file), or leave it out of the registration")]
+    #[error(
+        "is not a valid safetensors file: {0}; export it again (safetensors' save_file), or leave it out of the registration"
+    )]
     Safetensors(Fault),
 }
 

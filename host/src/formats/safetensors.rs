@@ -16,7 +16,9 @@ pub const MAX_HEADER_BYTES: u64 = 100_000_000;
 /// What is wrong with a safetensors file, said of the file.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum Fault {
-    #[error("its header length says {0} bytes, more than the {MAX_HEADER_BYTES} safetensors allows")]
+    #[error(
+        "its header length says {0} bytes, more than the {MAX_HEADER_BYTES} safetensors allows"
+    )]
     HeaderTooLarge(u64),
     #[error("its header of {header} bytes runs past the end of the {file}-byte file (cut short?)")]
     HeaderPastEnd { header: u64, file: u64 },
@@ -93,8 +95,7 @@ struct Span<'a> {
 /// Checks `header` (the JSON text) of a file of `file_len` bytes.
 pub(super) fn check(header: &[u8], file_len: u64) -> Result<(), Fault> {
     let data_len = file_len - 8 - header.len() as u64;
-    let value: Value =
-        serde_json::from_slice(header).map_err(|e| Fault::NotJson(e.to_string()))?;
+    let value: Value = serde_json::from_slice(header).map_err(|e| Fault::NotJson(e.to_string()))?;
     let Value::Object(entries) = value else {
         return Err(Fault::NotObject);
     };
@@ -156,7 +157,8 @@ fn tensor_span<'a>(name: &'a str, entry: &Value, data_len: u64) -> Result<Span<'
         .get("dtype")
         .and_then(Value::as_str)
         .ok_or("has no dtype string")?;
-    let bits = bits(dtype).ok_or_else(|| format!("dtype {dtype:?} is not one safetensors knows"))?;
+    let bits =
+        bits(dtype).ok_or_else(|| format!("dtype {dtype:?} is not one safetensors knows"))?;
     let shape: Vec<u64> = fields
         .get("shape")
         .and_then(Value::as_array)
@@ -170,7 +172,9 @@ fn tensor_span<'a>(name: &'a str, entry: &Value, data_len: u64) -> Result<Span<'
         .ok_or("has no data_offsets [begin, end] of non-negative integers")?;
     let (begin, end) = (offsets[0], offsets[1]);
     if begin > end {
-        return Err(format!("data_offsets [{begin}, {end}] end before they begin"));
+        return Err(format!(
+            "data_offsets [{begin}, {end}] end before they begin"
+        ));
     }
     if end > data_len {
         return Err(format!(

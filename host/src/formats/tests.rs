@@ -88,7 +88,10 @@ fn formats_are_told_by_their_first_bytes() {
         assert_eq!(sniff(head), *format, "{:?}", String::from_utf8_lossy(head));
     }
     assert_eq!(sniff(&safetensors(TWO, 12)), Format::Safetensors);
-    assert_eq!(sniff(&zip(&["archive/data.pkl", "archive/data/0"])), Format::ZipPickle);
+    assert_eq!(
+        sniff(&zip(&["archive/data.pkl", "archive/data/0"])),
+        Format::ZipPickle
+    );
     assert_eq!(sniff(&zip(&["data.pkl"])), Format::ZipPickle);
     assert_eq!(sniff(&zip(&["a.txt"])), Format::Other);
 }
@@ -98,7 +101,10 @@ fn a_zip_with_a_data_pkl_anywhere_is_a_zip_pickle() {
     let later = zip(&["archive/version", "archive/data.pkl"]);
     assert_eq!(sniff(&later), Format::Other, "the head alone cannot tell");
     assert_eq!(examined(&later), Ok(Format::ZipPickle));
-    assert_eq!(examined(&zip(&["a/b.txt", "a/data.pkl.txt"])), Ok(Format::Other));
+    assert_eq!(
+        examined(&zip(&["a/b.txt", "a/data.pkl.txt"])),
+        Ok(Format::Other)
+    );
 }
 
 #[test]
@@ -128,28 +134,52 @@ fn hostile_headers_are_refused_each_with_its_fault() {
     );
     // Overlapping tensors.
     let overlapping = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#;
-    fault(&safetensors(overlapping, 12), "tensors \"a\" and \"b\" overlap");
+    fault(
+        &safetensors(overlapping, 12),
+        "tensors \"a\" and \"b\" overlap",
+    );
     // An 8 GiB header length.
     let mut huge = (8u64 << 30).to_le_bytes().to_vec();
     huge.extend_from_slice(b"{\"a\":1}");
-    fault(&huge, "header length says 8589934592 bytes, more than the 100000000");
+    fault(
+        &huge,
+        "header length says 8589934592 bytes, more than the 100000000",
+    );
     // A header longer than the file.
     let mut long = 4096u64.to_le_bytes().to_vec();
     long.extend_from_slice(b"{\"a\":");
-    fault(&long, "header of 4096 bytes runs past the end of the 13-byte file");
+    fault(
+        &long,
+        "header of 4096 bytes runs past the end of the 13-byte file",
+    );
     // A truncated file: a sound one cut in its data.
     let mut cut = safetensors(TWO, 12);
     cut.truncate(cut.len() - 3);
-    fault(&cut, "tensor \"b\": data_offsets [8, 12] run past the end of the data region's 9 bytes");
+    fault(
+        &cut,
+        "tensor \"b\": data_offsets [8, 12] run past the end of the data region's 9 bytes",
+    );
     // Size and shape that disagree.
     fault(
         &safetensors(&one("F32", "[3]", "[0,8]"), 8),
         "dtype F32 and shape [3] make 12 bytes, but data_offsets [0, 8] hold 8",
     );
-    fault(&safetensors(&one("F99", "[2]", "[0,8]"), 8), "dtype \"F99\" is not one safetensors knows");
-    fault(&safetensors(&one("F32", "[-2]", "[0,8]"), 8), "has no shape of non-negative integers");
-    fault(&safetensors(&one("F32", "[2]", "[8,0]"), 8), "end before they begin");
-    fault(&safetensors(&one("F32", "[2]", "[0]"), 8), "has no data_offsets [begin, end]");
+    fault(
+        &safetensors(&one("F99", "[2]", "[0,8]"), 8),
+        "dtype \"F99\" is not one safetensors knows",
+    );
+    fault(
+        &safetensors(&one("F32", "[-2]", "[0,8]"), 8),
+        "has no shape of non-negative integers",
+    );
+    fault(
+        &safetensors(&one("F32", "[2]", "[8,0]"), 8),
+        "end before they begin",
+    );
+    fault(
+        &safetensors(&one("F32", "[2]", "[0]"), 8),
+        "has no data_offsets [begin, end]",
+    );
     fault(
         &safetensors(&one("F4", "[3]", "[0,1]"), 1),
         "make 12 bits, not whole bytes",
@@ -160,17 +190,32 @@ fn hostile_headers_are_refused_each_with_its_fault() {
     );
     // Bytes no tensor owns: between two, and after the last.
     let gap = r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}}"#;
-    fault(&safetensors(gap, 6), "bytes 2..4 of the data region belong to no tensor");
-    fault(&safetensors(&one("U8", "[2]", "[0,2]"), 5), "bytes 2..5 of the data region");
+    fault(
+        &safetensors(gap, 6),
+        "bytes 2..4 of the data region belong to no tensor",
+    );
+    fault(
+        &safetensors(&one("U8", "[2]", "[0,2]"), 5),
+        "bytes 2..5 of the data region",
+    );
     fault(&safetensors("{\"a\": ", 0), "its header is not JSON");
-    fault(&safetensors(r#"{"__metadata__":{"n":1}}"#, 0), "__metadata__ must map strings to strings: \"n\" is not a string");
-    fault(&safetensors(r#"{"__metadata__":[]}"#, 0), "it is not an object");
+    fault(
+        &safetensors(r#"{"__metadata__":{"n":1}}"#, 0),
+        "__metadata__ must map strings to strings: \"n\" is not a string",
+    );
+    fault(
+        &safetensors(r#"{"__metadata__":[]}"#, 0),
+        "it is not an object",
+    );
 }
 
 #[test]
 fn bytes_decide_not_names() {
     // Random bytes named .safetensors are other, left to the deployer.
-    assert_eq!(examined(b"\x01\x02\x03 not a header at all"), Ok(Format::Other));
+    assert_eq!(
+        examined(b"\x01\x02\x03 not a header at all"),
+        Ok(Format::Other)
+    );
     assert_eq!(examined(b"\x80\x02}q\x00."), Ok(Format::Pickle));
 }
 

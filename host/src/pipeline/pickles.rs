@@ -135,7 +135,10 @@ mod tests {
     #[test]
     fn many_pickles_are_named_five_at_most() {
         let paths: Vec<String> = (1..=7).map(|n| format!("p{n}.pt")).collect();
-        assert_eq!(named(&paths), "p1.pt, p2.pt, p3.pt, p4.pt, p5.pt and 2 more");
+        assert_eq!(
+            named(&paths),
+            "p1.pt, p2.pt, p3.pt, p4.pt, p5.pt and 2 more"
+        );
         assert_eq!(named(&paths[..1]), "p1.pt");
     }
 }

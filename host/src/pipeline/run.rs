@@ -268,7 +268,10 @@ impl Pipeline {
             return;
         }
         if let Err(e) = self.db.record_formats(model.id, new).await {
-            tracing::warn!(model_id = model.id, "could not record the files' formats: {e}");
+            tracing::warn!(
+                model_id = model.id,
+                "could not record the files' formats: {e}"
+            );
         }
     }
 

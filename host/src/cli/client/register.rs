@@ -247,7 +247,11 @@ async fn body_of(
     }
     let files = hashed(&dir, &listing).await?;
     let found = training::of_folder(&dir, &every_file, &listing.files);
-    for note in found.notes.iter().chain(&pickle_notes(&dir, &listing.files)) {
+    for note in found
+        .notes
+        .iter()
+        .chain(&pickle_notes(&dir, &listing.files))
+    {
         eprintln!("note: {note}");
     }
     let mut params: Map<String, Value> = found.params;
@@ -280,7 +284,10 @@ fn pickle_notes(dir: &Path, files: &[Listed]) -> Vec<String> {
         .filter_map(|file| {
             let mut head = Vec::new();
             std::fs::File::open(dir.join(&file.path))
-                .and_then(|f| f.take(crate::formats::HEAD_BYTES as u64).read_to_end(&mut head))
+                .and_then(|f| {
+                    f.take(crate::formats::HEAD_BYTES as u64)
+                        .read_to_end(&mut head)
+                })
                 .ok()?;
             let format = crate::formats::sniff(&head);
             format.is_pickle().then(|| {
