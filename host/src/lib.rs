@@ -26,6 +26,7 @@ pub mod live;
 pub mod loops;
 pub mod metrics;
 pub mod model;
+pub mod model_trust;
 pub mod oci;
 pub mod pipeline;
 pub mod publish;

@@ -85,9 +85,36 @@ pub struct TrainedModel {
     pub created_at: String,
     /// The name of the API token that registered it (none without tokens).
     pub created_by: Option<String>,
+    /// The `model.sig` given with the registration and what its
+    /// verification said; none when none was given (or signatures are off).
+    pub signature: Option<Signature>,
+}
+
+/// A model's OMS signature as recorded: who signed it once verified, or
+/// why it does not vouch for the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signature {
+    /// `bare public key` or `certificate chain`, once verified.
+    pub method: Option<String>,
+    /// `key sha256:HEX`, or the certificate's subject, names and issuer.
+    pub signer: Option<String>,
+    /// RFC 3339, when it was verified; none when it was not.
+    pub verified_at: Option<String>,
+    /// Why it does not vouch for the model's files.
+    pub error: Option<String>,
+    /// The `model.sig` as given (a Sigstore bundle, JSON).
+    pub bundle: String,
 }
 
 impl TrainedModel {
+    /// The signer of its signature, if it was verified.
+    pub fn signed_by(&self) -> Option<&str> {
+        self.signature
+            .as_ref()
+            .filter(|s| s.verified_at.is_some())
+            .and_then(|s| s.signer.as_deref())
+    }
+
     /// A model known only by its files, with no training metadata: what
     /// `berth plugin run` hands a deployer, and what tests and benchmarks use.
     pub fn from_files(job_id: &str, source: String, files: Vec<ModelFile>) -> Self {
@@ -106,6 +133,7 @@ impl TrainedModel {
             files,
             created_at: String::new(),
             created_by: None,
+            signature: None,
         }
     }
 }

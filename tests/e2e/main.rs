@@ -29,6 +29,7 @@ mod live;
 mod logs;
 mod loops;
 mod metrics;
+mod model_signatures;
 mod network;
 mod oci;
 mod oci_deployers;

@@ -69,6 +69,11 @@ const SQLITE_MIGRATIONS: Migrations = Migrations(&[
         include_str!("../../../migrations/sqlite/0011_unknown_training_values.sql"),
     ),
     (
+        12,
+        "model signatures",
+        include_str!("../../../migrations/sqlite/0012_model_signatures.sql"),
+    ),
+    (
         13,
         "file formats",
         include_str!("../../../migrations/sqlite/0013_file_formats.sql"),
@@ -129,6 +134,11 @@ const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
         11,
         "unknown training values",
         include_str!("../../../migrations/postgres/0011_unknown_training_values.sql"),
+    ),
+    (
+        12,
+        "model signatures",
+        include_str!("../../../migrations/postgres/0012_model_signatures.sql"),
     ),
     (
         13,

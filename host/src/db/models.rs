@@ -8,7 +8,7 @@ use sqlx::{AnyConnection, Row};
 use super::append;
 use super::events::ModelReport;
 use super::{Db, Error, Result, now};
-use crate::model::{Format, ModelFile, TrainedModel};
+use crate::model::{Format, ModelFile, Signature, TrainedModel};
 
 /// When a model was last deployed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,7 +21,8 @@ pub struct LastDeployed {
 }
 
 const MODEL_COLUMNS: &str = "id, name, job_id, base_model, model_size, dataset, num_examples, \
-     num_train_steps, final_loss, params, source, created_at, created_by";
+     num_train_steps, final_loss, params, source, created_at, created_by, signature, \
+     signature_method, signature_signer, signature_verified_at, signature_error";
 
 impl Db {
     /// Records a model and its files in one transaction; `id` and
@@ -180,8 +181,10 @@ impl Db {
 async fn insert_model(conn: &mut AnyConnection, mut model: TrainedModel) -> Result<TrainedModel> {
     let insert = sqlx::query(
         "INSERT INTO models (name, job_id, base_model, model_size, dataset, num_examples, \
-         num_train_steps, final_loss, params, source, created_at, created_by) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id",
+         num_train_steps, final_loss, params, source, created_at, created_by, signature, \
+         signature_method, signature_signer, signature_verified_at, signature_error) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+         RETURNING id",
     )
     .bind(&model.name)
     .bind(&model.job_id)
@@ -204,6 +207,16 @@ async fn insert_model(conn: &mut AnyConnection, mut model: TrainedModel) -> Resu
         .bind(&model.source)
         .bind(&model.created_at)
         .bind(&model.created_by)
+        .bind(model.signature.as_ref().map(|s| &s.bundle))
+        .bind(model.signature.as_ref().and_then(|s| s.method.as_ref()))
+        .bind(model.signature.as_ref().and_then(|s| s.signer.as_ref()))
+        .bind(
+            model
+                .signature
+                .as_ref()
+                .and_then(|s| s.verified_at.as_ref()),
+        )
+        .bind(model.signature.as_ref().and_then(|s| s.error.as_ref()))
         .fetch_one(&mut *conn)
         .await;
     let id: i64 = match inserted {
@@ -262,6 +275,18 @@ fn model_row(row: &AnyRow) -> Result<TrainedModel> {
         files: Vec::new(),
         created_at: row.try_get("created_at")?,
         created_by: row.try_get("created_by")?,
+        signature: row
+            .try_get::<Option<String>, _>("signature")?
+            .map(|bundle| -> Result<Signature> {
+                Ok(Signature {
+                    method: row.try_get("signature_method")?,
+                    signer: row.try_get("signature_signer")?,
+                    verified_at: row.try_get("signature_verified_at")?,
+                    error: row.try_get("signature_error")?,
+                    bundle,
+                })
+            })
+            .transpose()?,
     })
 }
 

@@ -40,6 +40,7 @@ pub fn model(job_id: &str) -> TrainedModel {
         }],
         created_at: String::new(),
         created_by: None,
+        signature: None,
     }
 }
 

@@ -12,6 +12,8 @@ pub enum Event {
         model_id: i64,
         name: String,
         job_id: String,
+        /// Who signed it, when its signature was verified.
+        signed_by: Option<String>,
     },
     /// Recorded by rule `rule`, held until an admin approves it.
     DeploymentAwaitingApproval {

@@ -125,6 +125,7 @@ impl From<StartError> for Error {
     fn from(e: StartError) -> Self {
         match e {
             StartError::UnknownModel(_) => Error::NotFound(e.to_string()),
+            StartError::Unsigned(_) => Error::Forbidden(e.to_string()),
             StartError::StillLoading(_) | StartError::LowOnSpace { .. } => {
                 Error::Unavailable(e.to_string())
             }

@@ -47,6 +47,7 @@ async fn register(
     Body(body): Body<RegisterBody>,
 ) -> Result<(StatusCode, Json<json::Model>), Error> {
     let listed = body.files.is_none();
+    let signature = body.signature.clone();
     // Files found by listing the source are there by definition.
     let check = !listed && body.check_source != Some(false);
     let mut draft = draft(body);
@@ -55,6 +56,16 @@ async fn register(
     }
     let mut model = validate::model(draft).map_err(Error::InvalidModel)?;
     model.created_by = caller.map(|Extension(c)| c.name);
+    if let Some(signature) = signature {
+        let bytes = match signature {
+            serde_json::Value::String(text) => text.into_bytes(),
+            bundle => bundle.to_string().into_bytes(),
+        };
+        model.signature = ctx
+            .pipeline
+            .trust_in_models()
+            .examine(&bytes, &model.files, &db::now());
+    }
     if check {
         // A repeat is answered by `repeated` below, source unasked.
         if ctx.db.model_by_job_id(&model.job_id).await?.is_none() {
@@ -74,6 +85,7 @@ async fn register(
             model_id: row.id,
             name: row.name.clone(),
             job_id: row.job_id.clone(),
+            signed_by: row.signed_by().map(str::to_string),
         }]
     });
     let stored = match ctx.db.insert_model_reported(&model, report).await {

@@ -63,6 +63,9 @@ pub enum StartError {
     /// found, and a deployer that does not accept them.
     #[error("{0}")]
     Pickles(String),
+    /// `--model-signatures require`, and the model is not signed so.
+    #[error("{0}")]
+    Unsigned(String),
     #[error("the deployment could not be recorded: {0}")]
     Record(#[from] db::Error),
 }
@@ -146,6 +149,9 @@ impl Pipeline {
             .model(model_id)
             .await?
             .ok_or(StartError::UnknownModel(model_id))?;
+        self.model_trust
+            .allows(&model)
+            .map_err(StartError::Unsigned)?;
         self.check_reserve()?;
         let (plugin, options_json) = self.checked_step(deployer, options_json).await?;
         let options_json = options_json.as_str();

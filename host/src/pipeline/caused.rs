@@ -42,6 +42,9 @@ impl Pipeline {
         if self.db.fired(rule, *event_id).await.map_err(retry)? {
             return Ok(Fired::Already);
         }
+        if let Err(why) = self.trust_in_models().allows(firing.model) {
+            return self.fire_failed(&firing.cause, firing.model.id, &why).await;
+        }
         let (plugin, options_json) = match self
             .checked_step(firing.deployer, firing.options_json)
             .await

@@ -42,6 +42,7 @@ use crate::fetch::Fetcher;
 use crate::live::{Live, Running};
 use crate::loops::Loops;
 use crate::model::{Deployment, Published, Status, TrainedModel};
+use crate::model_trust::ModelTrust;
 use crate::runtime::Plugin;
 
 pub use admit::{MAX_OPTIONS_BYTES, Request, RunError, StartError};
@@ -85,6 +86,8 @@ pub struct Pipeline {
     renewals: fence::Renewals,
     /// What a deployment of pickle files does (`--pickle`).
     pickles: PicklePolicy,
+    /// Whom models must be signed by, and whether that is required.
+    model_trust: Arc<ModelTrust>,
 }
 
 /// A claimed deployment, ready to be carried out.
@@ -127,6 +130,7 @@ impl Pipeline {
             reserve: 0,
             renewals: fence::Renewals::new(),
             pickles: PicklePolicy::default(),
+            model_trust: Arc::default(),
         }
     }
 
@@ -134,6 +138,18 @@ impl Pipeline {
     pub fn pickles(mut self, policy: PicklePolicy) -> Self {
         self.pickles = policy;
         self
+    }
+
+    /// Whom models must be signed by (`--model-signatures`,
+    /// `--model-signer`): registrations verify against it, and the gate
+    /// asks it.
+    pub fn model_trust(mut self, trust: ModelTrust) -> Self {
+        self.model_trust = Arc::new(trust);
+        self
+    }
+
+    pub fn trust_in_models(&self) -> &ModelTrust {
+        &self.model_trust
     }
 
     /// How this server shares the queue, and the name other servers'

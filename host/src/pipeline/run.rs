@@ -194,16 +194,17 @@ impl Pipeline {
             record: Some(&record),
             options_json: &deployment.options_json,
         };
-        match self
-            .deployers
-            .runtime()
-            .deploy(plugin, call, running.clone(), cancel)
-            .await
-        {
-            Ok(deployed) => Ok(Outcome::Completed {
-                reference: deployed.reference,
-                details_json: serde_json::Value::Object(deployed.details).to_string(),
-            }),
+        let runtime = self.deployers.runtime();
+        match runtime.deploy(plugin, call, running.clone(), cancel).await {
+            Ok(deployed) => {
+                runtime
+                    .sign_published(&running.published(), running.clone(), cancel)
+                    .await?;
+                Ok(Outcome::Completed {
+                    reference: deployed.reference,
+                    details_json: serde_json::Value::Object(deployed.details).to_string(),
+                })
+            }
             Err(CallError::Cancelled) => Err(self.cancelled(running)),
             Err(e) => Err(format!(
                 "deployer {}: {e}{}",

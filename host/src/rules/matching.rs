@@ -54,7 +54,8 @@ pub fn matches(rule: &Match, model: &TrainedModel, previous: Option<&Deployment>
     if !(text(&rule.name, Some(&model.name))
         && text(&rule.job_id, Some(&model.job_id))
         && text(&rule.base_model, model.base_model.as_deref())
-        && text(&rule.dataset, model.dataset.as_deref()))
+        && text(&rule.dataset, model.dataset.as_deref())
+        && text(&rule.signed_by, model.signed_by()))
     {
         return false;
     }
@@ -163,5 +164,32 @@ mod tests {
             !matches(&bounded, &no_loss, None),
             "no loss is not within bounds"
         );
+    }
+
+    #[test]
+    fn signed_by_matches_only_a_verified_signer() {
+        let rule = Match {
+            signed_by: Some("key sha256:ab*".into()),
+            ..Default::default()
+        };
+        let signed = |verified_at: Option<&str>, signer: &str| {
+            let mut model = model();
+            model.signature = Some(crate::model::Signature {
+                method: Some("bare public key".into()),
+                signer: Some(signer.into()),
+                verified_at: verified_at.map(str::to_string),
+                error: None,
+                bundle: "{}".into(),
+            });
+            model
+        };
+        let now = Some("2026-12-05T00:00:00Z");
+        assert!(matches(&rule, &signed(now, "key sha256:abcd"), None));
+        assert!(!matches(&rule, &signed(now, "key sha256:cdef"), None));
+        assert!(
+            !matches(&rule, &signed(None, "key sha256:abcd"), None),
+            "a signature that failed vouches for no one"
+        );
+        assert!(!matches(&rule, &model(), None), "unsigned");
     }
 }

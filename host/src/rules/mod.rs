@@ -73,6 +73,11 @@ pub struct Match {
     pub base_model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dataset: Option<String>,
+    /// The signer of the model's verified signature (a glob over `key
+    /// sha256:HEX` or `certificate "SUBJECT" (NAMES) issued by "ISSUER"`):
+    /// an unsigned model, or one whose signature failed, matches none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
     /// Each key's value in the model's `params` (a string value is a glob).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub params: BTreeMap<String, Value>,

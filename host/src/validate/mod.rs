@@ -217,6 +217,7 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
         files,
         created_at: String::new(),
         created_by: None,
+        signature: None,
     })
 }
 

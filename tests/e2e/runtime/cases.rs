@@ -751,6 +751,7 @@ impl ModelOnDisk {
             files: records,
             created_at: "2026-11-29T00:00:00Z".into(),
             created_by: None,
+            signature: None,
         };
         Self { dir, model }
     }

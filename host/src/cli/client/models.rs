@@ -145,6 +145,24 @@ fn usage(storage: &json::Storage) -> String {
     )
 }
 
+/// What a model's signature says, in a line.
+fn signature(signature: Option<&json::Signature>) -> String {
+    match signature {
+        None => "none".to_string(),
+        Some(json::Signature {
+            verified: true,
+            signer,
+            verified_at,
+            ..
+        }) => format!(
+            "verified: {} ({})",
+            signer.as_deref().unwrap_or_default(),
+            timestamp(verified_at.as_deref().unwrap_or_default())
+        ),
+        Some(s) => format!("not verified: {}", s.error.as_deref().unwrap_or_default()),
+    }
+}
+
 /// The model's fields, one per line, then its files as a table.
 fn shown(model: &json::Model) -> String {
     let mut fields = Table::new(&["FIELD", "VALUE"]);
@@ -172,6 +190,7 @@ fn shown(model: &json::Model) -> String {
         ("train steps", known(&model.num_train_steps)),
         ("final loss", known(&model.final_loss)),
         ("params", model.params.to_string()),
+        ("signature", signature(model.signature.as_ref())),
         ("source", model.source.clone()),
         ("created (UTC)", timestamp(&model.created_at)),
         (

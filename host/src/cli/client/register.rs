@@ -82,6 +82,11 @@ pub struct RegisterArgs {
     /// it is hashed, a checkpoint without its trainer_state.json.
     #[arg(long)]
     wait: bool,
+    /// The model's OpenSSF signature (what `model_signing sign` wrote),
+    /// sent for the server to verify. Default: DIR/model.sig, if there is
+    /// one; it is never registered as one of the model's files.
+    #[arg(long, value_name = "FILE")]
+    signature: Option<PathBuf>,
     /// Stores the model without the server first finding each file at the
     /// source with its size (for files not copied there yet).
     #[arg(long)]
@@ -207,6 +212,7 @@ async fn body_of(
             .collect();
         return Err(Error::Invalid(lines.join("\n")));
     }
+    let signature = signature_of(args, &dir, &mut listing)?;
     let every_file = listing.files.clone();
     listing.files = chosen(args, &dir, std::mem::take(&mut listing.files))?;
     if listing.files.is_empty() {
@@ -269,6 +275,7 @@ async fn body_of(
         source: Some(source),
         files: Some(files),
         check_source: args.no_check_source.then_some(false),
+        signature,
     };
     Ok((body, registered))
 }
@@ -302,6 +309,42 @@ fn pickle_notes(dir: &Path, files: &[Listed]) -> Vec<String> {
             })
         })
         .collect()
+}
+
+/// The signature to send: `--signature`, or the folder's `model.sig`,
+/// which is taken out of the listing either way (it signs the files; it
+/// is not one of them).
+fn signature_of(
+    args: &RegisterArgs,
+    dir: &Path,
+    listing: &mut Listing,
+) -> Result<Option<Value>, Error> {
+    use crate::signing::SIGNATURE_FILE;
+    let beside = listing.files.iter().position(|f| f.path == SIGNATURE_FILE);
+    let beside = beside.map(|i| listing.files.remove(i));
+    let path = match (&args.signature, beside) {
+        (Some(path), _) => path.clone(),
+        (None, Some(_)) => dir.join(SIGNATURE_FILE),
+        (None, None) => return Ok(None),
+    };
+    let bytes = std::fs::read(&path).map_err(|e| {
+        Error::Invalid(format!("cannot read the signature {}: {e}", path.display()))
+    })?;
+    if bytes.len() > crate::model_trust::MAX_SIGNATURE_BYTES {
+        return Err(Error::Invalid(format!(
+            "{} is {} bytes: too large for a model.sig",
+            path.display(),
+            bytes.len()
+        )));
+    }
+    let bundle = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::Invalid(format!(
+            "{} is not a model.sig (a Sigstore bundle, JSON): {e}",
+            path.display()
+        ))
+    })?;
+    eprintln!("signature: {} (the server verifies it)", path.display());
+    Ok(Some(bundle))
 }
 
 /// `--source`, or for a server on this machine the folder's own

@@ -89,6 +89,27 @@ pub struct ServeArgs {
     /// refuses its plugin.
     #[arg(long, env = "BERTH_REQUIRE_SIGNED")]
     pub(super) require_signed: bool,
+    /// What this server does with a model's OpenSSF signature (a
+    /// `model.sig` given with its registration): off (ignored), record
+    /// (verified, and the outcome recorded; every model deploys), require
+    /// (only a model a --model-signer signed, over exactly its files,
+    /// deploys).
+    #[arg(long, env = "BERTH_MODEL_SIGNATURES", value_enum,
+          default_value_t = crate::model_trust::Policy::Record)]
+    pub(super) model_signatures: crate::model_trust::Policy,
+    /// A PEM file of whom models may be signed by: an ECDSA public key
+    /// (`model_signing sign key`) or CA certificates (`model_signing sign
+    /// certificate`). Repeat it for several (BERTH_MODEL_SIGNERS:
+    /// comma-separated).
+    #[arg(long = "model-signer", env = "BERTH_MODEL_SIGNERS", value_name = "PEM",
+          value_delimiter = ',', action = clap::ArgAction::Append)]
+    pub(super) model_signer: Vec<PathBuf>,
+    /// Sign what deployments publish to file, http(s) and s3 targets with
+    /// this ECDSA P-256/P-384 private key (PKCS#8 PEM): a model.sig in the
+    /// folder of the published files, OpenSSF model signing's key method,
+    /// which `model_signing verify key` checks. Never seen by a plugin.
+    #[arg(long, env = "BERTH_PUBLISH_SIGNING_KEY", value_name = "PEM")]
+    pub(super) publish_signing_key: Option<PathBuf>,
     /// Limit on fetching all files of one deployment, in seconds.
     #[arg(long, env = "BERTH_FETCH_TIMEOUT_S", default_value_t = 1800)]
     pub(super) fetch_timeout_s: u64,

@@ -47,6 +47,7 @@ impl FirstLoad {
         args: &ServeArgs,
         trust: &Trust,
         signers: Signers,
+        signing_key: Option<crate::signing::SigningKey>,
         targets: Arc<Targets>,
         db: &Db,
     ) -> anyhow::Result<Self> {
@@ -64,7 +65,8 @@ impl FirstLoad {
             Runtime::new(limits, cache, engines)?
                 .trust(trust)
                 .signers(signers)
-                .targets(targets),
+                .targets(targets)
+                .signing_key(signing_key),
         );
         let watcher = Watcher::before_load(&args.plugins_dir, args.max_deployers);
         let names = folder_names(&args.plugins_dir);

@@ -38,7 +38,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let access = setup::load_access(&args)?;
     let targets = setup::load_targets(&args)?;
     let trust = setup::load_trust(&args)?;
+    let model_trust =
+        crate::model_trust::ModelTrust::load(args.model_signatures, &args.model_signer)
+            .map_err(anyhow::Error::msg)?;
     let signers = setup::signers(&args)?;
+    let signing_key = setup::publish_signing_key(&args)?;
     let declared_rules = match &args.rules_file {
         Some(path) => Rules::read_file(path).map_err(anyhow::Error::msg)?,
         None => Vec::new(),
@@ -59,7 +63,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         crate::http::event_data,
         &loops,
     );
-    let first_load = FirstLoad::prepare(&args, &trust, signers, targets.clone(), &db).await?;
+    let first_load =
+        FirstLoad::prepare(&args, &trust, signers, signing_key, targets.clone(), &db).await?;
     let deployers = first_load.deployers.clone();
     let catalog = Arc::new(
         Catalog::new(
@@ -100,7 +105,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         )
         .reserve(args.min_free_mib << 20)
         .pickles(args.pickle)
-        .queue(queue, server_name),
+        .queue(queue, server_name)
+        .model_trust(model_trust),
     );
 
     loops.spawn(

@@ -119,6 +119,24 @@ pub(super) fn load_trust(args: &ServeArgs) -> anyhow::Result<Trust> {
     Ok(trust)
 }
 
+/// The key that signs what deployments publish, if one is given.
+pub(super) fn publish_signing_key(
+    args: &ServeArgs,
+) -> anyhow::Result<Option<crate::signing::SigningKey>> {
+    let Some(path) = &args.publish_signing_key else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(path)
+        .with_context(|| format!("--publish-signing-key {}: cannot read it", path.display()))?;
+    let key = crate::signing::SigningKey::from_pkcs8_pem(&pem)
+        .map_err(|e| anyhow::anyhow!("--publish-signing-key {}: {e}", path.display()))?;
+    tracing::info!(
+        key = %format!("sha256:{}", key.key_id()),
+        "what deployments publish to file, http and s3 targets is signed (model.sig)"
+    );
+    Ok(Some(key))
+}
+
 /// The plugin signature settings, checked: `--require-signed` needs a
 /// `--trusted-key` (each key was checked as it was parsed).
 pub(super) fn signers(args: &ServeArgs) -> anyhow::Result<Signers> {

@@ -80,6 +80,10 @@ pub struct ModelRegistered {
     pub job_id: String,
     pub model_id: i64,
     pub name: String,
+    /// The signer of its verified signature (`key sha256:HEX`, or a
+    /// certificate's subject, names and issuer); absent when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
 }
 
 /// `deployment.awaiting_approval`: recorded by `rule`, held for an admin.
@@ -210,10 +214,12 @@ pub fn event(event: &Event) -> EventData {
             model_id,
             name,
             job_id,
+            signed_by,
         } => EventData::ModelRegistered(ModelRegistered {
             job_id: job_id.clone(),
             model_id: *model_id,
             name: name.clone(),
+            signed_by: signed_by.clone(),
         }),
         Event::DeploymentAwaitingApproval {
             deploy_id,
@@ -358,8 +364,10 @@ mod tests {
              r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"model_id":1,"published":{"bytes":12,"files":2},"ref":"r"}"#),
             (Event::DeploymentFailed { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, error: "e".into(), published: Published::default(), cause: None },
              r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"error":"e","model_id":1,"published":{"bytes":0,"files":0}}"#),
-            (Event::ModelRegistered { model_id: 1, name: "n".into(), job_id: "j".into() },
+            (Event::ModelRegistered { model_id: 1, name: "n".into(), job_id: "j".into(), signed_by: None },
              r#"{"job_id":"j","model_id":1,"name":"n"}"#),
+            (Event::ModelRegistered { model_id: 1, name: "n".into(), job_id: "j".into(), signed_by: Some("key sha256:ab".into()) },
+             r#"{"job_id":"j","model_id":1,"name":"n","signed_by":"key sha256:ab"}"#),
             (Event::DeploymentAwaitingApproval { deploy_id: 3, model_id: 1, deployer: deployer(), rule: "prod".into() },
              r#"{"deploy_id":3,"deployer":"archive","model_id":1,"rule":"prod"}"#),
             (Event::DeploymentApproved { deploy_id: 3, model_id: 1, deployer: deployer(), by: Some("ops".into()), cause: None },

@@ -40,7 +40,8 @@ pub use events::{
     PluginRejected, RuleFailed, event,
 };
 pub use models::{
-    FileBody, Model, ModelFile, Models, Problem, ProblemsBody, RegisterBody, invalid_model,
+    FileBody, Model, ModelFile, Models, Problem, ProblemsBody, RegisterBody, Signature,
+    invalid_model,
 };
 pub use rules::{Rule, RuleBody, RuleFiring, Rules};
 pub use storage::{ModelStorage, Storage};

@@ -66,6 +66,13 @@ pub struct RegisterBody {
     /// unchecked, for files that are not there yet. Default `true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check_source: Option<bool>,
+    /// The model's OpenSSF signature: the contents of the `model.sig`
+    /// that `model_signing sign` wrote (a Sigstore bundle, as JSON or as a
+    /// string of it). Verified against the files registered and the
+    /// server's `--model-signer`s; the outcome is the model's `signature`.
+    #[schema(value_type = Option<Object>)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Value>,
 }
 
 #[derive(Serialize, Deserialize, ToSchema)]
@@ -111,7 +118,32 @@ pub struct Model {
     pub num_train_steps: Option<u64>,
     #[schema(value_type = Object)]
     pub params: Value,
+    /// The signature given with the registration and what verifying it
+    /// said; null when none was given (or the server ignores signatures).
+    #[schema(required = true)]
+    pub signature: Option<Signature>,
     pub source: String,
+}
+
+/// A model's signature, as verified at its registration.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[schema(as = ModelSignature)]
+pub struct Signature {
+    /// Whether a trusted signer's signature covers exactly the model's
+    /// files.
+    pub verified: bool,
+    /// `bare public key` or `certificate chain`; null unless verified.
+    #[schema(required = true)]
+    pub method: Option<String>,
+    /// `key sha256:HEX` (the sha256 of the public key's PEM), or the
+    /// certificate's subject, names and issuer; null unless verified.
+    #[schema(required = true, example = "key sha256:5f0c…")]
+    pub signer: Option<String>,
+    #[schema(required = true, format = DateTime)]
+    pub verified_at: Option<String>,
+    /// Why the signature does not vouch for the model; null if it does.
+    #[schema(required = true)]
+    pub error: Option<String>,
 }
 
 impl From<TrainedModel> for Model {
@@ -130,6 +162,13 @@ impl From<TrainedModel> for Model {
             num_examples: m.num_examples,
             num_train_steps: m.num_train_steps,
             params: object(&m.params_json),
+            signature: m.signature.map(|s| Signature {
+                verified: s.verified_at.is_some(),
+                method: s.method,
+                signer: s.signer,
+                verified_at: s.verified_at,
+                error: s.error,
+            }),
             source: m.source,
         }
     }
@@ -252,7 +291,7 @@ mod tests {
         model.created_at = "2026-12-01T10:00:00.000Z".into();
         check(
             Model::from(model),
-            r#"{"base_model":null,"created_at":"2026-12-01T10:00:00.000Z","created_by":null,"dataset":null,"files":[{"format":null,"path":"a.bin","sha256":"abababababababababababababababababababababababababababababababab","size_bytes":10},{"format":"json","path":"b/c.json","sha256":null,"size_bytes":2}],"final_loss":0.5,"id":1,"job_id":"ft-1","model_size":null,"name":"ft-1","num_examples":null,"num_train_steps":null,"params":{"rank":8},"source":"http://files.local/{job_id}/{path}"}"#,
+            r#"{"base_model":null,"created_at":"2026-12-01T10:00:00.000Z","created_by":null,"dataset":null,"files":[{"format":null,"path":"a.bin","sha256":"abababababababababababababababababababababababababababababababab","size_bytes":10},{"format":"json","path":"b/c.json","sha256":null,"size_bytes":2}],"final_loss":0.5,"id":1,"job_id":"ft-1","model_size":null,"name":"ft-1","num_examples":null,"num_train_steps":null,"params":{"rank":8},"signature":null,"source":"http://files.local/{job_id}/{path}"}"#,
         );
     }
 

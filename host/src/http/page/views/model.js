@@ -30,6 +30,7 @@ export async function modelView(id) {
     ["Training steps", known(model.num_train_steps)], ["Final loss", known(model.final_loss)],
     ["Source", model.source], ["Registered", when(model.created_at)],
     ["Registered by", model.created_by ?? ""],
+    ["Signature", signature(model.signature)],
   ];
   const body = h("tbody", { id: "deployments-body" }, deployments.deployments.map(deploymentRow));
   const upsert = (d) => {
@@ -119,4 +120,11 @@ function picklesNote(files) {
   if (pickles.length === 0) return [];
   return [h("p", { class: "pickles-note" },
     `${pickles.length === 1 ? "1 file is a pickle" : `${pickles.length} files are pickles`} (loading runs code): ${pickles.join(", ")}`)];
+}
+
+// What the model's signature says, in a line (see the API's ModelSignature).
+function signature(sig) {
+  if (!sig) return "none";
+  if (sig.verified) return `verified: ${sig.signer} (${when(sig.verified_at)})`;
+  return `not verified: ${sig.error}`;
 }

@@ -1,0 +1,337 @@
+//! Models signed with OpenSSF model signing, as the reference tool
+//! (`model-signing` from PyPI, `scripts/make-signing-fixtures`) signed the
+//! folder of `tests/data/signing/`: registered with their `model.sig`
+//! through the CLI, verified by the server against what it records, the
+//! outcome in the API, the event and `berth models show`; under
+//! `--model-signatures require` only a verified model deploys.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use crate::support::cli::{expect_success, lossy, path};
+use crate::support::server::{Backend, Berth};
+use crate::support::{assert_error, on_both_backends, plugins, sha256_hex};
+
+on_both_backends!(under_require_only_a_model_its_trusted_signer_signed_deploys);
+
+fn signing(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/data/signing")
+        .join(file)
+}
+
+/// The signed folder copied into a temp dir, with `sig` as its model.sig.
+fn signed_copy(sig: Option<&str>) -> (TempDir, PathBuf) {
+    let parent = TempDir::new().unwrap();
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(signing("model"))
+        .arg(parent.path())
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let dir = parent.path().join("model");
+    if let Some(sig) = sig {
+        std::fs::copy(signing(sig), dir.join("model.sig")).unwrap();
+    }
+    (parent, dir)
+}
+
+fn register(server: &str, dir: &Path, job_id: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args([
+            "models",
+            "register",
+            path(dir),
+            "--job-id",
+            job_id,
+            "--server",
+            server,
+        ])
+        .env_remove("BERTH_SERVER")
+        .env_remove("BERTH_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+async fn model(server: &Berth, job_id: &str) -> Value {
+    let (_, listed) = server.get("/v1/models").await;
+    listed["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["job_id"] == job_id)
+        .unwrap_or_else(|| panic!("no model {job_id}: {listed}"))
+        .clone()
+}
+
+async fn under_require_only_a_model_its_trusted_signer_signed_deploys(backend: Backend) {
+    let server = Berth::options(backend)
+        .plugin("model-card", plugins::example("model-card"))
+        .arg("--model-signatures=require")
+        .arg(&format!(
+            "--model-signer={}",
+            path(&signing("key-p256.pub.pem"))
+        ))
+        .arg(&format!("--model-signer={}", path(&signing("ca/root.pem"))))
+        .start()
+        .await;
+    let mut events = server.events().await;
+
+    // Signed with the key: verified, named by the key's id.
+    let (_keep, dir) = signed_copy(Some("key-p256.sig"));
+    let output = register(&server.url, &dir, "signed-key");
+    expect_success(&output);
+    assert!(
+        lossy(&output.stderr).contains("signature: ")
+            && lossy(&output.stderr).contains("model.sig"),
+        "{}",
+        lossy(&output.stderr)
+    );
+    let signed = model(&server, "signed-key").await;
+    let key_id = sha256_hex(&std::fs::read(signing("key-p256.pub.pem")).unwrap());
+    assert_eq!(signed["signature"]["verified"], true, "{signed}");
+    assert_eq!(signed["signature"]["method"], "bare public key");
+    assert_eq!(
+        signed["signature"]["signer"],
+        format!("key sha256:{key_id}")
+    );
+    assert_eq!(signed["signature"]["error"], Value::Null);
+    assert!(
+        signed["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["path"] != "model.sig"),
+        "the signature is not one of the files: {signed}"
+    );
+    let received = events
+        .until(|e| e.iter().any(|e| e.kind == "model.registered"))
+        .await;
+    let registered = received
+        .iter()
+        .find(|e| e.kind == "model.registered")
+        .unwrap();
+    assert_eq!(registered.data["signed_by"], format!("key sha256:{key_id}"));
+    let id = signed["id"].as_i64().unwrap();
+    let shown = expect_success(
+        &Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["models", "show", &id.to_string(), "--server", &server.url])
+            .output()
+            .unwrap(),
+    );
+    assert!(
+        shown.contains(&format!("verified: key sha256:{key_id}")),
+        "{shown}"
+    );
+    let (status, deployment) = server.deploy(id, "model-card", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+    assert_eq!(deployment["status"], "completed");
+
+    // Signed by the CA's leaf: verified, named by the certificate.
+    let (_keep, dir) = signed_copy(Some("certificate.sig"));
+    expect_success(&register(&server.url, &dir, "signed-cert"));
+    let by_cert = model(&server, "signed-cert").await;
+    assert_eq!(by_cert["signature"]["verified"], true, "{by_cert}");
+    assert_eq!(by_cert["signature"]["method"], "certificate chain");
+    assert!(
+        by_cert["signature"]["signer"]
+            .as_str()
+            .unwrap()
+            .starts_with("certificate "),
+        "{by_cert}"
+    );
+
+    // A byte changed after signing: recorded, not verified, not deployed.
+    let (_keep, dir) = signed_copy(Some("key-p256.sig"));
+    let config = dir.join("config.json");
+    let mut bytes = std::fs::read(&config).unwrap();
+    bytes[0] ^= 0x20;
+    std::fs::write(&config, bytes).unwrap();
+    expect_success(&register(&server.url, &dir, "tampered"));
+    let tampered = model(&server, "tampered").await;
+    assert_eq!(tampered["signature"]["verified"], false, "{tampered}");
+    let error = tampered["signature"]["error"].as_str().unwrap();
+    assert!(error.contains("config.json"), "{error}");
+    let answer = server
+        .deploy(tampered["id"].as_i64().unwrap(), "model-card", json!({}))
+        .await;
+    assert_error(
+        &answer,
+        StatusCode::FORBIDDEN,
+        "requires models signed by a trusted signer (--model-signatures require), and its signature does not vouch for it",
+    );
+
+    // No signature at all: refused, saying so; nothing recorded.
+    let (_keep, dir) = signed_copy(None);
+    expect_success(&register(&server.url, &dir, "unsigned"));
+    let unsigned = model(&server, "unsigned").await;
+    assert_eq!(unsigned["signature"], Value::Null);
+    let unsigned_id = unsigned["id"].as_i64().unwrap();
+    assert_error(
+        &server.deploy(unsigned_id, "model-card", json!({})).await,
+        StatusCode::FORBIDDEN,
+        "and it has no signature; register it again with a model.sig a --model-signer made",
+    );
+    let (_, rows) = server
+        .get(&format!("/v1/models/{unsigned_id}/deployments"))
+        .await;
+    assert_eq!(rows["deployments"], json!([]));
+}
+
+#[test]
+fn require_without_a_signer_or_with_a_bad_one_is_refused_at_start() {
+    let data = TempDir::new().unwrap();
+    let serve = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args([
+                "serve",
+                "--data-dir",
+                path(data.path()),
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .args(args)
+            .env_remove("BERTH_CONFIG")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let none = serve(&["--model-signatures", "require"]);
+    assert!(!none.status.success());
+    let said = lossy(&none.stderr);
+    assert!(
+        said.contains("--model-signatures require needs a --model-signer"),
+        "{said}"
+    );
+    let notes = signing("model/NOTES.md");
+    let bad = serve(&["--model-signer", path(&notes)]);
+    assert!(!bad.status.success());
+    let said = lossy(&bad.stderr);
+    assert!(
+        said.contains(&format!(
+            "--model-signer {}: holds neither a PEM PUBLIC KEY nor CERTIFICATEs",
+            path(&notes)
+        )),
+        "{said}"
+    );
+}
+
+/// `model_signing` as `scripts/setup test` installs it; `None` (the test
+/// says why and passes) only outside CI.
+fn reference_tool() -> Option<PathBuf> {
+    let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/model_signing");
+    if tool.exists() {
+        return Some(tool);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{} is missing: scripts/setup test installs it",
+        tool.display()
+    );
+    eprintln!(
+        "skipped: {} is missing (scripts/setup test)",
+        tool.display()
+    );
+    None
+}
+
+/// With --publish-signing-key, what a deployment put into a file target
+/// gets a model.sig the reference tool verifies, over exactly those files;
+/// recorded as one more put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_deployment_publishes_is_signed_and_the_reference_tool_verifies_it() {
+    let Some(tool) = reference_tool() else {
+        return;
+    };
+    let temp = TempDir::new().unwrap();
+    let shelf = temp.path().join("shelf");
+    std::fs::create_dir(&shelf).unwrap();
+    let sources = temp.path().join("sources.toml");
+    std::fs::write(
+        &sources,
+        format!(
+            "[[target]]\nname = \"shelf\"\nurl = \"file://{}/\"\n",
+            path(&shelf)
+        ),
+    )
+    .unwrap();
+    let files = crate::support::files::FileServer::start().await;
+    let server = Berth::options(Backend::Sqlite)
+        .plugin("s3-publish", plugins::example("s3-publish"))
+        .plugins_file("s3-publish.toml", "targets = [\"shelf\"]\n")
+        .arg(&format!("--sources-file={}", path(&sources)))
+        .arg(&format!(
+            "--publish-signing-key={}",
+            path(&signing("key-p256.pem"))
+        ))
+        .start()
+        .await;
+    let contents = crate::support::adapter_files();
+    let id = server
+        .register(&crate::support::model(&files, "job-signed-out", &contents))
+        .await;
+    let (status, deployment) = server
+        .deploy(
+            id,
+            "s3-publish",
+            json!({ "target": "shelf", "prefix": "team/" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+    assert_eq!(deployment["status"], "completed", "{deployment}");
+    let folder = shelf.join(format!("team/job-signed-out/deploy-{}", deployment["id"]));
+    let signature = folder.join("model.sig");
+    assert!(signature.is_file(), "no {}", signature.display());
+    let last = deployment["published"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        last["key"],
+        format!("team/job-signed-out/deploy-{}/model.sig", deployment["id"])
+    );
+    assert!(
+        server
+            .deployment_log(&deployment["id"])
+            .await
+            .contains("signed the 4 file(s) published to target \"shelf\""),
+        "the manifest and the three files"
+    );
+
+    let verify = || {
+        Command::new(&tool)
+            .args(["verify", "key", "--public_key"])
+            .arg(signing("key-p256.pub.pem"))
+            .arg("--signature")
+            .arg(&signature)
+            .arg(&folder)
+            .output()
+            .unwrap()
+    };
+    let verified = verify();
+    assert!(
+        verified.status.success(),
+        "model_signing refused berth's signature: {}{}",
+        lossy(&verified.stdout),
+        lossy(&verified.stderr)
+    );
+    // It covers the bytes: one changed, and the tool refuses it.
+    let published = folder.join("adapter_config.json");
+    let mut bytes = std::fs::read(&published).unwrap();
+    bytes[0] ^= 1;
+    std::fs::set_permissions(
+        &published,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    std::fs::write(&published, bytes).unwrap();
+    assert!(!verify().status.success(), "a changed file still verified");
+}
