@@ -248,6 +248,19 @@ async fn a_training_folder_is_registered_shown_deployed_and_removed() {
     ] {
         assert!(shown.contains(fragment), "{fragment}: {shown}");
     }
+    // Deployed: each file's format as the fetch told it from its bytes
+    // (this run's weights are random bytes, whatever their name).
+    for (path, format) in [
+        ("adapter_config.json", " json "),
+        ("adapter_model.safetensors", " other "),
+    ] {
+        assert!(
+            shown
+                .lines()
+                .any(|l| l.trim_start().starts_with(path) && l.contains(format)),
+            "{path}: {shown}"
+        );
+    }
 
     let dropped = expect_success(&berth(&server.url, &["models", "rm", "--files", "run-1"]));
     assert!(
