@@ -1,5 +1,6 @@
 //! Admission, steps 1–3 of a deployment: the model exists, the volume has
-//! its reserve, the deployer is loaded and takes the options; then the row
+//! its reserve, the deployer is loaded and takes the options, and is not
+//! refused the model's known pickle files (`pickles`); then the row
 //! is recorded, taken here at once if this server has room, else queued
 //! for whichever server has. An attached caller then waits for the end,
 //! and a caller that leaves cancels its deployment. Nothing is recorded

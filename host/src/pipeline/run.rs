@@ -1,6 +1,7 @@
 //! Carrying out one deployment this server took, in a task of its own:
-//! fetch and verify (unless the model was verified already), run the
-//! deployer in its sandbox, pass progress on at a bounded rate, remove a
+//! fetch and verify (unless the model was verified already and its files'
+//! formats are recorded), record the formats the fetch told, apply the
+//! pickle policy (`pickles`), run the deployer in its sandbox, pass progress on at a bounded rate, remove a
 //! failed deployment's output, record the end (kept and offered again
 //! while the database refuses) and publish it. Never decides whether or
 //! where a deployment runs (`admit` and `queue` do).

@@ -6,6 +6,7 @@
 
 mod blobs;
 mod credentials;
+mod formats;
 mod pieces;
 mod record;
 mod refusals;
