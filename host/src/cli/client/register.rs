@@ -253,11 +253,7 @@ async fn body_of(
     }
     let files = hashed(&dir, &listing).await?;
     let found = training::of_folder(&dir, &every_file, &listing.files);
-    for note in found
-        .notes
-        .iter()
-        .chain(&pickle_notes(&dir, &listing.files))
-    {
+    for note in &found.notes {
         eprintln!("note: {note}");
     }
     let mut params: Map<String, Value> = found.params;
@@ -278,37 +274,6 @@ async fn body_of(
         signature,
     };
     Ok((body, registered))
-}
-
-/// A line for each chosen file that opens as a pickle, from its first
-/// bytes (`formats::sniff`; the server tells formats itself when it
-/// fetches): registration reads no byte on the server, so this is the only
-/// word before a deployment.
-fn pickle_notes(dir: &Path, files: &[Listed]) -> Vec<String> {
-    use std::io::Read;
-    files
-        .iter()
-        .filter_map(|file| {
-            let mut head = Vec::new();
-            std::fs::File::open(dir.join(&file.path))
-                .and_then(|f| {
-                    f.take(crate::formats::HEAD_BYTES as u64)
-                        .read_to_end(&mut head)
-                })
-                .ok()?;
-            let format = crate::formats::sniff(&head);
-            format.is_pickle().then(|| {
-                format!(
-                    "{} is a pickle ({}): loading it runs code. A server with --pickle refuse \
-                     hands it only to deployers whose manifest says accepts_pickle = true; \
-                     leave it out with --exclude '{}'",
-                    file.path,
-                    format.as_str(),
-                    file.path
-                )
-            })
-        })
-        .collect()
 }
 
 /// The signature to send: `--signature`, or the folder's `model.sig`,
