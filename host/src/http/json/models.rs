@@ -177,8 +177,10 @@ impl From<TrainedModel> for Model {
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct ModelFile {
     /// What its bytes are, told from them (never from its name) by the
-    /// first fetch that verified them; null until then. `pickle` and
-    /// `zip-pickle` (as `torch.save` writes) run code when loaded.
+    /// first fetch that verified them; null until then. One of
+    /// `safetensors`, `pickle`, `zip-pickle` (as `torch.save` writes),
+    /// `gguf`, `json`, `other`; a client should take a value it does not
+    /// know as `other`. `pickle` and `zip-pickle` run code when loaded.
     #[schema(required = true, value_type = Option<String>, example = "safetensors")]
     #[serde(default)]
     pub format: Option<String>,
