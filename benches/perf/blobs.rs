@@ -127,6 +127,7 @@ async fn adoption(ctx: &Ctx) -> anyhow::Result<()> {
                 path,
                 size_bytes: FILE_BYTES as u64,
                 sha256: Some(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes))),
+                format: None,
             });
         }
         models.push(TrainedModel::from_files(

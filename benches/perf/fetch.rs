@@ -33,6 +33,7 @@ pub fn model(ctx: &Ctx, job_id: &str, files: &[DataFile]) -> TrainedModel {
                 path: f.path.clone(),
                 size_bytes: f.size,
                 sha256: Some(f.sha256.clone()),
+                format: None,
             })
             .collect(),
     )

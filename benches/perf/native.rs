@@ -104,6 +104,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
             path: WEIGHTS.into(),
             size_bytes: size,
             sha256: None,
+            format: None,
         }],
     );
     let guests = guests(ctx);

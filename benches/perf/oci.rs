@@ -255,6 +255,7 @@ async fn pull(
                     path: f.path.clone(),
                     size_bytes: f.size,
                     sha256: Some(f.sha256.clone()),
+                    format: None,
                 })
                 .collect(),
         );

@@ -33,6 +33,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
             path: f.path.clone(),
             size_bytes: f.size,
             sha256: Some(f.sha256.clone()),
+            format: None,
         })
         .collect();
     let keys = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/signing");

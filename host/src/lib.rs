@@ -17,6 +17,7 @@ pub mod deployers;
 pub mod events;
 pub mod failpoint;
 pub mod fetch;
+pub mod formats;
 mod host_env;
 pub mod http;
 pub mod human;

@@ -11,6 +11,55 @@ pub struct ModelFile {
     pub size_bytes: u64,
     /// Lowercase hex; `None` when the registration recorded only the size.
     pub sha256: Option<String>,
+    /// What its bytes are, sniffed by the first fetch that verified them;
+    /// `None` until then (registration reads no byte).
+    pub format: Option<Format>,
+}
+
+/// What a file's bytes are, by their first bytes, never by its name
+/// (`crate::formats` sniffs it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Format {
+    Safetensors,
+    /// A bare pickle stream, protocol 2 or later (`\x80\x02`..`\x80\x05`):
+    /// loading it runs whatever code it names.
+    Pickle,
+    /// A zip holding a `*/data.pkl`, as `torch.save` writes: a pickle too.
+    ZipPickle,
+    Gguf,
+    Json,
+    Other,
+}
+
+impl Format {
+    pub const ALL: [Format; 6] = [
+        Format::Safetensors,
+        Format::Pickle,
+        Format::ZipPickle,
+        Format::Gguf,
+        Format::Json,
+        Format::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Safetensors => "safetensors",
+            Format::Pickle => "pickle",
+            Format::ZipPickle => "zip-pickle",
+            Format::Gguf => "gguf",
+            Format::Json => "json",
+            Format::Other => "other",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.as_str() == text)
+    }
+
+    /// Loading it unpickles: it can run code of its author's choosing.
+    pub fn is_pickle(self) -> bool {
+        matches!(self, Format::Pickle | Format::ZipPickle)
+    }
 }
 
 /// A trained model as recorded in the database.

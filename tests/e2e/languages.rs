@@ -241,23 +241,32 @@ async fn safetensors_check_counts_good_files_and_names_bad_ones(backend: Backend
         "tensor \"lora_B\": dtype BF16 is not among the allowed F32, F16",
     );
 
-    // Each case: a broken adapter_model.safetensors, and what the error says about it.
+    // Each case: a broken adapter_model.safetensors, and what the error
+    // says about it. berth checks a safetensors header when it fetches the
+    // file, so one that opens as safetensors fails the fetch with berth's
+    // sentence before the deployer runs; a file too short to open as one
+    // is left to the deployer, which names it too.
     let cut = |keep: usize| adapter[..keep].to_vec();
     let header_length = u64::from_le_bytes(adapter[..8].try_into().unwrap()) as usize;
-    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+    let fetch = "fetching model";
+    let deployer = "deployer safetensors-check";
+    let cases: Vec<(&str, Vec<u8>, &str, &str)> = vec![
         (
             "cut-in-data",
             cut(adapter.len() - 100),
-            "reach past the end of the data section",
+            fetch,
+            "tensor \"norm\": data_offsets [2112, 2240] run past the end of the data region's 2140 bytes",
         ),
         (
             "cut-in-header",
             cut(8 + header_length / 2),
-            "is more than the",
+            fetch,
+            "runs past the end of the",
         ),
         (
             "cut-in-length",
             cut(5),
+            deployer,
             "too few for the 8-byte header length",
         ),
         (
@@ -266,14 +275,16 @@ async fn safetensors_check_counts_good_files_and_names_bad_ones(backend: Backend
                 h["norm"]["data_offsets"][1] =
                     json!(h["norm"]["data_offsets"][1].as_u64().unwrap() + 64)
             }),
-            "tensor \"norm\": data_offsets [2112, 2304] reach past the end of the data section",
+            fetch,
+            "tensor \"norm\": data_offsets [2112, 2304] run past the end of the data region's 2240 bytes",
         ),
         (
             "overlap",
             edited(&adapter, |h| {
                 h["lora_B"]["data_offsets"] = json!([2000, 2064])
             }),
-            "tensor \"lora_B\" [2000, 2064] overlaps tensor \"lora_A\" [0, 2048]",
+            fetch,
+            "tensors \"lora_A\" and \"lora_B\" overlap",
         ),
         (
             "gap",
@@ -281,27 +292,31 @@ async fn safetensors_check_counts_good_files_and_names_bad_ones(backend: Backend
                 h["lora_A"]["shape"] = json!([16, 31]);
                 h["lora_A"]["data_offsets"] = json!([0, 1984]);
             }),
-            "bytes 1984..2048 of the data section belong to no tensor",
+            fetch,
+            "bytes 1984..2048 of the data region belong to no tensor",
         ),
         (
             "wrong-span",
             edited(&adapter, |h| h["norm"]["shape"] = json!([8, 9])),
-            "F16 shape [8, 9] needs 144 bytes",
+            fetch,
+            "dtype F16 and shape [8, 9] make 144 bytes, but data_offsets [2112, 2240] hold 128",
         ),
         (
             "no-dtype",
             edited(&adapter, |h| {
                 h["norm"].as_object_mut().unwrap().remove("dtype");
             }),
-            "tensor \"norm\": no dtype",
+            fetch,
+            "tensor \"norm\": has no dtype",
         ),
         (
             "not-json",
             with_header(b"{\"norm\": {", &[]),
-            "the header is not valid JSON",
+            fetch,
+            "its header is not JSON",
         ),
     ];
-    for (job, broken, mentions) in cases {
+    for (job, broken, by, mentions) in cases {
         let job_id = format!("job-st-{job}");
         let contents = vec![
             ("adapter_model.safetensors", broken),
@@ -311,6 +326,8 @@ async fn safetensors_check_counts_good_files_and_names_bad_ones(backend: Backend
         let (status, deployment) = berth.deploy(id, "safetensors-check", json!({})).await;
         assert_eq!(status, StatusCode::BAD_GATEWAY, "{job}: {deployment}");
         assert_failed_naming(&deployment, "adapter_model.safetensors", mentions);
+        let error = deployment["error"].as_str().unwrap_or_default();
+        assert!(error.starts_with(by), "{job}: said by {by}: {error}");
         let (_, stored) = berth
             .get(&format!("/v1/deployments/{}", deployment["id"]))
             .await;

@@ -21,6 +21,7 @@ mod event_commit;
 mod event_log;
 mod faults;
 mod fetch;
+mod formats;
 mod gate;
 mod hostile;
 mod languages;

@@ -205,7 +205,12 @@ async fn a_training_folder_is_registered_shown_deployed_and_removed() {
 
     let registered = register(&["--job-id", "run-1", "--json"]);
     let model: Value = serde_json::from_str(&expect_success(&registered)).unwrap();
-    assert_eq!(model["files"], json!(expected_files));
+    // As sent, and each file's format unknown until a fetch tells it.
+    let mut stored_files = json!(expected_files);
+    for file in stored_files.as_array_mut().unwrap() {
+        file["format"] = Value::Null;
+    }
+    assert_eq!(model["files"], stored_files);
     assert_eq!(model["final_loss"], 0.625);
     let id = model["id"].as_i64().unwrap();
 
@@ -242,6 +247,19 @@ async fn a_training_folder_is_registered_shown_deployed_and_removed() {
         "2 files",
     ] {
         assert!(shown.contains(fragment), "{fragment}: {shown}");
+    }
+    // Deployed: each file's format as the fetch told it from its bytes
+    // (this run's weights are random bytes, whatever their name).
+    for (path, format) in [
+        ("adapter_config.json", " json "),
+        ("adapter_model.safetensors", " other "),
+    ] {
+        assert!(
+            shown
+                .lines()
+                .any(|l| l.trim_start().starts_with(path) && l.contains(format)),
+            "{path}: {shown}"
+        );
     }
 
     let dropped = expect_success(&berth(&server.url, &["models", "rm", "--files", "run-1"]));

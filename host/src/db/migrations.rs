@@ -73,6 +73,11 @@ const SQLITE_MIGRATIONS: Migrations = Migrations(&[
         "model signatures",
         include_str!("../../../migrations/sqlite/0012_model_signatures.sql"),
     ),
+    (
+        13,
+        "file formats",
+        include_str!("../../../migrations/sqlite/0013_file_formats.sql"),
+    ),
 ]);
 const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
     (
@@ -134,6 +139,11 @@ const POSTGRES_MIGRATIONS: Migrations = Migrations(&[
         12,
         "model signatures",
         include_str!("../../../migrations/postgres/0012_model_signatures.sql"),
+    ),
+    (
+        13,
+        "file formats",
+        include_str!("../../../migrations/postgres/0013_file_formats.sql"),
     ),
 ]);
 

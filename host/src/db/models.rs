@@ -8,7 +8,7 @@ use sqlx::{AnyConnection, Row};
 use super::append;
 use super::events::ModelReport;
 use super::{Db, Error, Result, now};
-use crate::model::{ModelFile, Signature, TrainedModel};
+use crate::model::{Format, ModelFile, Signature, TrainedModel};
 
 /// When a model was last deployed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +62,8 @@ impl Db {
             .await?;
         let mut models = rows.iter().map(model_row).collect::<Result<Vec<_>>>()?;
         let files = sqlx::query(
-            "SELECT model_id, path, size_bytes, sha256 FROM model_files ORDER BY model_id, position",
+            "SELECT model_id, path, size_bytes, sha256, format FROM model_files \
+             ORDER BY model_id, position",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -82,8 +83,8 @@ impl Db {
         let nothing = vec!["NULL"; MODEL_COLUMNS.split(',').count()].join(", ");
         let rows = sqlx::query(&format!(
             "SELECT {MODEL_COLUMNS}, NULL AS path, NULL AS size_bytes, NULL AS sha256, \
-             -1 AS position FROM models WHERE id = $1 \
-             UNION ALL SELECT {nothing}, path, size_bytes, sha256, position \
+             NULL AS format, -1 AS position FROM models WHERE id = $1 \
+             UNION ALL SELECT {nothing}, path, size_bytes, sha256, format, position \
              FROM model_files WHERE model_id = $1 ORDER BY position"
         ))
         .bind(id)
@@ -138,6 +139,28 @@ impl Db {
                 })
             })
             .collect()
+    }
+
+    /// Records what the files of model `model_id` are, as a fetch found
+    /// them: one `(path, format)` per file. A file since deleted is
+    /// skipped.
+    pub async fn record_formats(
+        &self,
+        model_id: i64,
+        formats: Vec<(String, Format)>,
+    ) -> Result<()> {
+        self.write(statements!(|conn| {
+            for (path, format) in &formats {
+                sqlx::query("UPDATE model_files SET format = $1 WHERE model_id = $2 AND path = $3")
+                    .bind(format.as_str())
+                    .bind(model_id)
+                    .bind(path)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(())
+        }))
+        .await
     }
 
     /// Deletes a model with its files' records and its deployments. Returns
@@ -272,5 +295,10 @@ fn file_row(row: &AnyRow) -> Result<ModelFile> {
         path: row.try_get("path")?,
         size_bytes: to_u64(row.try_get("size_bytes")?, "size_bytes")?,
         sha256: row.try_get("sha256")?,
+        // A value this build does not know reads as unknown.
+        format: row
+            .try_get::<Option<String>, _>("format")?
+            .as_deref()
+            .and_then(Format::parse),
     })
 }

@@ -36,6 +36,7 @@ pub fn model(job_id: &str) -> TrainedModel {
             path: "a.bin".into(),
             size_bytes: 1,
             sha256: None,
+            format: None,
         }],
         created_at: String::new(),
         created_by: None,

@@ -87,6 +87,7 @@ mod tests {
             path: "sub/w.bin".into(),
             size_bytes,
             sha256,
+            format: None,
         }
     }
 

@@ -20,11 +20,14 @@
 //! threads, `disk`; the bytes' way in, `source` (with the sources file's
 //! credentials, `source::access`), `partial` and `pieces`; what the volume
 //! keeps (blobs, budget, verification records, locks), `store`; blobs that
-//! arrive by upload instead of from a source, `upload`.
+//! arrive by upload instead of from a source, `upload`. Each file's format
+//! is told from the verified file's head before the record vouches for it
+//! (`examine`; `crate::formats` says why there).
 
 mod allowance;
 mod cut;
 mod disk;
+mod examine;
 mod file;
 mod local;
 mod pace;
@@ -47,7 +50,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::model::{ModelFile, TrainedModel};
+use crate::model::{Format, ModelFile, TrainedModel};
 use crate::trust::Trust;
 use disk::disk_error;
 pub use local::check_local;
@@ -104,6 +107,14 @@ pub enum Error {
         needed: u64,
         budget: u64,
     },
+}
+
+/// A fetched model: its directory, and each file's format in the order of
+/// the model's files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    pub dir: PathBuf,
+    pub formats: Vec<Format>,
 }
 
 /// Told how far a fetch has come. Called often (every chunk): implementations
@@ -258,6 +269,18 @@ impl Fetcher {
         progress: Arc<dyn Observer>,
         cancel: &CancellationToken,
     ) -> Result<PathBuf, Error> {
+        self.fetch_known(model, progress, cancel)
+            .await
+            .map(|fetched| fetched.dir)
+    }
+
+    /// `fetch`, also saying each file's format.
+    pub async fn fetch_known(
+        &self,
+        model: &TrainedModel,
+        progress: Arc<dyn Observer>,
+        cancel: &CancellationToken,
+    ) -> Result<Fetched, Error> {
         if model.files.is_empty() {
             return Err(Error::NoFiles);
         }
@@ -274,7 +297,7 @@ impl Fetcher {
         &self,
         model: &TrainedModel,
         progress: Arc<dyn Observer>,
-    ) -> Result<PathBuf, Error> {
+    ) -> Result<Fetched, Error> {
         let dir = self.dir_of(&model.job_id);
         let books = self.bookkeeping(&model.job_id);
         let files: Arc<[ModelFile]> = model.files.as_slice().into();
@@ -283,18 +306,24 @@ impl Fetcher {
 
         // A re-deployment of an unchanged model: real names are only ever
         // given verified files, so this needs neither the lock nor a read
-        // of any byte.
+        // of any byte but each file's head (its format). A copy vouched
+        // for by a berth that did not look at formats, whose file does not
+        // hold, is examined again below, under the lock.
         let vouched = disk::blocking({
             let (stamps, dir, files) = (books.stamps.clone(), dir.clone(), files.clone());
             let blobs = self.blobs.clone();
-            move || disk::vouched(&stamps, &dir, &files, &blobs)
+            move || {
+                disk::vouched(&stamps, &dir, &files, &blobs)
+                    .then(|| examine::examine_all(&dir, &files, None).ok())
+                    .flatten()
+            }
         })
         .await;
-        if vouched {
+        if let Some(formats) = vouched {
             for file in files.iter() {
                 tally.file_done(file.size_bytes);
             }
-            return Ok(dir);
+            return Ok(Fetched { dir, formats });
         }
 
         // Shared with the writer threads and the disk work: a download that
@@ -341,7 +370,15 @@ impl Fetcher {
             .download_all(model, missing, &dir, &tally, &lock, &mut stamps)
             .await;
         disk::holding(&lock, move || {
-            disk::settle(&dir, &books, &stamps, downloaded)
+            let mut downloaded = downloaded;
+            let mut formats = Vec::new();
+            if downloaded.failed.is_none() {
+                match examine::examine_all(&dir, &files, Some(&mut stamps)) {
+                    Ok(known) => formats = known,
+                    Err(e) => downloaded.failed = Some(e),
+                }
+            }
+            disk::settle(&dir, &books, &stamps, downloaded).map(|dir| Fetched { dir, formats })
         })
         .await
     }

@@ -40,6 +40,7 @@ pub fn router() -> OpenApiRouter<ApiContext> {
         (status = ACCEPTED, description = "With `wait=false`: the deployment is queued, for a server with room to run", body = json::Deployment),
         (status = BAD_REQUEST, description = "A bad id, body or parameter, an unknown deployer, or options its schema refuses", body = ErrorBody),
         (status = NOT_FOUND, description = "No such model", body = ErrorBody),
+        (status = CONFLICT, description = "Under `--pickle refuse`: an earlier fetch found pickle files in the model, and the deployer's manifest does not say `accepts_pickle = true`; `error` names the files", body = ErrorBody),
         (status = INTERNAL_SERVER_ERROR, description = "The records could not be written", body = ErrorBody),
         (status = BAD_GATEWAY, description = "The deployment failed: the stored row, with its `error`", body = json::Deployment),
         (status = SERVICE_UNAVAILABLE, description = "The deployer is still loading after a start; try again shortly", body = ErrorBody,

@@ -135,6 +135,7 @@ impl From<StartError> for Error {
             StartError::NoDeployers(_)
             | StartError::UnknownDeployer { .. }
             | StartError::BadOptions(_) => Error::BadRequest(e.to_string()),
+            StartError::Pickles(_) => Error::Conflict(e.to_string()),
             StartError::Record(e @ db::Error::NoRoom(_)) => Error::Unavailable(no_room(&e)),
             StartError::Record(e @ db::Error::Unreachable(_)) => {
                 Error::Unavailable(unreachable(&e))

@@ -1,5 +1,6 @@
 //! Admission, steps 1–3 of a deployment: the model exists, the volume has
-//! its reserve, the deployer is loaded and takes the options; then the row
+//! its reserve, the deployer is loaded and takes the options, and is not
+//! refused the model's known pickle files (`pickles`); then the row
 //! is recorded, taken here at once if this server has room, else queued
 //! for whichever server has. An attached caller then waits for the end,
 //! and a caller that leaves cancels its deployment. Nothing is recorded
@@ -59,6 +60,10 @@ pub enum StartError {
     UnknownDeployer { name: String, known: Vec<String> },
     #[error("{0}")]
     BadOptions(String),
+    /// `--pickle refuse`, for a model whose pickle files an earlier fetch
+    /// found, and a deployer that does not accept them.
+    #[error("{0}")]
+    Pickles(String),
     /// `--model-signatures require`, and the model is not signed so.
     #[error("{0}")]
     Unsigned(String),
@@ -151,6 +156,10 @@ impl Pipeline {
         self.check_reserve()?;
         let (plugin, options_json) = self.checked_step(deployer, options_json).await?;
         let options_json = options_json.as_str();
+        let pickles = super::pickles::pickle_paths(&model.files, None);
+        if let Some(why) = super::pickles::refusal(self.pickles, &model, &plugin, &pickles) {
+            return Err(StartError::Pickles(why));
+        }
 
         let dir = self.fetcher.dir_of(&model.job_id);
         // With room here and nobody waiting, this server takes it at once;

@@ -59,6 +59,11 @@ impl Pipeline {
                     .await;
             }
         };
+        // The same refusal as admission's, when an earlier fetch knows.
+        let pickles = super::pickles::pickle_paths(&firing.model.files, None);
+        if let Some(why) = super::pickles::refusal(self.pickles, firing.model, &plugin, &pickles) {
+            return self.fire_failed(&firing.cause, firing.model.id, &why).await;
+        }
         let new = CausedDeployment {
             model_id: firing.model.id,
             deployer: firing.deployer.to_string(),

@@ -21,6 +21,7 @@ mod caused;
 pub mod copies;
 mod fence;
 mod leases;
+mod pickles;
 mod queue;
 mod run;
 mod sentences;
@@ -48,6 +49,7 @@ pub use admit::{MAX_OPTIONS_BYTES, Request, RunError, StartError};
 pub use approvals::DecideError;
 pub use cancel::CancelError;
 pub use caused::{Fired, Firing};
+pub use pickles::PicklePolicy;
 pub use queue::QueueSettings;
 
 use queue::QUEUE_POLL;
@@ -82,6 +84,8 @@ pub struct Pipeline {
     reserve: u64,
     /// When this server last renewed its leases: its fence.
     renewals: fence::Renewals,
+    /// What a deployment of pickle files does (`--pickle`).
+    pickles: PicklePolicy,
     /// Whom models must be signed by, and whether that is required.
     model_trust: Arc<ModelTrust>,
 }
@@ -125,8 +129,15 @@ impl Pipeline {
             spans: Default::default(),
             reserve: 0,
             renewals: fence::Renewals::new(),
+            pickles: PicklePolicy::default(),
             model_trust: Arc::default(),
         }
+    }
+
+    /// What a deployment of a model holding pickle files does.
+    pub fn pickles(mut self, policy: PicklePolicy) -> Self {
+        self.pickles = policy;
+        self
     }
 
     /// Whom models must be signed by (`--model-signatures`,

@@ -1,6 +1,7 @@
 //! Carrying out one deployment this server took, in a task of its own:
-//! fetch and verify (unless the model was verified already), run the
-//! deployer in its sandbox, pass progress on at a bounded rate, remove a
+//! fetch and verify (unless the model was verified already and its files'
+//! formats are recorded), record the formats the fetch told, apply the
+//! pickle policy (`pickles`), run the deployer in its sandbox, pass progress on at a bounded rate, remove a
 //! failed deployment's output, record the end (kept and offered again
 //! while the database refuses) and publish it. Never decides whether or
 //! where a deployment runs (`admit` and `queue` do).
@@ -17,7 +18,7 @@ use crate::events::{Event, Events};
 use crate::fetch;
 use crate::live::Running;
 use crate::metrics;
-use crate::model::{Deployment, Outcome, Phase, TrainedModel};
+use crate::model::{Deployment, Format, Outcome, Phase, TrainedModel};
 use crate::runtime::{CallError, DeployCall, Plugin};
 
 use super::sentences::{CANCELLED, Stop, interrupted};
@@ -160,13 +161,24 @@ impl Pipeline {
         running: &Arc<Running>,
     ) -> Result<Outcome, String> {
         let cancel = running.token();
-        let model_dir = match verified {
-            Some(dir) => {
+        // A copy verified already needs no fetch, unless the records do
+        // not know its formats yet (verified by an older berth): then the
+        // fetch of the vouched copy reads only each file's head.
+        let (model_dir, formats) = match verified {
+            Some(dir) if model.files.iter().all(|f| f.format.is_some()) => {
                 metrics::fetch_ended(true, Duration::ZERO);
-                dir
+                (dir, None)
             }
-            None => self.fetch(model, running).await?,
+            _ => {
+                let fetched = self.fetch(model, running).await?;
+                (fetched.dir, Some(fetched.formats))
+            }
         };
+        let pickles = super::pickles::pickle_paths(&model.files, formats.as_deref());
+        if let Some(why) = super::pickles::refusal(self.pickles, model, plugin, &pickles) {
+            return Err(why);
+        }
+        super::pickles::warn(self.pickles, model, plugin, &pickles, running.as_ref());
         let out_dir = PathBuf::from(&deployment.out_dir);
         tokio::fs::create_dir_all(&out_dir).await.map_err(|e| {
             format!(
@@ -203,18 +215,24 @@ impl Pipeline {
         }
     }
 
-    /// Fetches the model, then records the deploying phase.
-    async fn fetch(&self, model: &TrainedModel, running: &Arc<Running>) -> Result<PathBuf, String> {
+    /// Fetches the model, records the formats it told that the records did
+    /// not know, then the deploying phase.
+    async fn fetch(
+        &self,
+        model: &TrainedModel,
+        running: &Arc<Running>,
+    ) -> Result<fetch::Fetched, String> {
         let clock = Instant::now();
         let fetched = self
             .fetcher
-            .fetch(model, running.clone(), running.token())
+            .fetch_known(model, running.clone(), running.token())
             .await;
         metrics::fetch_ended(fetched.is_ok(), clock.elapsed());
-        let model_dir = fetched.map_err(|e| match e {
+        let fetched = fetched.map_err(|e| match e {
             fetch::Error::Cancelled => self.cancelled(running),
             e => format!("fetching model {}: {e}", model.id),
         })?;
+        self.record_formats(model, &fetched.formats).await;
         running.set_phase(Phase::Deploying);
         // Recorded before the deployer starts rather than at the next
         // progress tick: a server killed from here on fails the row as
@@ -234,7 +252,29 @@ impl Pipeline {
                 "could not record the phase: {e}"
             );
         }
-        Ok(model_dir)
+        Ok(fetched)
+    }
+
+    /// Records the formats `formats` (in the model's files' order) that
+    /// the records do not know yet. Not recording them costs only a look
+    /// at the files' heads next time.
+    async fn record_formats(&self, model: &TrainedModel, formats: &[Format]) {
+        let new: Vec<(String, Format)> = model
+            .files
+            .iter()
+            .zip(formats)
+            .filter(|(file, format)| file.format != Some(**format))
+            .map(|(file, format)| (file.path.clone(), *format))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        if let Err(e) = self.db.record_formats(model.id, new).await {
+            tracing::warn!(
+                model_id = model.id,
+                "could not record the files' formats: {e}"
+            );
+        }
     }
 
     /// What a deployer cannot say: WASI hands a guest a bare I/O error

@@ -101,6 +101,7 @@ fn folder_of(receipts: &[&Receipt]) -> (String, Vec<ModelFile>) {
             path: r.key[folder.len()..].to_string(),
             size_bytes: r.bytes,
             sha256: Some(r.sha256.clone()),
+            format: None,
         })
         .collect();
     (folder, files)

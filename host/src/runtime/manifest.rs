@@ -37,6 +37,10 @@ pub struct Manifest {
     /// hex digits): another build is refused, so a manifest's grants never
     /// pass to a plugin they were not written for.
     pub sha256: Option<String>,
+    /// It loads pickle files safely (or never loads them): under
+    /// `--pickle refuse`, models holding pickles may still be deployed by
+    /// it. berth itself never unpickles.
+    pub accepts_pickle: bool,
 }
 
 #[derive(Deserialize)]
@@ -56,6 +60,8 @@ struct RawManifest {
     max_calls: Option<u64>,
     max_records_kib: Option<u64>,
     sha256: Option<String>,
+    #[serde(default)]
+    accepts_pickle: bool,
 }
 
 /// Caps of a deployment's records beyond which the record itself is the
@@ -177,6 +183,7 @@ impl Manifest {
                 max_records_kib: raw.max_records_kib,
             },
             sha256: raw.sha256.map(|s| s.to_ascii_lowercase()),
+            accepts_pickle: raw.accepts_pickle,
         })
     }
 }
@@ -209,6 +216,7 @@ mod tests {
             timeout_s = 600
             out_mib = 64
             sha256 = "ABab000000000000000000000000000000000000000000000000000000000000"
+            accepts_pickle = true
             "#,
             env,
         )
@@ -228,6 +236,7 @@ mod tests {
         assert_eq!(m.out_mib, Some(64));
         // Compared with the digest berth prints, which is lowercase.
         assert_eq!(m.sha256, Some(format!("abab{}", "0".repeat(60))));
+        assert!(m.accepts_pickle);
         assert_eq!(Manifest::parse("", env).unwrap(), Manifest::default());
     }
 

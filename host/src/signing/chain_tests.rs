@@ -17,6 +17,7 @@ fn files() -> Vec<ModelFile> {
         path: "weights.bin".into(),
         size_bytes: 3,
         sha256: Some("ab".repeat(32)),
+        format: None,
     }]
 }
 

@@ -38,6 +38,7 @@ pub(super) fn record(dir: &Path) -> Vec<ModelFile> {
                         .replace('\\', "/"),
                     size_bytes: bytes.len() as u64,
                     sha256: Some(hex::encode(Sha256::digest(&bytes))),
+                    format: None,
                 });
             }
         }
@@ -253,6 +254,7 @@ fn a_dropped_an_added_and_a_changed_file_are_each_named() {
         path: "extra.bin".into(),
         size_bytes: 1,
         sha256: Some("00".repeat(32)),
+        format: None,
     });
     let (_, message) = refused(&sig, &trust, &added);
     assert!(
@@ -285,11 +287,13 @@ fn model_sig_itself_and_ignored_paths_are_left_out() {
         path: "model.sig".into(),
         size_bytes: 10,
         sha256: Some("cd".repeat(32)),
+        format: None,
     });
     files.push(ModelFile {
         path: ".git/HEAD".into(),
         size_bytes: 10,
         sha256: None,
+        format: None,
     });
     let verified = verify(&read("key-p256.sig"), &key("key-p256.pub.pem"), &files).unwrap();
     assert_eq!(verified.files_checked, SIGNED);
@@ -302,6 +306,7 @@ fn model_sig_itself_and_ignored_paths_are_left_out() {
         path: ".gitx".into(),
         size_bytes: 1,
         sha256: Some("00".repeat(32)),
+        format: None,
     });
     let (_, message) = refused(&read("key-p256.sig"), &key("key-p256.pub.pem"), &files);
     assert!(

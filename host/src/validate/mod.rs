@@ -185,6 +185,7 @@ pub fn model(draft: ModelDraft) -> Result<TrainedModel, Problems> {
             path,
             size_bytes,
             sha256,
+            format: None,
         });
     }
     // A file cannot also be the directory of another file.

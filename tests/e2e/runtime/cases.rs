@@ -733,6 +733,7 @@ impl ModelOnDisk {
                 path: path.to_string(),
                 size_bytes: bytes.len() as u64,
                 sha256: Some(sha256_hex(bytes)),
+                format: None,
             });
         }
         let model = TrainedModel {

@@ -217,11 +217,14 @@ fn shown(model: &json::Model) -> String {
     ] {
         fields.row(vec![field.to_string(), value]);
     }
-    let mut files = Table::new(&["PATH", "SIZE", "SHA256"]).right_align(&[1]);
+    // FORMAT: as the server's first fetch told it from the bytes; "-"
+    // until then.
+    let mut files = Table::new(&["PATH", "SIZE", "FORMAT", "SHA256"]).right_align(&[1]);
     for file in &model.files {
         files.row(vec![
             file.path.clone(),
             crate::human::size(file.size_bytes),
+            file.format.clone().unwrap_or_else(|| "-".to_string()),
             file.sha256.clone().unwrap_or_else(|| "-".to_string()),
         ]);
     }

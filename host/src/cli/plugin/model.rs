@@ -62,6 +62,7 @@ pub fn of_dir(dir: &Path) -> anyhow::Result<TrainedModel> {
             path: relative,
             size_bytes: size,
             sha256: Some(hex::encode(hasher.0.finalize())),
+            format: None,
         });
     }
     let name = dir

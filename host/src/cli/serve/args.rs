@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::cli::LogFormat;
+use crate::pipeline::PicklePolicy;
 use crate::runtime::{Compiler, Engines, TrustedKey};
 
 #[derive(Debug, Args)]
@@ -137,6 +138,13 @@ pub struct ServeArgs {
     /// deployment uses). Default: no budget. Held in bytes.
     #[arg(long, env = "BERTH_MODELS_MAX_GIB", value_name = "GIB", value_parser = gib_in_bytes)]
     pub(super) models_max_gib: Option<u64>,
+    /// What a deployment of a model holding pickle files (`pickle`,
+    /// `zip-pickle`: loading one runs code), as the fetch tells them from
+    /// their bytes, does: `allow` says nothing; `warn` says which files in
+    /// the server's and the deployment's log; `refuse` refuses them to a
+    /// deployer whose manifest does not say `accepts_pickle = true`.
+    #[arg(long, env = "BERTH_PICKLE", value_enum, default_value_t = PicklePolicy::Warn)]
+    pub(super) pickle: PicklePolicy,
     /// How often the plugins folder is checked for added, replaced or
     /// removed plugins, in milliseconds; 0 turns watching off. A change is
     /// applied once its files stood still for one interval.

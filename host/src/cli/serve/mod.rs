@@ -104,6 +104,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             shutdown.clone(),
         )
         .reserve(args.min_free_mib << 20)
+        .pickles(args.pickle)
         .queue(queue, server_name)
         .model_trust(model_trust),
     );

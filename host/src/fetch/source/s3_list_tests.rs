@@ -100,6 +100,7 @@ async fn a_prefix_is_listed_with_sizes_and_the_sha256_the_store_keeps() {
                 path: f.path,
                 size_bytes: f.size_bytes,
                 sha256: f.sha256,
+                format: None,
             })
             .collect(),
     );

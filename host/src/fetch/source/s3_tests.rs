@@ -95,6 +95,7 @@ async fn setup(
                 path: path.to_string(),
                 size_bytes: contents.len() as u64,
                 sha256: Some(hex::encode(Sha256::digest(contents))),
+                format: None,
             })
             .collect(),
     );
@@ -192,6 +193,7 @@ async fn a_missing_object_is_named() {
         path: "gone.bin".into(),
         size_bytes: 10,
         sha256: None,
+        format: None,
     });
     let error = fetch(&fetcher, &model).await.unwrap_err().to_string();
 
@@ -216,6 +218,7 @@ async fn a_missing_bucket_is_named() {
         path: "a.bin".into(),
         size_bytes: 10,
         sha256: None,
+        format: None,
     });
     let error = fetch(&fetcher, &model).await.unwrap_err().to_string();
     assert_eq!(

@@ -181,6 +181,7 @@ fn vouched_for(
         path: path.to_string(),
         size_bytes: meta.len(),
         sha256: Some(hex.to_string()),
+        format: None,
     };
     meta.is_file() && blobs.vouched(stamp, meta, &recorded)
 }

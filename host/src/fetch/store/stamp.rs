@@ -73,6 +73,14 @@ impl Stamps {
         }
     }
 
+    /// Forgets `file`: the record no longer vouches for it, nor for its
+    /// directory.
+    pub(crate) fn remove(&mut self, file: &str) {
+        if self.files.remove(file).is_some() {
+            self.changed = true;
+        }
+    }
+
     pub(crate) fn changed(&self) -> bool {
         self.changed
     }

@@ -20,6 +20,7 @@ impl Setup {
                 path: path.to_string(),
                 size_bytes: contents.len() as u64,
                 sha256: Some(sha(contents)),
+                format: None,
             });
         }
         TrainedModel::from_files(

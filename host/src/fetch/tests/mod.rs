@@ -6,6 +6,7 @@
 
 mod blobs;
 mod credentials;
+mod formats;
 mod pieces;
 mod record;
 mod refusals;
@@ -271,6 +272,7 @@ impl Setup {
                 path: path.to_string(),
                 size_bytes: contents.len() as u64,
                 sha256: Some(sha(contents)),
+                format: None,
             });
         }
         let model = TrainedModel::from_files(

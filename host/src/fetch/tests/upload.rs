@@ -59,6 +59,7 @@ fn uploaded_model(job_id: &str, files: &[(&str, &[u8])]) -> TrainedModel {
             path: path.to_string(),
             size_bytes: bytes.len() as u64,
             sha256: Some(sha(bytes)),
+            format: None,
         })
         .collect();
     TrainedModel::from_files(job_id, UPLOADED.to_string(), files)

@@ -176,6 +176,14 @@ impl From<TrainedModel> for Model {
 
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct ModelFile {
+    /// What its bytes are, told from them (never from its name) by the
+    /// first fetch that verified them; null until then. One of
+    /// `safetensors`, `pickle`, `zip-pickle` (as `torch.save` writes),
+    /// `gguf`, `json`, `other`; a client should take a value it does not
+    /// know as `other`. `pickle` and `zip-pickle` run code when loaded.
+    #[schema(required = true, value_type = Option<String>, example = "safetensors")]
+    #[serde(default)]
+    pub format: Option<String>,
     pub path: String,
     /// Lowercase hex; null when the registration gave only the size.
     #[schema(required = true)]
@@ -186,6 +194,7 @@ pub struct ModelFile {
 impl From<model::ModelFile> for ModelFile {
     fn from(f: model::ModelFile) -> Self {
         ModelFile {
+            format: f.format.map(|format| format.as_str().to_string()),
             path: f.path,
             sha256: f.sha256,
             size_bytes: f.size_bytes,
@@ -269,11 +278,13 @@ mod tests {
                     path: "a.bin".into(),
                     size_bytes: 10,
                     sha256: Some("ab".repeat(32)),
+                    format: None,
                 },
                 model::ModelFile {
                     path: "b/c.json".into(),
                     size_bytes: 2,
                     sha256: None,
+                    format: Some(model::Format::Json),
                 },
             ],
         );
@@ -282,7 +293,7 @@ mod tests {
         model.created_at = "2026-12-01T10:00:00.000Z".into();
         check(
             Model::from(model),
-            r#"{"base_model":null,"created_at":"2026-12-01T10:00:00.000Z","created_by":null,"dataset":null,"files":[{"path":"a.bin","sha256":"abababababababababababababababababababababababababababababababab","size_bytes":10},{"path":"b/c.json","sha256":null,"size_bytes":2}],"final_loss":0.5,"id":1,"job_id":"ft-1","model_size":null,"name":"ft-1","num_examples":null,"num_train_steps":null,"params":{"rank":8},"signature":null,"source":"http://files.local/{job_id}/{path}"}"#,
+            r#"{"base_model":null,"created_at":"2026-12-01T10:00:00.000Z","created_by":null,"dataset":null,"files":[{"format":null,"path":"a.bin","sha256":"abababababababababababababababababababababababababababababababab","size_bytes":10},{"format":"json","path":"b/c.json","sha256":null,"size_bytes":2}],"final_loss":0.5,"id":1,"job_id":"ft-1","model_size":null,"name":"ft-1","num_examples":null,"num_train_steps":null,"params":{"rank":8},"signature":null,"source":"http://files.local/{job_id}/{path}"}"#,
         );
     }
 

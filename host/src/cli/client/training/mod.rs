@@ -2,10 +2,12 @@
 //! `adapter_config.json` (the base model and the adapter's settings),
 //! Hugging Face Trainer's `trainer_state.json` (the global step, the last
 //! logged loss), `config.json` (the architecture and dtype) and the
-//! safetensors headers (the parameter count, `weights`). `read` is pure,
+//! safetensors headers (the parameter count, `weights`), and which files
+//! are pickles (`pickles`). `read` is pure,
 //! handed the files' text; `of_folder` reads them. A file that is not what
 //! it should be is a note, never a failure.
 
+mod pickles;
 mod weights;
 
 use std::path::Path;
@@ -150,6 +152,7 @@ pub fn of_folder(dir: &Path, every: &[Listed], chosen: &[Listed]) -> Found {
     });
     let counted = weights::parameters(dir, chosen);
     found.notes.extend(counted.notes);
+    found.notes.extend(pickles::notes(dir, chosen));
     if let Some(count) = counted.parameters {
         found.params.insert("parameter_count".into(), count.into());
     }

@@ -46,8 +46,9 @@ export async function modelView(id) {
     h("h2", {}, "Params"),
     h("pre", {}, JSON.stringify(model.params, null, 2)),
     h("h2", {}, "Files"),
-    table(["Path", "Size", "sha256"], model.files.map((f) =>
-      h("tr", {}, h("td", { class: "wrap mono" }, f.path), h("td", { class: "num", title: `${f.size_bytes} bytes` }, bytes(f.size_bytes)), h("td", { class: "mono wrap" }, f.sha256)))),
+    ...picklesNote(model.files),
+    table(["Path", "Size", "Format", "sha256"], model.files.map((f) =>
+      h("tr", {}, h("td", { class: "wrap mono" }, f.path), h("td", { class: "num", title: `${f.size_bytes} bytes` }, bytes(f.size_bytes)), formatCell(f.format), h("td", { class: "mono wrap" }, f.sha256)))),
     h("h2", {}, "Deployments"),
     h("div", { class: "table-wrap" },
       h("table", { id: "deployments" },
@@ -100,6 +101,25 @@ function upsertRow(body, d) {
   if (old) old.replaceWith(row);
   else body.prepend(row);
   if (focused) row.querySelector("a")?.focus();
+}
+
+// A pickle runs code when loaded: marked, and said once above the files.
+const isPickle = (format) => format === "pickle" || format === "zip-pickle";
+
+// The format a fetch told from the file's bytes; unknown until one has.
+function formatCell(format) {
+  if (format == null) return h("td", { class: "format", title: "not fetched yet" }, "—");
+  return isPickle(format)
+    ? h("td", { class: "format pickle", title: "a pickle: loading it runs code" }, format)
+    : h("td", { class: "format" }, format);
+}
+
+// Nodes to spread into the view: none without pickles.
+function picklesNote(files) {
+  const pickles = files.filter((f) => isPickle(f.format)).map((f) => f.path);
+  if (pickles.length === 0) return [];
+  return [h("p", { class: "pickles-note" },
+    `${pickles.length === 1 ? "1 file is a pickle" : `${pickles.length} files are pickles`} (loading runs code): ${pickles.join(", ")}`)];
 }
 
 // What the model's signature says, in a line (see the API's ModelSignature).
