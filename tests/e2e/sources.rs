@@ -151,10 +151,10 @@ async fn a_model_registered_without_files_has_them_listed_at_its_prefix_and_depl
     assert_eq!(
         model["files"],
         json!([
-            { "path": kept.0, "sha256": sha256_hex(&kept.1), "size_bytes": kept.1.len() },
-            { "path": unkept.0, "sha256": null, "size_bytes": unkept.1.len() },
+            { "path": kept.0, "sha256": sha256_hex(&kept.1), "size_bytes": kept.1.len(), "format": null },
+            { "path": unkept.0, "sha256": null, "size_bytes": unkept.1.len(), "format": null },
         ]),
-        "each object's size, and the sha256 only where the store keeps one"
+        "each object's size, and the sha256 only where the store keeps one (the format: once fetched)"
     );
     let id = model["id"].as_i64().unwrap();
     let (status, body) = berth.deploy(id, "archive", json!({})).await;
