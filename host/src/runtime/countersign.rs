@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use super::Runtime;
 use super::report::Reporter;
 use crate::key::Key;
 use crate::model::ModelFile;
@@ -20,10 +21,44 @@ use crate::publish::{Body, Publishers, Receipt};
 use crate::signing::{self, SIGNATURE_FILE, SigningKey};
 use crate::targets::{Kind, Targets};
 
+impl Runtime {
+    /// What deployments publish to file, http and s3 targets is signed
+    /// with `key`.
+    pub fn signing_key(mut self, key: Option<SigningKey>) -> Self {
+        self.signing_key = key.map(Arc::new);
+        self
+    }
+
+    /// Signs what a deployment put (`published`, its receipts) into each
+    /// target that keeps files, when a signing key is configured; each
+    /// `model.sig` is reported to `reporter` like any put.
+    pub async fn sign_published(
+        &self,
+        published: &[Receipt],
+        reporter: Arc<dyn Reporter>,
+        cancel: &CancellationToken,
+    ) -> Result<(), String> {
+        match &self.signing_key {
+            Some(key) => {
+                sign_published(
+                    key,
+                    &self.targets,
+                    &self.publishers,
+                    published,
+                    reporter,
+                    cancel,
+                )
+                .await
+            }
+            None => Ok(()),
+        }
+    }
+}
+
 /// Signs what `published` (a deployment's receipts, in order) put into
 /// each target that keeps files, putting each `model.sig` and reporting
 /// it like any put. The error is a sentence for the deployment's record.
-pub(crate) async fn sign_published(
+async fn sign_published(
     key: &SigningKey,
     targets: &Targets,
     publishers: &Publishers,

@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use wasmtime::{Trap, UpdateDeadline};
 
 use crate::model::TrainedModel;
-use crate::publish::{Publishers, Receipt};
+use crate::publish::Publishers;
 use crate::signing::SigningKey;
 use crate::targets::Targets;
 use crate::trust::Trust;
@@ -263,38 +263,6 @@ impl Runtime {
             slots: pool.map(|n| Arc::new(tokio::sync::Semaphore::new(n as usize))),
             signing_key: None,
         })
-    }
-
-    /// What deployments publish to file, http and s3 targets is signed
-    /// with `key` (`countersign`).
-    pub fn signing_key(mut self, key: Option<SigningKey>) -> Self {
-        self.signing_key = key.map(Arc::new);
-        self
-    }
-
-    /// Signs what a deployment put (`published`, its receipts) into each
-    /// target that keeps files, when a signing key is configured; each
-    /// `model.sig` is reported to `reporter` like any put.
-    pub async fn sign_published(
-        &self,
-        published: &[Receipt],
-        reporter: Arc<dyn Reporter>,
-        cancel: &CancellationToken,
-    ) -> Result<(), String> {
-        match &self.signing_key {
-            Some(key) => {
-                countersign::sign_published(
-                    key,
-                    &self.targets,
-                    &self.publishers,
-                    published,
-                    reporter,
-                    cancel,
-                )
-                .await
-            }
-            None => Ok(()),
-        }
     }
 
     /// Guests' HTTPS requests also trust the certificates of `trust`
