@@ -42,21 +42,10 @@ fn signed_copy(sig: Option<&str>) -> (TempDir, PathBuf) {
 }
 
 fn register(server: &str, dir: &Path, job_id: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args([
-            "models",
-            "register",
-            path(dir),
-            "--job-id",
-            job_id,
-            "--server",
-            server,
-        ])
-        .env_remove("BERTH_SERVER")
-        .env_remove("BERTH_TOKEN")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+    crate::support::cli::client(
+        server,
+        &["models", "register", path(dir), "--job-id", job_id],
+    )
 }
 
 async fn model(server: &Berth, job_id: &str) -> Value {

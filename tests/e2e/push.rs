@@ -8,7 +8,6 @@
 //! sentence.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -24,16 +23,7 @@ use crate::support::{bytes, eventually, model, on_both_backends, sha256_hex};
 
 on_both_backends!(a_pushed_folder_is_pinned_deployed_kept_and_unpinned_when_deleted);
 
-fn berth(server: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(args)
-        .args(["--server", server])
-        .env_remove("BERTH_SERVER")
-        .env_remove("BERTH_TOKEN")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
+use crate::support::cli::client as berth;
 
 /// A finished LoRA run: the adapter and its config, and a checkpoint that
 /// `push` leaves out as `register` does.

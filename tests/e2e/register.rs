@@ -13,16 +13,7 @@ use crate::support::cli::{expect_success, lossy, path};
 use crate::support::server::{Backend, Berth};
 use crate::support::{bytes, sha256_hex};
 
-fn berth(server: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(args)
-        .args(["--server", server])
-        .env_remove("BERTH_SERVER")
-        .env_remove("BERTH_TOKEN")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
+use crate::support::cli::client as berth;
 
 /// A finished PEFT run as Trainer leaves it, with the things a folder
 /// picks up besides: a git checkout, a dotfile, a link to a folder, a FIFO.

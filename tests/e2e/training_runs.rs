@@ -7,7 +7,7 @@
 //! card, and the source checked before the model is stored.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -40,16 +40,7 @@ fn copied(folder: &str) -> (TempDir, PathBuf) {
     (parent, dir)
 }
 
-fn berth(server: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(args)
-        .args(["--server", server])
-        .env_remove("BERTH_SERVER")
-        .env_remove("BERTH_TOKEN")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
+use crate::support::cli::client as berth;
 
 /// The registration body `register --dry-run` prints for `dir`.
 fn dry_run(dir: &Path, extra: &[&str]) -> (Value, String) {

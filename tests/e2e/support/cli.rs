@@ -1,7 +1,7 @@
 //! Running the `berth` binary as a command-line tool: what its runs said.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use super::plugins;
 
@@ -16,6 +16,19 @@ pub fn berth_command(command: &[&str], plugin: &Path, args: &[&str]) -> Command 
         .env("BERTH_LOG", "warn")
         .env("BERTH_CACHE_DIR", plugins::shared_cache());
     berth
+}
+
+/// `berth ARGS… --server SERVER` as a client, with nothing of the test
+/// process's environment choosing another server or a token.
+pub fn client(server: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .args(["--server", server])
+        .env_remove("BERTH_SERVER")
+        .env_remove("BERTH_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
 }
 
 /// Stdout of a run that exited 0.
