@@ -9,7 +9,6 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
-use berth::model::ModelFile;
 use berth::signing::{self, SigningKey, Trust};
 use sha2::{Digest, Sha256};
 
@@ -37,15 +36,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
             std::fs::hard_link(ctx.source_root.join("signed-50").join(&file.path), link)?;
         }
     }
-    let recorded: Vec<ModelFile> = made
-        .iter()
-        .map(|f| ModelFile {
-            path: f.path.clone(),
-            size_bytes: f.size,
-            sha256: Some(f.sha256.clone()),
-            format: None,
-        })
-        .collect();
+    // As a registration records them: path, size, sha256.
+    let recorded = crate::fetch::model(ctx, "signed-50", &made).files;
     let keys = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/signing");
     let key = SigningKey::from_pkcs8_pem(&std::fs::read(keys.join("key-p256.pem"))?)
         .map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -108,12 +108,7 @@ async fn a_real_lora_run_registers_its_adapter_and_says_what_it_does_not_know(ba
     );
     let (_, listed) = server.get("/v1/models").await;
     let model = &listed["models"][0];
-    let mut kept: Vec<&str> = model["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["path"].as_str().unwrap())
-        .collect();
+    let mut kept = paths(model);
     kept.sort_unstable();
     assert_eq!(
         kept,
