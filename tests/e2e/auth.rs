@@ -5,6 +5,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
@@ -126,6 +127,30 @@ async fn tokens_decide_who_may_read_and_who_may_change(backend: Backend) {
     viewer.check(&rules).await;
     let (status, _) = ci.get(&one).await;
     assert_eq!(status, StatusCode::OK, "the refused delete deleted nothing");
+
+    // A refused request's body is read before the refusal is sent, so the
+    // client is not reset mid-upload and loses no answer; a body too large
+    // to wait for is answered at once, on a connection that then closes.
+    for (size, closes) in [(1 << 20, false), (9 << 20, true)] {
+        let read = Arc::new(AtomicUsize::new(0));
+        let counted = read.clone();
+        let chunks = futures::stream::iter((0..size / 4096).map(move |_| {
+            counted.fetch_add(4096, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(vec![7u8; 4096])
+        }));
+        let request = Request::put("/v1/blobs/sha256:00")
+            .body(Body::from_stream(chunks))
+            .unwrap();
+        let (status, headers, refused) = viewer.send_for_headers(request).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+        assert_eq!(headers.get(header::CONNECTION).is_some(), closes, "{size}");
+        let read = read.load(Ordering::SeqCst);
+        if closes {
+            assert!(read < size, "{read} of {size} bytes read");
+        } else {
+            assert_eq!(read, size);
+        }
+    }
 }
 
 async fn without_tokens_nothing_is_asked_and_nobody_is_recorded(backend: Backend) {
