@@ -8,13 +8,13 @@
 //! only). The caller is handed to the handlers, which record its name.
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, header};
+use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::ApiContext;
 use super::error::Error;
 use super::page;
+use super::{ApiContext, drain};
 use crate::auth::{Caller, Role, Tokens};
 
 /// Paths anyone may call, tokens or not.
@@ -33,7 +33,10 @@ pub async fn require(State(ctx): State<ApiContext>, mut request: Request, next: 
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        Err(refusal) => refuse(request, refusal).await,
+        Err(refusal) => {
+            let mut body = request.into_body().into_data_stream();
+            drain::answer(&mut body, refusal.into_response()).await
+        }
     }
 }
 
@@ -77,29 +80,6 @@ fn caller(tokens: &Tokens, request: &Request) -> Result<Caller, Error> {
         )));
     }
     Ok(caller)
-}
-
-/// How much of a refused request's body is read and dropped before the
-/// refusal is sent.
-const DRAIN_LIMIT: usize = 8 << 20;
-
-/// Answers a refused request only once its body is read (up to
-/// `DRAIN_LIMIT`): a server that answers and closes with the client's
-/// bytes unread resets the connection, and the client loses the refusal it
-/// was sent (hyper reports "connection closed before message completed").
-/// A body past the limit is not waited for; the answer then closes the
-/// connection so that no client reuses it.
-async fn refuse(request: Request, refusal: Error) -> Response {
-    let drained = axum::body::to_bytes(request.into_body(), DRAIN_LIMIT)
-        .await
-        .is_ok();
-    let mut answer = refusal.into_response();
-    if !drained {
-        answer
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    answer
 }
 
 /// Reading is for every role; changing the deployer catalog (pushing,

@@ -17,13 +17,12 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::ApiContext;
 use super::error::Error;
 use super::json::{self, ErrorBody};
+use super::{ApiContext, drain};
 use crate::fetch::{Held, Upload, UploadError, Uploaded};
 
 pub fn router() -> OpenApiRouter<ApiContext> {
@@ -118,27 +117,8 @@ async fn put(
             .into_response(),
         Err(e) => refused(e),
     };
-    drain(&mut body).await;
-    Ok(answer)
+    Ok(drain::answer(&mut body, answer).await)
 }
-
-/// Reads what is left of a body the answer did not need (a refusal, a
-/// blob stored already), up to `DRAIN_LIMIT`: a client still sending
-/// when the server answers and closes gets a broken pipe, not the answer.
-/// Past the limit the connection is closed: `berth models push` then asks
-/// again with an empty body to hear why.
-async fn drain(body: &mut axum::body::BodyDataStream) {
-    let mut read = 0;
-    while read < DRAIN_LIMIT {
-        match body.next().await {
-            Some(Ok(chunk)) => read += chunk.len(),
-            _ => return,
-        }
-    }
-}
-
-/// The most of an unneeded body read before answering.
-const DRAIN_LIMIT: usize = 8 << 20;
 
 /// An upload's refusal, with the offset to go on from where there is one.
 fn refused(e: UploadError) -> Response {

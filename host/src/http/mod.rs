@@ -8,6 +8,7 @@ mod auth;
 mod blobs;
 mod deployers;
 mod deployments;
+mod drain;
 mod error;
 mod events;
 mod extract;
