@@ -64,7 +64,7 @@ pub use store::stamp::{Stamp, Stamps};
 pub use store::usage;
 use store::{blobs, budget};
 use tally::Tally;
-pub use upload::{Held, Upload, UploadError, Uploaded};
+pub use upload::{Held, ID_RULE, Upload, UploadError, UploadName, Uploaded};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {

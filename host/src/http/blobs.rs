@@ -1,14 +1,17 @@
-//! `/v1/blobs/sha256:{hex}`: uploading a model's files into the blob store
-//! (`berth models push`), one `PUT` per file, resumable by offset.
+//! `/v1/blobs/sha256:{hex}` and `/v1/blobs/uploads/{id}`: uploading a
+//! model's files into the blob store (`berth models push`), one `PUT` per
+//! file, resumable by offset.
 //!
-//! Why a `PUT` per file, addressed by its digest, and not a session API
-//! (`POST /uploads` then `PATCH`es, as OCI's distribution spec and tus
-//! do): the client knows each file's sha256 before it sends a byte (a
-//! registration records it), so the digest names the upload. Two clients
-//! of the same bytes meet at the same partial; a cut upload is found again
-//! by asking `HEAD` for its offset, with no session id for the client to
-//! keep; a file the store has already is never sent; and there is no
-//! session record on the server to expire. The headers are tus's
+//! Why a `PUT` per file, addressed by its digest or an id the client
+//! chose, and not a session API (`POST /uploads` then `PATCH`es, as OCI's
+//! distribution spec and tus do): a cut upload is found again by asking
+//! `HEAD` for its offset, with no session to open, keep or expire. A client
+//! that knows a file's sha256 names the upload by it: two clients of the
+//! same bytes meet at the same partial, and a file the store has already is
+//! never sent. One that has not hashed the file names it by an id (from the
+//! file's identity, so that a run again finds it), hashes as it sends, and
+//! reads the file once: the answer names the sha256 the server computed,
+//! which the client checks against its own. The headers are tus's
 //! (`Upload-Offset`, `Upload-Length`), a resumable-upload vocabulary
 //! clients know. Handlers only translate: the bytes' way into the store is
 //! `fetch::upload`.
@@ -23,10 +26,12 @@ use utoipa_axum::routes;
 use super::error::Error;
 use super::json::{self, ErrorBody};
 use super::{ApiContext, drain};
-use crate::fetch::{Held, Upload, UploadError, Uploaded};
+use crate::fetch::{Held, ID_RULE, Upload, UploadError, UploadName, Uploaded};
 
 pub fn router() -> OpenApiRouter<ApiContext> {
-    OpenApiRouter::new().routes(routes!(held, put))
+    OpenApiRouter::new()
+        .routes(routes!(held, put))
+        .routes(routes!(held_by_id, put_by_id))
 }
 
 /// Where a request's bytes start in the blob; in an answer, how many bytes
@@ -48,11 +53,33 @@ pub const UPLOAD_LENGTH: HeaderName = HeaderName::from_static("upload-length");
         (status = BAD_REQUEST, description = "Not a digest"),
     ))]
 async fn held(State(ctx): State<ApiContext>, Path(digest): Path<String>) -> Response {
-    let sha256 = match digest_hex(&digest) {
-        Ok(hex) => hex,
-        Err(e) => return e.into_response(),
-    };
-    let (status, offset) = match ctx.fetcher.held(&sha256).await {
+    match digest_hex(&digest) {
+        Ok(hex) => offset_of(&ctx, &UploadName::Sha256(hex)).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// How far an upload named by an id got.
+///
+/// Always 404 (an upload by id becomes the blob of its sha256, which
+/// `HEAD /v1/blobs/sha256:…` asks about), with `Upload-Offset`: the bytes
+/// held (0: none), where the next `PUT` starts.
+#[utoipa::path(head, path = "/v1/blobs/uploads/{id}", operation_id = "upload_offset_by_id", tag = "models",
+    params(("id" = String, Path, description = "The upload's id: 16 to 64 letters, digits, '-' or '_'")),
+    responses(
+        (status = NOT_FOUND, description = "The bytes held", headers(("Upload-Offset" = u64, description = "The next PUT starts there"))),
+        (status = BAD_REQUEST, description = "Not an upload id"),
+    ))]
+async fn held_by_id(State(ctx): State<ApiContext>, Path(id): Path<String>) -> Response {
+    match upload_id(&id) {
+        Ok(name) => offset_of(&ctx, &name).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `HEAD`'s answer for an upload of `name`.
+async fn offset_of(ctx: &ApiContext, name: &UploadName) -> Response {
+    let (status, offset) = match ctx.fetcher.held(name).await {
         Held::Stored { size } => (StatusCode::OK, size),
         Held::Partial { offset } => (StatusCode::NOT_FOUND, offset),
     };
@@ -92,24 +119,69 @@ async fn put(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Error> {
-    let sha256 = digest_hex(&digest)?;
-    let size = number(&headers, &UPLOAD_LENGTH)?.ok_or_else(|| {
+    let name = UploadName::Sha256(digest_hex(&digest)?);
+    take(&ctx, name, &headers, body).await
+}
+
+/// Uploads a blob the client names by an id, or the rest of it, into the
+/// store.
+///
+/// As `PUT /v1/blobs/{digest}`, for a client that hashes the bytes as it
+/// sends them: once the last byte is there, they are stored and pinned as
+/// the blob of the sha256 they have, which the answer names; the client
+/// checks it against its own. The id is the client's (from the file's
+/// identity, say, so that a run again resumes what a cut left); one upload
+/// of an id at a time.
+#[utoipa::path(put, path = "/v1/blobs/uploads/{id}", operation_id = "upload_blob_by_id", tag = "models",
+    params(
+        ("id" = String, Path, description = "The upload's id: 16 to 64 letters, digits, '-' or '_'"),
+        ("Upload-Length" = u64, Header, description = "The blob's whole size, in bytes"),
+        ("Upload-Offset" = Option<u64>, Header, description = "Where the body starts in the blob: the offset `HEAD` answered (default 0)"),
+    ),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = CREATED, description = "The last byte came: stored as the blob of the sha256 named, pinned", body = json::Blob),
+        (status = ACCEPTED, description = "The body ended before the blob did: `Upload-Offset` bytes are held",
+            headers(("Upload-Offset" = u64, description = "The bytes held"))),
+        (status = BAD_REQUEST, description = "Not an upload id, no `Upload-Length`, or a body past it", body = ErrorBody),
+        (status = CONFLICT, description = "`Upload-Offset` is not what the server holds (its answer's `Upload-Offset` is)", body = ErrorBody,
+            headers(("Upload-Offset" = u64, description = "The bytes held"))),
+        (status = PAYLOAD_TOO_LARGE, description = "Larger than the models dir's whole budget (--models-max-gib)", body = ErrorBody),
+        (status = INSUFFICIENT_STORAGE, description = "No room: the budget is full of what cannot be dropped, or the volume is below --min-free-mib", body = ErrorBody),
+    ))]
+async fn put_by_id(
+    State(ctx): State<ApiContext>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Error> {
+    take(&ctx, upload_id(&id)?, &headers, body).await
+}
+
+/// Takes a `PUT`'s body into the upload `name`.
+async fn take(
+    ctx: &ApiContext,
+    name: UploadName,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Error> {
+    let size = number(headers, &UPLOAD_LENGTH)?.ok_or_else(|| {
         Error::BadRequest("send the blob's whole size in the header Upload-Length".into())
     })?;
-    let offset = number(&headers, &UPLOAD_OFFSET)?.unwrap_or(0);
-    let upload = Upload {
+    let offset = number(headers, &UPLOAD_OFFSET)?.unwrap_or(0);
+    let upload = Upload { name, size, offset };
+    let blob = |sha256: String| json::Blob {
         sha256,
-        size,
-        offset,
-    };
-    let blob = || json::Blob {
-        sha256: upload.sha256.clone(),
         size_bytes: upload.size,
     };
     let mut body = body.into_data_stream();
     let answer = match ctx.fetcher.upload(&upload, &mut body).await {
-        Ok(Uploaded::Stored) => (StatusCode::CREATED, axum::Json(blob())).into_response(),
-        Ok(Uploaded::AlreadyStored) => (StatusCode::OK, axum::Json(blob())).into_response(),
+        Ok(Uploaded::Stored { sha256 }) => {
+            (StatusCode::CREATED, axum::Json(blob(sha256))).into_response()
+        }
+        Ok(Uploaded::AlreadyStored { sha256 }) => {
+            (StatusCode::OK, axum::Json(blob(sha256))).into_response()
+        }
         Ok(Uploaded::Partial { offset }) => (
             StatusCode::ACCEPTED,
             [(UPLOAD_OFFSET, HeaderValue::from(offset))],
@@ -153,6 +225,12 @@ fn digest_hex(digest: &str) -> Result<String, Error> {
                 "{digest:?} is not a blob's digest: write sha256: and 64 lowercase hex digits"
             ))
         })
+}
+
+/// The upload `id` names, if it is one.
+fn upload_id(id: &str) -> Result<UploadName, Error> {
+    UploadName::id(id)
+        .ok_or_else(|| Error::BadRequest(format!("{id:?} is not an upload id: write {ID_RULE}")))
 }
 
 /// A header holding a number of bytes, if sent.

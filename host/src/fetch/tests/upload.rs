@@ -8,7 +8,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use futures::stream;
 
 use super::*;
-use crate::fetch::{Held, Upload, UploadError, Uploaded};
+use crate::fetch::{Held, Upload, UploadError, UploadName, Uploaded};
 use crate::model::UPLOADED;
 
 /// A fetcher on a fresh models dir, with no source.
@@ -45,11 +45,21 @@ async fn send(
     cut: Option<usize>,
 ) -> Result<Uploaded, UploadError> {
     let upload = Upload {
-        sha256: sha(whole),
+        name: named(whole),
         size: whole.len() as u64,
         offset: offset as u64,
     };
     fetcher.upload(&upload, &mut body(sent, cut)).await
+}
+
+/// The upload of `bytes` named by their digest.
+fn named(bytes: &[u8]) -> UploadName {
+    UploadName::Sha256(sha(bytes))
+}
+
+/// How the upload of `bytes` ends once the last one came.
+fn stored(bytes: &[u8]) -> Uploaded {
+    Uploaded::Stored { sha256: sha(bytes) }
 }
 
 fn uploaded_model(job_id: &str, files: &[(&str, &[u8])]) -> TrainedModel {
@@ -81,13 +91,13 @@ async fn a_cut_upload_resumes_at_its_offset_and_ends_a_pinned_read_only_blob() {
         first.await,
         Err(UploadError::Cut { offset, .. }) if offset == cut as u64
     ));
-    let hex = sha(&weights);
+    let (hex, name) = (sha(&weights), named(&weights));
     assert_eq!(
-        fetcher.held(&hex).await,
+        fetcher.held(&name).await,
         Held::Partial { offset: cut as u64 }
     );
     assert!(
-        fetcher.upload_books(&hex, "json").exists(),
+        fetcher.upload_books(&name, "json").exists(),
         "the cut left a checkpoint of the hash"
     );
 
@@ -96,16 +106,16 @@ async fn a_cut_upload_resumes_at_its_offset_and_ends_a_pinned_read_only_blob() {
     assert_eq!(
         wrong.await,
         Err(UploadError::Offset {
-            sha256: hex.clone(),
+            upload: name.clone(),
             held: cut as u64,
             asked: 0
         })
     );
 
     let rest = send(&fetcher, &weights, cut, &weights[cut..], None);
-    assert_eq!(rest.await, Ok(Uploaded::Stored));
+    assert_eq!(rest.await, Ok(stored(&weights)));
     assert_eq!(
-        fetcher.held(&hex).await,
+        fetcher.held(&name).await,
         Held::Stored {
             size: weights.len() as u64
         }
@@ -115,8 +125,8 @@ async fn a_cut_upload_resumes_at_its_offset_and_ends_a_pinned_read_only_blob() {
     let meta = std::fs::metadata(&blob).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o444);
     assert_eq!(meta.nlink(), 2, "the blob and its pin");
-    assert!(!fetcher.upload_path(&hex).exists());
-    assert!(!fetcher.upload_books(&hex, "json").exists());
+    assert!(!fetcher.upload_path(&name).exists());
+    assert!(!fetcher.upload_books(&name, "json").exists());
 
     let usage = fetcher.usage().await.unwrap();
     assert_eq!(
@@ -127,7 +137,7 @@ async fn a_cut_upload_resumes_at_its_offset_and_ends_a_pinned_read_only_blob() {
 
     // Again: nothing is read, it is stored.
     let again = send(&fetcher, &weights, 0, &weights, None);
-    assert_eq!(again.await, Ok(Uploaded::AlreadyStored));
+    assert_eq!(again.await, Ok(Uploaded::AlreadyStored { sha256: hex }));
 }
 
 #[tokio::test]
@@ -153,10 +163,10 @@ async fn bytes_of_another_digest_are_refused_and_nothing_is_kept() {
         panic!("bytes of another digest were taken");
     };
     assert_eq!(actual, sha(&other));
-    let hex = sha(&weights);
-    assert_eq!(fetcher.held(&hex).await, Held::Partial { offset: 0 });
-    assert!(!fetcher.blobs.path(&hex).exists());
-    assert!(!fetcher.upload_path(&hex).exists());
+    let name = named(&weights);
+    assert_eq!(fetcher.held(&name).await, Held::Partial { offset: 0 });
+    assert!(!fetcher.blobs.path(&sha(&weights)).exists());
+    assert!(!fetcher.upload_path(&name).exists());
 }
 
 #[tokio::test]
@@ -169,7 +179,10 @@ async fn two_uploads_of_one_digest_store_it_once() {
     );
     let mut ends = [a.unwrap(), b.unwrap()];
     ends.sort_by_key(|u| format!("{u:?}"));
-    assert_eq!(ends, [Uploaded::AlreadyStored, Uploaded::Stored]);
+    let already = Uploaded::AlreadyStored {
+        sha256: sha(&weights),
+    };
+    assert_eq!(ends, [already, stored(&weights)]);
     assert_eq!(
         std::fs::read(fetcher.blobs.path(&sha(&weights))).unwrap(),
         weights
@@ -180,8 +193,8 @@ async fn two_uploads_of_one_digest_store_it_once() {
 async fn a_pinned_blob_outlives_sweeps_and_dropped_copies_until_unpinned() {
     let (_models, fetcher) = store();
     let weights = bytes(7, 500_000);
-    let stored = send(&fetcher, &weights, 0, &weights, None);
-    assert_eq!(stored.await, Ok(Uploaded::Stored));
+    let ended = send(&fetcher, &weights, 0, &weights, None);
+    assert_eq!(ended.await, Ok(stored(&weights)));
     let model = uploaded_model("pushed", &[("model.safetensors", &weights)]);
     assert_eq!(fetcher.pin_uploaded(&model.files).await.unwrap(), None);
 
@@ -244,12 +257,12 @@ async fn an_upload_the_budget_cannot_hold_is_refused_before_a_byte_is_written() 
         Err(UploadError::LargerThanBudget { .. })
     ));
     let first = bytes(10, 700_000);
-    let stored = send(&fetcher, &first, 0, &first, None);
-    assert_eq!(stored.await, Ok(Uploaded::Stored));
+    let ended = send(&fetcher, &first, 0, &first, None);
+    assert_eq!(ended.await, Ok(stored(&first)));
     let second = bytes(11, 700_000);
     let refused = send(&fetcher, &second, 0, &second, None);
     assert!(matches!(refused.await, Err(UploadError::OverBudget { .. })));
-    assert!(!fetcher.upload_path(&sha(&second)).exists());
+    assert!(!fetcher.upload_path(&named(&second)).exists());
 }
 
 /// Locks by name, as PostgreSQL's advisory locks are: a lock taken twice
@@ -278,11 +291,11 @@ async fn an_upload_between_servers_of_one_volume_takes_locks_of_distinct_names()
     let (_models, fetcher) = store();
     let fetcher = fetcher.shared_locks(Arc::new(NamedLocks::default()));
     let weights = bytes(12, 100_000);
-    let stored = send(&fetcher, &weights, 0, &weights, None);
-    let stored = tokio::time::timeout(Duration::from_secs(20), stored).await;
+    let ended = send(&fetcher, &weights, 0, &weights, None);
+    let ended = tokio::time::timeout(Duration::from_secs(20), ended).await;
     assert_eq!(
-        stored.expect("no lock waits for its own holder"),
-        Ok(Uploaded::Stored)
+        ended.expect("no lock waits for its own holder"),
+        Ok(stored(&weights))
     );
 }
 
@@ -294,7 +307,7 @@ async fn bytes_held_past_the_blob_s_size_are_dropped_and_the_upload_starts_over(
     longer.extend_from_slice(&bytes(14, 50_000));
     // Sent under a wrong, larger Upload-Length, and cut.
     let lied = Upload {
-        sha256: sha(&weights),
+        name: named(&weights),
         size: longer.len() as u64,
         offset: 0,
     };
@@ -302,6 +315,66 @@ async fn bytes_held_past_the_blob_s_size_are_dropped_and_the_upload_starts_over(
         .upload(&lied, &mut body(&longer, Some(120_000)))
         .await;
     assert!(matches!(cut, Err(UploadError::Cut { .. })));
-    let stored = send(&fetcher, &weights, 0, &weights, None).await;
-    assert_eq!(stored, Ok(Uploaded::Stored));
+    let ended = send(&fetcher, &weights, 0, &weights, None).await;
+    assert_eq!(ended, Ok(stored(&weights)));
+}
+
+#[tokio::test]
+async fn an_upload_by_id_resumes_and_becomes_the_blob_of_the_digest_its_bytes_have() {
+    let (_models, fetcher) = store();
+    let weights = bytes(15, 2 << 20);
+    let id = UploadName::id("push-0123456789abcdef").unwrap();
+    let upload = |offset: usize| Upload {
+        name: id.clone(),
+        size: weights.len() as u64,
+        offset: offset as u64,
+    };
+    let cut = 700_001;
+    let first = fetcher
+        .upload(&upload(0), &mut body(&weights, Some(cut)))
+        .await;
+    assert!(matches!(first, Err(UploadError::Cut { offset, .. }) if offset == cut as u64));
+    assert_eq!(
+        fetcher.held(&id).await,
+        Held::Partial { offset: cut as u64 }
+    );
+    let wrong = fetcher.upload(&upload(0), &mut body(&weights, None)).await;
+    assert!(matches!(wrong, Err(UploadError::Offset { held, .. }) if held == cut as u64));
+    let rest = fetcher
+        .upload(&upload(cut), &mut body(&weights[cut..], None))
+        .await;
+    assert_eq!(rest, Ok(stored(&weights)));
+    assert_eq!(
+        std::fs::read(fetcher.blobs.path(&sha(&weights))).unwrap(),
+        weights
+    );
+    assert!(!fetcher.upload_path(&id).exists());
+    assert!(!fetcher.upload_books(&id, "json").exists());
+    assert_eq!(fetcher.held(&id).await, Held::Partial { offset: 0 });
+
+    // The same bytes again under another id: sent, and taken as the blob
+    // already stored, still one inode with its pin.
+    let again = Upload {
+        name: UploadName::id("push-fedcba9876543210").unwrap(),
+        ..upload(0)
+    };
+    let ended = fetcher.upload(&again, &mut body(&weights, None)).await;
+    assert_eq!(ended, Ok(stored(&weights)));
+    let meta = std::fs::metadata(fetcher.blobs.path(&sha(&weights))).unwrap();
+    assert_eq!(meta.nlink(), 2, "the blob and its pin");
+    assert!(!fetcher.upload_path(&again.name).exists());
+}
+
+#[test]
+fn an_upload_id_is_16_to_64_plain_characters() {
+    for (id, ok) in [
+        ("0123456789abcdef", true),
+        ("A-b_".repeat(16).as_str(), true),
+        ("0123456789abcde", false),
+        ("x".repeat(65).as_str(), false),
+        ("0123456789abcdef/..", false),
+        ("0123456789abcdef.tmp", false),
+    ] {
+        assert_eq!(UploadName::id(id).is_some(), ok, "{id}");
+    }
 }
