@@ -18,6 +18,7 @@ use berth::auth::{Role, new_token};
 
 use crate::support::cli::{expect_success, lossy, path};
 use crate::support::files::FileServer;
+use crate::support::proxy::{Proxy, upstream_of};
 use crate::support::server::{Backend, Berth};
 use crate::support::{bytes, eventually, model, on_both_backends, sha256_hex};
 
@@ -251,15 +252,72 @@ async fn uploads_resume_after_a_cut_and_refuse_other_bytes_and_offsets() {
         "{conflict}"
     );
 
-    // push goes on from the offset and registers.
-    let pushed = berth(&server.url, &["models", "push", path(&dir)]);
-    assert!(expect_success(&pushed).starts_with("registered model "));
+    // The rest from the offset held: stored.
+    let (status, stored) = put(&server, &weights, cut, weights[cut..].to_vec(), None).await;
+    assert_eq!(status, StatusCode::CREATED, "{stored}");
     assert_eq!(
         offset_of(&server, &hex, None).await,
         (StatusCode::OK, weights.len() as u64)
     );
+
+    // A push stopped halfway goes on, run again, from what the server
+    // holds of its upload (named by an id, as push hashes while it sends).
+    let slow = Proxy::capped(upstream_of(&server.url), Some(2 << 20)).await;
+    let weights = std::fs::read(dir.join("adapter_model.safetensors")).unwrap();
+    let mut stopped = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args([
+            "models",
+            "push",
+            path(&dir),
+            "--job-id",
+            "resumed",
+            "--server",
+        ])
+        .arg(format!("http://{}", slow.addr))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let uploads = server.model_dir(".blobs").join("uploads");
+    let held = || {
+        std::fs::read_dir(&uploads)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("id-push-"))
+            .map(|e| e.metadata().map_or(0, |m| m.len()))
+            .max()
+    };
+    eventually(
+        || "the stopped push's upload to hold 1 MiB".to_string(),
+        async || held().filter(|&n| n >= 1 << 20).map(drop),
+    )
+    .await;
+    stopped.kill().unwrap();
+    stopped.wait().unwrap();
+    drop(slow);
+    let pushed = berth(
+        &server.url,
+        &["models", "push", path(&dir), "--job-id", "resumed"],
+    );
+    assert!(expect_success(&pushed).starts_with("registered model "));
+    assert!(
+        lossy(&pushed.stderr).contains("adapter_model.safetensors: resuming its upload after the"),
+        "{}",
+        lossy(&pushed.stderr)
+    );
+    assert_eq!(held(), None, "the finished upload left no partial");
+    let pushed = berth(&server.url, &["models", "push", path(&dir)]);
+    assert!(expect_success(&pushed).starts_with("registered model "));
     let (_, models) = server.get("/v1/models").await;
-    let id = models["models"][0]["id"].as_i64().unwrap();
+    let id = models["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["job_id"] == "lora-run")
+        .unwrap()["id"]
+        .as_i64()
+        .unwrap();
     let (status, deployment) = server.deploy(id, "archive", json!({})).await;
     assert_eq!(status, StatusCode::OK, "{deployment}");
     let copy = server
@@ -286,6 +344,32 @@ async fn uploads_resume_after_a_cut_and_refuse_other_bytes_and_offsets() {
     );
     let expected = json!({"sha256": sha256_hex(&twin), "size_bytes": twin.len()});
     assert_eq!((a.1, b.1), (expected.clone(), expected));
+
+    // An upload by id: the answer names the sha256 the bytes have; an id
+    // that could be a path is refused.
+    let by_id = |id: &str| format!("{}/v1/blobs/uploads/{id}", server.url);
+    let fresh = bytes(24, 100_000);
+    let answer = server
+        .client()
+        .put(by_id("0123456789abcdef0123"))
+        .header("upload-length", fresh.len())
+        .body(fresh.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    let stored: Value = answer.json().await.unwrap();
+    assert_eq!(
+        stored,
+        json!({"sha256": sha256_hex(&fresh), "size_bytes": fresh.len()})
+    );
+    let refused = server
+        .client()
+        .head(by_id("..%2F..%2Fetc"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

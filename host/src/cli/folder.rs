@@ -304,6 +304,32 @@ pub fn hash(dir: &Path, files: &[Listed], done: &AtomicU64) -> anyhow::Result<Ve
 #[error("{0}")]
 pub struct Changed(String);
 
+impl Changed {
+    /// Refuses `file` if what was `read` of it is not its listed size, or
+    /// it looks changed between `before` and `after` the read.
+    pub fn check(
+        file: &Listed,
+        before: &std::fs::Metadata,
+        read: u64,
+        after: &std::fs::Metadata,
+    ) -> Result<(), Changed> {
+        let still = read == file.size
+            && after.len() == read
+            && before.modified().ok() == after.modified().ok();
+        if still {
+            return Ok(());
+        }
+        Err(Changed(format!(
+            "{}: it changed while it was read ({} when listed, {} read, {} now): it is still \
+             being written; register the folder once the run has finished writing it",
+            file.path,
+            crate::human::size(file.size),
+            crate::human::size(read),
+            crate::human::size(after.len())
+        )))
+    }
+}
+
 /// `file`'s size and sha256, refused if it is not what was listed or
 /// changes while it is read: a file still being written (a training run
 /// saving a checkpoint) would register bytes that are not its last.
@@ -332,19 +358,7 @@ fn hash_one(
         }
     }
     let after = std::fs::metadata(&path).with_context(cannot)?;
-    let still =
-        size == file.size && after.len() == size && before.modified().ok() == after.modified().ok();
-    if !still {
-        return Err(Changed(format!(
-            "{}: it changed while it was read ({} when listed, {} read, {} now): it is still \
-             being written; register the folder once the run has finished writing it",
-            file.path,
-            crate::human::size(file.size),
-            crate::human::size(size),
-            crate::human::size(after.len())
-        ))
-        .into());
-    }
+    Changed::check(file, &before, size, &after)?;
     Ok(Hashed {
         size,
         sha256: hex::encode(hasher.finalize()),

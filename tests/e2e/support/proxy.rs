@@ -4,8 +4,9 @@
 //! direction, and no connection is closed or refused, so the server hears
 //! nothing until it gives up by itself. Healed, connections made during the
 //! cut are closed and new ones go through. It counts the connections it
-//! accepts, and may cap each one's rate toward the client, as CDNs and
-//! object stores do (a registry's, to see a blob read over several).
+//! accepts, and may cap each one's rate each way, as CDNs and object
+//! stores do (a registry's, to see a blob read over several; an upload's,
+//! to stop it halfway).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,7 +31,7 @@ impl Proxy {
     }
 
     /// Forwards what reaches `addr` to `upstream`, sending at most
-    /// `bytes_per_s` on each connection toward the client.
+    /// `bytes_per_s` on each connection each way.
     pub async fn capped(upstream: SocketAddr, bytes_per_s: Option<u64>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -118,7 +119,7 @@ async fn forward(
             Some(rate) => {
                 let (mut from_client, mut to_client) = client.split();
                 let (mut from_server, mut to_server) = server.split();
-                let up = tokio::io::copy(&mut from_client, &mut to_server);
+                let up = throttled(&mut from_client, &mut to_server, rate);
                 let down = throttled(&mut from_server, &mut to_client, rate);
                 let _ = tokio::join!(up, down);
             }

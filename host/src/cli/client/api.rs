@@ -153,8 +153,8 @@ impl Api {
         self.answer(Method::PUT, path, request).await
     }
 
-    /// `HEAD` of an upload (`/v1/blobs/sha256:…`): whether the server
-    /// stores the blob, and how many bytes of it it holds.
+    /// `HEAD` of an upload (`/v1/blobs/sha256:…` or `/v1/blobs/uploads/ID`):
+    /// whether the server stores the blob, and how many bytes of it it holds.
     pub async fn upload_offset(&self, path: &str) -> Result<(bool, u64), Error> {
         let request = self.http.head(format!("{}{path}", self.server));
         let response = request.send().await.map_err(|e| self.unreachable(&e))?;
@@ -178,13 +178,14 @@ impl Api {
     }
 
     /// `PUT`s `body`, `len` bytes of an upload from `offset` on, of a blob
-    /// of `size` bytes: the answer's status, or the server's refusal.
+    /// of `size` bytes: the answer's status and text, or the server's
+    /// refusal.
     pub async fn upload(
         &self,
         path: &str,
         (size, offset, len): (u64, u64, u64),
         body: reqwest::Body,
-    ) -> Result<StatusCode, Error> {
+    ) -> Result<(StatusCode, String), Error> {
         let request = self
             .http
             .put(format!("{}{path}", self.server))
@@ -193,9 +194,7 @@ impl Api {
             .header(reqwest::header::CONTENT_LENGTH, len)
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .body(body);
-        self.send_for_status(&Method::PUT, path, request)
-            .await
-            .map(|(status, _)| status)
+        self.send_for_status(&Method::PUT, path, request).await
     }
 
     /// Sends `request`: its JSON answer read as `T`, or the server's

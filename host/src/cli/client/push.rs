@@ -1,26 +1,32 @@
 //! `berth models push DIR`: a training run's folder read as a registration
 //! (`run_folder`: the same choice of files, hashes and fields as
-//! `register`), its files uploaded through the server into its blob store
-//! (`PUT /v1/blobs/sha256:…`, each file the server lacks, from the offset
-//! the server holds), then registered with the source `upload:`. A cut
-//! upload is resumed at its offset, a few times in one run, and again by
-//! running the command again.
+//! `register`), its files uploaded through the server into its blob store,
+//! then registered with the source `upload:`. A file is read once: it is
+//! hashed as it is sent (`PUT /v1/blobs/uploads/ID`, the id from the
+//! file's identity), and the sha256 the server stored it as must be the
+//! one hashed here. A folder the server has registered already (same job
+//! id, paths and sizes) is hashed first instead, and only what the server
+//! lacks is sent (`PUT /v1/blobs/sha256:…`). A cut upload is resumed at its
+//! offset, a few times in one run, and again by running the command again.
 
-use std::io::SeekFrom;
+use std::io::{Read, SeekFrom};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use clap::Args;
 use futures::TryStreamExt;
+use sha2::{Digest, Sha256};
 use tokio::io::AsyncSeekExt;
+use tokio::sync::mpsc;
 
 use super::api::{Api, Error};
 use super::progress::Meter;
 use super::run_folder::{self, FolderArgs};
 use super::{Common, print_json};
-use crate::cli::folder::Listed;
+use crate::cli::folder::{Changed, Listed};
 use crate::http::json::{self, FileBody};
 use crate::model::UPLOADED;
 
@@ -38,50 +44,79 @@ pub async fn run(args: PushArgs) -> Result<(), Error> {
         .then(|| Api::new(&args.common.server, args.common.token.as_deref()))
         .transpose()?;
     let source = |_: &Path, _: &[Listed]| Ok(UPLOADED.to_string());
-    let read = run_folder::complete(&args.folder, api.as_ref(), &source).await?;
+    let digests = async |dir: &Path, files: &[Listed], registered: Option<i64>| match &api {
+        Some(api) if registered.is_none() => send_all(api, dir, files).await,
+        _ => run_folder::hashed(dir, files).await,
+    };
+    let read = run_folder::complete(&args.folder, api.as_ref(), &source, &digests).await?;
     let Some(api) = api else {
         print_json(&serde_json::to_value(&read.body).unwrap_or_default());
         return Ok(());
     };
-    let files = read.body.files.as_deref().unwrap_or_default();
-    upload_all(&api, &read.dir, files).await?;
+    if read.registered.is_some() {
+        let files = read.body.files.as_deref().unwrap_or_default();
+        let blobs = files.iter().filter_map(|file| {
+            Some(Blob {
+                path: file.path.as_deref()?,
+                size: file.size_bytes?,
+                sha256: Some(file.sha256.as_deref()?),
+            })
+        });
+        send(&api, &read.dir, blobs.collect()).await?;
+    }
     let answer = api.post::<json::Model>("/v1/models", &read.body).await?;
     run_folder::report(answer, read.registered, args.common.json);
     Ok(())
 }
 
-/// One blob to upload: a file of the folder, by its digest.
+/// One file to upload: its path in the folder, its size, and its sha256
+/// if it was hashed before (`None`: hashed as it is sent).
 struct Blob<'a> {
     path: &'a str,
     size: u64,
-    sha256: &'a str,
+    sha256: Option<&'a str>,
 }
 
-/// Uploads each blob of `files` (a digest once) the server does not store,
-/// one at a time, with a meter on stderr.
-async fn upload_all(api: &Api, dir: &Path, files: &[FileBody]) -> Result<(), Error> {
-    let mut blobs: Vec<Blob> = Vec::new();
-    for file in files {
-        let (Some(path), Some(size), Some(sha256)) = (&file.path, file.size_bytes, &file.sha256)
-        else {
-            continue;
-        };
-        if !blobs.iter().any(|b| b.sha256 == sha256) {
-            blobs.push(Blob { path, size, sha256 });
-        }
-    }
+/// Sends each of `files` hashed as it goes: their sizes and digests.
+async fn send_all(api: &Api, dir: &Path, files: &[Listed]) -> Result<Vec<FileBody>, Error> {
+    let blobs = files.iter().map(|file| Blob {
+        path: &file.path,
+        size: file.size,
+        sha256: None,
+    });
+    let digests = send(api, dir, blobs.collect()).await?;
+    Ok(files
+        .iter()
+        .zip(digests)
+        .map(|(file, sha256)| FileBody {
+            path: Some(file.path.clone()),
+            size_bytes: Some(file.size),
+            sha256: Some(sha256),
+        })
+        .collect())
+}
+
+/// Uploads `blobs` (a known digest once) one at a time, with a meter on
+/// stderr: the sha256 of each.
+async fn send(api: &Api, dir: &Path, mut blobs: Vec<Blob<'_>>) -> Result<Vec<String>, Error> {
+    let mut seen = std::collections::HashSet::new();
+    blobs.retain(|b| b.sha256.is_none_or(|sha256| seen.insert(sha256)));
     let total = blobs.iter().map(|b| b.size).sum();
     let meter = Meter::start(format!("uploading {} files", blobs.len()), total, true);
     let done = meter.done();
+    let mut digests = Vec::with_capacity(blobs.len());
     let mut result = Ok(());
     for blob in &blobs {
-        result = upload(api, dir, blob, &done).await;
-        if result.is_err() {
-            break;
+        match upload(api, dir, blob, &done).await {
+            Ok(sha256) => digests.push(sha256),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
         }
     }
     meter.finish().await;
-    result
+    result.map(|()| digests)
 }
 
 /// How many times one run resumes a blob whose upload was cut.
@@ -90,28 +125,50 @@ const ATTEMPTS: usize = 5;
 const PAUSE: Duration = Duration::from_secs(1);
 
 /// Uploads `blob` from the offset the server holds; resumes it there after
-/// a cut, up to `ATTEMPTS` times. Adds the bytes sent (and those the server
-/// held already) to `done`.
+/// a cut, up to `ATTEMPTS` times: the sha256 the server stored it as. Adds
+/// the bytes sent (and those the server held already) to `done`.
 async fn upload(
     api: &Api,
     dir: &Path,
     blob: &Blob<'_>,
     done: &Arc<AtomicU64>,
-) -> Result<(), Error> {
-    let url = format!("/v1/blobs/sha256:{}", blob.sha256);
-    let before = done.load(Ordering::Relaxed);
+) -> Result<String, Error> {
+    let path = dir.join(blob.path);
+    let cannot = |e: std::io::Error| Error::Invalid(format!("cannot read {}: {e}", path.display()));
+    let before = std::fs::metadata(&path).map_err(cannot)?;
+    let url = match blob.sha256 {
+        Some(sha256) => format!("/v1/blobs/sha256:{sha256}"),
+        None => format!("/v1/blobs/uploads/{}", upload_id(&path, &before)),
+    };
+    let start = done.load(Ordering::Relaxed);
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let (stored, offset) = api.upload_offset(&url).await?;
-        done.store(before + offset.min(blob.size), Ordering::Relaxed);
-        if stored {
-            return Ok(());
+        let (stored, held) = api.upload_offset(&url).await?;
+        if let (true, Some(sha256)) = (stored, blob.sha256) {
+            done.store(start + blob.size, Ordering::Relaxed);
+            return Ok(sha256.to_string());
         }
-        let body = from_offset(dir, blob, offset, done.clone()).await?;
+        // Bytes held past the size are no prefix of this file: the server
+        // starts such an upload over.
+        let offset = if held > blob.size { 0 } else { held };
+        if attempt == 1 && offset > 0 {
+            eprintln!(
+                "{}: resuming its upload after the {} the server holds",
+                blob.path,
+                crate::human::size(offset)
+            );
+        }
+        done.store(start + offset, Ordering::Relaxed);
+        let (body, hashing) = from_offset(&path, blob, offset, done.clone()).await?;
         let range = (blob.size, offset, blob.size - offset);
         match api.upload(&url, range, body).await {
-            Ok(status) if status != reqwest::StatusCode::ACCEPTED => return Ok(()),
+            Ok((status, answer)) if status != reqwest::StatusCode::ACCEPTED => {
+                let Some(hashing) = hashing else {
+                    return Ok(blob.sha256.unwrap_or_default().to_string());
+                };
+                return checked(blob, &path, &before, hashing, &answer).await;
+            }
             // The body ended early, or was cut (the server keeps what came
             // and says where to go on), or another upload of the same bytes
             // moved the offset: ask again.
@@ -134,6 +191,64 @@ async fn upload(
     }
 }
 
+/// The sha256 of a blob sent as it was hashed: the one the server's
+/// `answer` names, if it is the one hashed here and the file did not
+/// change while it was read.
+async fn checked(
+    blob: &Blob<'_>,
+    path: &Path,
+    before: &std::fs::Metadata,
+    hashing: tokio::task::JoinHandle<std::io::Result<Hashed>>,
+    answer: &str,
+) -> Result<String, Error> {
+    let cannot = |e: std::io::Error| Error::Invalid(format!("cannot read {}: {e}", path.display()));
+    let ours = hashing
+        .await
+        .map_err(|e| Error::Invalid(e.to_string()))?
+        .map_err(cannot)?;
+    let after = std::fs::metadata(path).map_err(cannot)?;
+    let listed = Listed {
+        path: blob.path.to_string(),
+        size: blob.size,
+    };
+    Changed::check(&listed, before, ours.read, &after)
+        .map_err(|e| Error::Unfinished(e.to_string()))?;
+    let theirs: json::Blob = serde_json::from_str(answer).map_err(|_| {
+        Error::Invalid(format!(
+            "{}: the server's answer to its upload names no sha256 (is it a berth server of this \
+             version?)",
+            blob.path
+        ))
+    })?;
+    if theirs.sha256 != ours.sha256 {
+        return Err(Error::Invalid(format!(
+            "{}: the server stored it as sha256 {}, but it hashes to {} here: bytes were changed \
+             on the way; push again",
+            blob.path, theirs.sha256, ours.sha256
+        )));
+    }
+    Ok(ours.sha256)
+}
+
+/// The id of the upload of the file at `path`: the same while the file is,
+/// so that a run again resumes what a cut left, and another for a file
+/// changed or replaced.
+fn upload_id(path: &Path, meta: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let identity = format!(
+        "{}\0{}\0{}\0{}\0{}.{}",
+        path.display(),
+        meta.dev(),
+        meta.ino(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec()
+    );
+    let digest = hex::encode(Sha256::digest(identity.as_bytes()));
+    format!("push-{}", &digest[..32])
+}
+
 /// After an upload from `offset` broke off: the server's refusal, if it
 /// took no byte and closed the connection on a body too large to read to
 /// its end before answering (a full budget, say). An empty body is
@@ -148,24 +263,92 @@ async fn refusal(api: &Api, url: &str, blob: &Blob<'_>, offset: u64) -> Result<(
     }
 }
 
-/// The file of `blob` as a request body from `offset` on, counting what is
-/// read into `done`.
+/// What the hashing of a sent file came to.
+struct Hashed {
+    sha256: String,
+    /// The bytes hashed: the file's size unless it changed.
+    read: u64,
+}
+
+/// The file at `path` as a request body from `offset` on, counting what is
+/// read into `done`; and, for a blob not hashed before, the hashing of it
+/// as it is sent (its first `offset` bytes read from the file).
 async fn from_offset(
-    dir: &Path,
+    path: &Path,
     blob: &Blob<'_>,
     offset: u64,
     done: Arc<AtomicU64>,
-) -> Result<reqwest::Body, Error> {
-    let path = dir.join(blob.path);
+) -> Result<
+    (
+        reqwest::Body,
+        Option<tokio::task::JoinHandle<std::io::Result<Hashed>>>,
+    ),
+    Error,
+> {
     let cannot = |e: std::io::Error| Error::Invalid(format!("cannot read {}: {e}", path.display()));
-    let mut file = tokio::fs::File::open(&path).await.map_err(cannot)?;
+    let mut file = tokio::fs::File::open(path).await.map_err(cannot)?;
     file.seek(SeekFrom::Start(offset)).await.map_err(cannot)?;
     let chunks =
         tokio_util::io::ReaderStream::with_capacity(file, READ_CHUNK).inspect_ok(move |chunk| {
             done.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         });
-    Ok(reqwest::Body::wrap_stream(chunks))
+    if blob.sha256.is_some() {
+        return Ok((reqwest::Body::wrap_stream(chunks), None));
+    }
+    let (to_hash, chunks_sent) = mpsc::channel::<Bytes>(HASH_QUEUE);
+    let hashing = tokio::task::spawn_blocking({
+        let (path, size) = (path.to_path_buf(), blob.size);
+        move || hash_sent(&path, offset, size, chunks_sent)
+    });
+    let chunks = chunks.and_then(move |chunk| {
+        let to_hash = to_hash.clone();
+        async move {
+            // A hash that stopped (the file unreadable) is said by its end.
+            let _ = to_hash.send(chunk.clone()).await;
+            Ok(chunk)
+        }
+    });
+    Ok((reqwest::Body::wrap_stream(chunks), Some(hashing)))
 }
+
+/// Hashes the first `offset` bytes of `path`, then the chunks sent, until
+/// `size` bytes or the end of the chunks.
+fn hash_sent(
+    path: &Path,
+    offset: u64,
+    size: u64,
+    mut sent: mpsc::Receiver<Bytes>,
+) -> std::io::Result<Hashed> {
+    let mut hasher = Sha256::new();
+    let mut prefix = std::fs::File::open(path)?.take(offset);
+    let mut buffer = vec![0; READ_CHUNK];
+    let mut read = 0;
+    loop {
+        match prefix.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => {
+                hasher.update(&buffer[..n]);
+                read += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    while read < size
+        && let Some(chunk) = sent.blocking_recv()
+    {
+        hasher.update(&chunk);
+        read += chunk.len() as u64;
+    }
+    Ok(Hashed {
+        sha256: hex::encode(hasher.finalize()),
+        read,
+    })
+}
+
+/// Chunks sent but not yet hashed: a few MiB, so the send never waits on
+/// the hash unless the hash is the slower.
+const HASH_QUEUE: usize = 8;
 
 /// Bytes read from a file per chunk of the body: large enough that reads
 /// and writes are few, small enough that memory stays flat.

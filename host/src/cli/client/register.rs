@@ -38,7 +38,8 @@ pub async fn run(args: RegisterArgs) -> Result<(), Error> {
         .then(|| Api::new(&args.common.server, args.common.token.as_deref()))
         .transpose()?;
     let source = |dir: &Path, files: &[Listed]| source_of(&args, dir, files);
-    let mut read = run_folder::complete(&args.folder, api.as_ref(), &source).await?;
+    let digests = async |dir: &Path, files: &[Listed], _| run_folder::hashed(dir, files).await;
+    let mut read = run_folder::complete(&args.folder, api.as_ref(), &source, &digests).await?;
     read.body.check_source = args.no_check_source.then_some(false);
     let Some(api) = api else {
         print_json(&serde_json::to_value(&read.body).unwrap_or_default());

@@ -1,7 +1,8 @@
 //! A training run's folder read as a registration, for `berth models
 //! register` and `berth models push`: the flags that choose its files and
 //! fill its fields (`FolderArgs`), the folder listed, its files chosen
-//! (`choose`), hashed and its PEFT and Trainer files read (`training`),
+//! (`choose`), hashed (by the caller's `digests`: `hashed` here, or on
+//! the way to the server) and its PEFT and Trainer files read (`training`),
 //! looked at again while it is still being written (`--wait`). What it
 //! leaves out of the folder is named on stderr. Where the files come from
 //! is the caller's (`Source`).
@@ -102,15 +103,20 @@ pub struct FolderArgs {
 
 /// `body_of`, looked at again while the folder is still being written and
 /// `--wait` says to wait for it (at most `MAX_WAIT`).
+///
+/// `digests` gives the chosen files' sizes and digests, from the folder,
+/// the files, and the model the job id names already with these files, if
+/// any.
 pub(super) async fn complete(
     args: &FolderArgs,
     api: Option<&Api>,
     source: &Source<'_>,
+    digests: &impl AsyncFn(&Path, &[Listed], Option<i64>) -> Result<Vec<FileBody>, Error>,
 ) -> Result<Registration, Error> {
     let started = std::time::Instant::now();
     let mut said = false;
     loop {
-        match body_of(args, api, source).await {
+        match body_of(args, api, source, digests).await {
             Err(Error::Unfinished(why)) if args.wait && started.elapsed() < MAX_WAIT => {
                 if !said {
                     eprintln!("waiting: {why}");
@@ -135,13 +141,14 @@ const MAX_WAIT: Duration = Duration::from_secs(3600);
 const LOOK_AGAIN: Duration = Duration::from_secs(2);
 
 /// The registration of `args.dir`: listed, chosen, hashed, read, flags on
-/// top, its source from `source` (asked before any hashing); and the model its job id names on `api` already, if any, whose
-/// files the listing matches (one that does not is refused before any
-/// hashing).
+/// top, its source from `source` (asked before any hashing); and the model
+/// its job id names on `api` already, if any, whose files the listing
+/// matches (one that does not is refused before any hashing).
 async fn body_of(
     args: &FolderArgs,
     api: Option<&Api>,
     source: &Source<'_>,
+    digests: &impl AsyncFn(&Path, &[Listed], Option<i64>) -> Result<Vec<FileBody>, Error>,
 ) -> Result<Registration, Error> {
     let (dir, folder_name) = match &args.checkpoint {
         Some(wanted) => {
@@ -208,7 +215,7 @@ async fn body_of(
         _ => None,
     };
     let source = source(&dir, &listing.files)?;
-    let files = hashed(&dir, &listing).await?;
+    let files = digests(&dir, &listing.files, registered).await?;
     let found = training::of_folder(&dir, &every_file, &listing.files);
     for note in &found.notes {
         eprintln!("note: {note}");
@@ -459,15 +466,11 @@ fn signature_of(
 
 /// Every listed file with its size and sha256, hashed off the async
 /// threads; a line on a terminal shows how far it is.
-async fn hashed(dir: &Path, listing: &Listing) -> Result<Vec<FileBody>, Error> {
-    let total: u64 = listing.files.iter().map(|f| f.size).sum();
-    let meter = Meter::start(
-        format!("hashing {} files", listing.files.len()),
-        total,
-        false,
-    );
+pub(super) async fn hashed(dir: &Path, files: &[Listed]) -> Result<Vec<FileBody>, Error> {
+    let total: u64 = files.iter().map(|f| f.size).sum();
+    let meter = Meter::start(format!("hashing {} files", files.len()), total, false);
     let done = meter.done();
-    let (dir, files) = (dir.to_path_buf(), listing.files.clone());
+    let (dir, files) = (dir.to_path_buf(), files.to_vec());
     let counter = done.clone();
     let result = tokio::task::spawn_blocking(move || {
         folder::hash(&dir, &files, &counter).map(|hashed| (files, hashed))
