@@ -5,9 +5,10 @@
 //! resident memory meanwhile. The baseline is that endpoint, not a plain
 //! sink: the server's work (hash as the bytes arrive, write, fsync, store)
 //! is the same for both, so the ratio is what the client costs. push's time
-//! is the whole command: it also hashes the file first (a registration
-//! records each sha256, and the URL names it), which curl is handed; a
-//! third row gives curl the same work, `openssl dgst -sha256` (SHA-NI, as
+//! is the whole command: it hashes the file as it sends it (a registration
+//! records each sha256; the upload is named by an id, and the server's
+//! sha256 is checked against push's own), where curl is handed the digest;
+//! a third row gives curl push's work, `openssl dgst -sha256` (SHA-NI, as
 //! berth's hash) before `curl -T`.
 
 use std::process::Command;
@@ -84,7 +85,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
         ctx.big_gib, ctx.rounds
     ));
     table.row(
-        "berth models push DIR (hash, upload, register)",
+        "berth models push DIR (hash while uploading, register)",
         secs(push),
         format!(
             "{} · server peak RSS {} MiB",
