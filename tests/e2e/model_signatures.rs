@@ -324,3 +324,143 @@ async fn what_a_deployment_publishes_is_signed_and_the_reference_tool_verifies_i
     std::fs::write(&published, bytes).unwrap();
     assert!(!verify().status.success(), "a changed file still verified");
 }
+
+/// With --publish-signing-key, an artifact a deployment pushed to an oci
+/// target gets its signature attached as an OCI referrer: listed under the
+/// referrers tag `sha256-HEX` of its manifest (the CNCF registry 2.x has no
+/// referrers API), its layer the `model.sig` that the reference tool
+/// verifies over the artifact's files as a consumer pulls them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oci_artifact_gets_its_signature_as_a_referrer_the_reference_tool_verifies() {
+    let Some(tool) = reference_tool() else {
+        return;
+    };
+    let registry = crate::support::registry::Registry::with_login();
+    let temp = TempDir::new().unwrap();
+    let sources = temp.path().join("sources.toml");
+    std::fs::write(
+        &sources,
+        format!(
+            "[[target]]\nname = \"registry\"\nurl = \"oci://{}/models/\"\n\
+             options = {{ username = \"{}\", password = \"${{REGISTRY_PASSWORD}}\" }}\n",
+            registry.host,
+            crate::support::registry::USER
+        ),
+    )
+    .unwrap();
+    let files = crate::support::files::FileServer::start().await;
+    let server = Berth::options(Backend::Sqlite)
+        .plugin("oci-publish", plugins::example("oci-publish"))
+        .plugins_file("oci-publish.toml", "targets = [\"registry\"]\n")
+        .arg(&format!("--sources-file={}", path(&sources)))
+        .arg(&format!(
+            "--publish-signing-key={}",
+            path(&signing("key-p256.pem"))
+        ))
+        .env("REGISTRY_PASSWORD", crate::support::registry::PASSWORD)
+        .start()
+        .await;
+    let contents = crate::support::adapter_files();
+    let id = server
+        .register(&crate::support::model(&files, "job-oci-signed", &contents))
+        .await;
+    let (status, deployment) = server.deploy(id, "oci-publish", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+    assert_eq!(deployment["status"], "completed", "{deployment}");
+    let reference = deployment["ref"].as_str().unwrap();
+    let subject = reference.rsplit_once("@sha256:").unwrap().1.to_string();
+    let last = deployment["published"].as_array().unwrap().last().unwrap();
+    assert_eq!(
+        last["key"],
+        "job-oci-signed-adapter:job-oci-signed/model.sig"
+    );
+    assert!(
+        server
+            .deployment_log(&deployment["id"])
+            .await
+            .contains("signed the 3 file(s) of oci://"),
+        "the artifact's three layers"
+    );
+
+    // What a consumer does: the referrers of the manifest, the signature
+    // among them, the files by their titles.
+    let repo = format!("{}models/job-oci-signed-adapter", registry.api());
+    let http = reqwest::Client::new();
+    let get = |url: String, accept: &'static str| {
+        http.get(url)
+            .basic_auth(
+                crate::support::registry::USER,
+                Some(crate::support::registry::PASSWORD),
+            )
+            .header("accept", accept)
+            .send()
+    };
+    let index: Value = get(
+        format!("{repo}/manifests/sha256-{subject}"),
+        "application/vnd.oci.image.index.v1+json",
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let referrers = index["manifests"].as_array().unwrap();
+    assert_eq!(referrers.len(), 1, "{index}");
+    assert_eq!(
+        referrers[0]["artifactType"],
+        "application/vnd.dev.sigstore.bundle.v0.3+json"
+    );
+    let manifest = "application/vnd.oci.image.manifest.v1+json";
+    let signature: Value = get(
+        format!(
+            "{repo}/manifests/{}",
+            referrers[0]["digest"].as_str().unwrap()
+        ),
+        manifest,
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(signature["subject"]["digest"], format!("sha256:{subject}"));
+    let artifact: Value = get(format!("{repo}/manifests/sha256:{subject}"), manifest)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let pulled = temp.path().join("pulled");
+    std::fs::create_dir(&pulled).unwrap();
+    let layers = artifact["layers"].as_array().unwrap();
+    for layer in layers.iter().chain(signature["layers"].as_array().unwrap()) {
+        let title = layer["annotations"]["org.opencontainers.image.title"]
+            .as_str()
+            .unwrap();
+        let url = format!("{repo}/blobs/{}", layer["digest"].as_str().unwrap());
+        let bytes = get(url, "*/*").await.unwrap().bytes().await.unwrap();
+        let to = pulled.join(title);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::write(to, bytes).unwrap();
+    }
+    let verify = || {
+        Command::new(&tool)
+            .args(["verify", "key", "--public_key"])
+            .arg(signing("key-p256.pub.pem"))
+            .arg("--signature")
+            .arg(pulled.join("model.sig"))
+            .arg(&pulled)
+            .output()
+            .unwrap()
+    };
+    let verified = verify();
+    assert!(
+        verified.status.success(),
+        "model_signing refused the attached signature: {}{}",
+        lossy(&verified.stdout),
+        lossy(&verified.stderr)
+    );
+    // It covers the artifact's files: one more, and the tool refuses it.
+    std::fs::write(pulled.join("extra.bin"), b"not in the artifact").unwrap();
+    assert!(!verify().status.success(), "an extra file still verified");
+}

@@ -47,6 +47,10 @@ pub struct Manifest {
     pub config: Descriptor,
     #[serde(default)]
     pub layers: Vec<Descriptor>,
+    /// The manifest this one is about (a signature's, say): OCI 1.1's
+    /// referrers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<Descriptor>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
@@ -57,6 +61,9 @@ pub struct Descriptor {
     pub media_type: String,
     pub digest: String,
     pub size: u64,
+    /// In an index of referrers: the artifact type of the manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_type: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }

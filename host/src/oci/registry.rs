@@ -19,7 +19,7 @@ use crate::causes::innermost;
 use crate::redirects::{self, MAX_REDIRECTS, Stopped};
 
 /// Registries refuse manifests over 4 MiB; so does berth, before reading more.
-const MAX_MANIFEST: usize = 4 << 20;
+pub(crate) const MAX_MANIFEST: usize = 4 << 20;
 
 /// Why a request to a registry did not give what was asked: no answer at
 /// all (worth another try), or an answer berth cannot use. Says which
@@ -490,7 +490,7 @@ fn challenge_params(text: &str) -> HashMap<String, String> {
 }
 
 /// A body read whole, refused past `limit` bytes.
-async fn limited(mut response: Response, limit: usize) -> Result<Vec<u8>, String> {
+pub(crate) async fn limited(mut response: Response, limit: usize) -> Result<Vec<u8>, String> {
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.map_err(|e| innermost(&e))? {
         if body.len() + chunk.len() > limit {

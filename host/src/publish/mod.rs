@@ -334,6 +334,47 @@ impl Publisher {
             .collect())
     }
 
+    /// Attaches `signature` (an OpenSSF model signature) to the artifact
+    /// whose manifest `finish` wrote (`manifest`, its receipt), as its OCI
+    /// referrer: the receipt of the signature's manifest. Only an oci
+    /// target keeps one thing with another; any other refuses.
+    pub async fn attach(
+        &self,
+        manifest: &Receipt,
+        signature: bytes::Bytes,
+        cancel: &CancellationToken,
+    ) -> Result<Receipt, Error> {
+        let subject = &self.inner.subject;
+        let Backend::Oci(registry) = &self.inner.backend else {
+            return Err(subject.refused(
+                "a signature",
+                "only an oci target keeps a signature with what it signs",
+            ));
+        };
+        let key = Key::parse(&manifest.key).map_err(|reason| Error::Key {
+            target: subject.target.clone(),
+            reason,
+        })?;
+        let (url, put) = registry
+            .refer(
+                subject,
+                &key,
+                (&manifest.sha256, manifest.bytes),
+                signature,
+                cancel,
+            )
+            .await
+            .map_err(|e| e.scrubbed(&subject.scrubber))?;
+        Ok(Receipt {
+            target: subject.target.clone(),
+            key: format!("{}/{}", manifest.key, crate::signing::SIGNATURE_FILE),
+            url,
+            bytes: put.bytes,
+            sha256: put.sha256,
+            etag: put.etag,
+        })
+    }
+
     /// The object at `key`, if there is one; on an oci target, the layer
     /// titled PATH in the manifest `REPO:TAG` as the registry has it
     /// (`etag`: its digest), not one still pending.

@@ -3,8 +3,11 @@
 //! `http(s)://` or `s3://` target it put files into gets a `model.sig`
 //! (OpenSSF model signing, the key method) in the folder those files share,
 //! covering exactly them, so a consumer checks what arrived with
-//! `model_signing verify key`. The key stays here, like target
-//! credentials: the plugin never sees it, and cannot sign anything else.
+//! `model_signing verify key`. On an `oci://` target each artifact written
+//! (`REPO:TAG`) gets its signature attached, an OCI referrer of its
+//! manifest covering its layers (`publish::Publisher::attach`). The key
+//! stays here, like target credentials: the plugin never sees it, and
+//! cannot sign anything else.
 //! A `model.sig` the deployer put itself is not covered and is replaced:
 //! the host's signature is the one that vouches for the deployment.
 
@@ -22,8 +25,7 @@ use crate::signing::{self, SIGNATURE_FILE, SigningKey};
 use crate::targets::{Kind, Targets};
 
 impl Runtime {
-    /// What deployments publish to file, http and s3 targets is signed
-    /// with `key`.
+    /// What deployments publish is signed with `key`.
     pub fn signing_key(mut self, key: Option<SigningKey>) -> Self {
         self.signing_key = key.map(Arc::new);
         self
@@ -67,14 +69,30 @@ async fn sign_published(
     cancel: &CancellationToken,
 ) -> Result<(), String> {
     let mut by_target: BTreeMap<&str, Vec<&Receipt>> = BTreeMap::new();
+    let mut artifacts: Vec<(&Receipt, Vec<&Receipt>)> = Vec::new();
     for receipt in published {
-        let signable = targets
-            .get(&receipt.target)
-            .is_some_and(|t| matches!(t.kind(), Kind::File | Kind::Http { .. } | Kind::S3 { .. }));
+        let kind = targets.get(&receipt.target).map(|t| t.kind());
         let is_signature = receipt.key.rsplit('/').next() == Some(SIGNATURE_FILE);
-        if signable && !is_signature {
-            by_target.entry(&receipt.target).or_default().push(receipt);
+        match kind {
+            _ if is_signature => {}
+            Some(Kind::File | Kind::Http { .. } | Kind::S3 { .. }) => {
+                by_target.entry(&receipt.target).or_default().push(receipt);
+            }
+            // An oci target's manifest receipts (`REPO:TAG`) come after the
+            // puts of their layers (`REPO:TAG/PATH`).
+            Some(Kind::Oci { .. }) if !receipt.key.contains('/') => {
+                let prefix = format!("{}/", receipt.key);
+                let layers = published
+                    .iter()
+                    .filter(|r| r.target == receipt.target && r.key.starts_with(&prefix))
+                    .collect();
+                artifacts.push((receipt, layers));
+            }
+            _ => {}
         }
+    }
+    for (manifest, layers) in artifacts {
+        attach(key, publishers, manifest, &layers, &reporter, cancel).await?;
     }
     for (target, receipts) in by_target {
         let (folder, files) = folder_of(&receipts);
@@ -113,6 +131,58 @@ async fn sign_published(
             key.key_id()
         ));
     }
+    Ok(())
+}
+
+/// Signs the layers of the artifact whose manifest `manifest` is, and
+/// attaches the signature to it on its oci target, reporting it like any
+/// put.
+async fn attach(
+    key: &SigningKey,
+    publishers: &Publishers,
+    manifest: &Receipt,
+    layers: &[&Receipt],
+    reporter: &Arc<dyn Reporter>,
+    cancel: &CancellationToken,
+) -> Result<(), String> {
+    let target = &manifest.target;
+    // Each layer by its title, the path a consumer pulls it to; the last
+    // put of a path wins, as in the manifest.
+    let mut latest: BTreeMap<&str, &Receipt> = BTreeMap::new();
+    for layer in layers {
+        latest.insert(&layer.key[manifest.key.len() + 1..], layer);
+    }
+    let files: Vec<ModelFile> = latest
+        .into_iter()
+        .map(|(path, r)| ModelFile {
+            path: path.to_string(),
+            size_bytes: r.bytes,
+            sha256: Some(r.sha256.clone()),
+            format: None,
+        })
+        .collect();
+    let name = manifest.key.replace(':', "-");
+    let bundle = signing::sign(key, &name, &files).map_err(|e| {
+        format!(
+            "signing the artifact {} of target {target:?}: {e}",
+            manifest.key
+        )
+    })?;
+    let publisher = publishers
+        .get(target)
+        .map_err(|e| format!("target {target:?}: {e}"))?;
+    let receipt = publisher
+        .attach(manifest, bundle.into(), cancel)
+        .await
+        .map_err(|e| format!("attaching the signature of {}: {e}", manifest.key))?;
+    reporter.published(&receipt);
+    reporter.host_line(&format!(
+        "signed the {} file(s) of {} and attached the signature: {} (key sha256:{})",
+        files.len(),
+        manifest.url,
+        receipt.url,
+        key.key_id()
+    ));
     Ok(())
 }
 

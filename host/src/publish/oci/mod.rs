@@ -16,6 +16,7 @@
 
 pub(super) mod pending;
 mod place;
+mod referrer;
 mod upload;
 
 use std::collections::BTreeMap;
@@ -137,78 +138,29 @@ impl Registry {
         let key = format!("{}:{}", manifest.repo, manifest.tag);
         let what = format!("the manifest {key}");
         let repository = manifest.repository.as_str();
-        let config = super::sha256_hex(EMPTY_JSON);
         // For the log lines of the config's blob.
         let named = Key::parse(&key).expect("REPO:TAG of a checked key is a key");
-        let never = |_: u64| {};
-        self.push_blob(
-            subject,
-            &what,
-            (&named, repository),
-            (EMPTY_JSON.len() as u64, &config),
-            &Content::Bytes(Bytes::from_static(EMPTY_JSON)),
-            None,
-            &Tally::new(&never),
-            cancel,
-        )
-        .await?;
-        let mut annotations = BTreeMap::new();
-        annotations.insert(
-            CREATED.to_string(),
-            humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
-        );
+        let config = self
+            .empty_config(subject, &what, (&named, repository), cancel)
+            .await?;
         let body = Manifest {
             schema_version: 2,
             media_type: Some(OCI_MANIFEST.to_string()),
             artifact_type: Some(ARTIFACT_TYPE.to_string()),
-            config: Descriptor {
-                media_type: EMPTY_CONFIG.to_string(),
-                digest: format!("sha256:{config}"),
-                size: EMPTY_JSON.len() as u64,
-                annotations: BTreeMap::new(),
-            },
+            config,
             layers: manifest
                 .layers
                 .iter()
                 .filter_map(|l| l.descriptor.clone())
                 .collect(),
-            annotations,
+            subject: None,
+            annotations: created_now(),
         };
         let body = Bytes::from(serde_json::to_vec(&body).expect("a manifest is JSON"));
-        let digest = super::sha256_hex(&body);
-        let url = self
-            .client
-            .url(repository, &format!("manifests/{}", manifest.tag));
-        let answer = self
-            .request(subject, &what, repository, cancel, |http| {
-                http.put(url.clone())
-                    .header(CONTENT_TYPE, OCI_MANIFEST)
-                    .body(body.clone())
-            })
-            .await
-            .map_err(|failed| match failed {
-                Failed::Stop(e) => e,
-                Failed::Again(why) => said(subject, &what, why),
-            })?;
-        if answer.status() != StatusCode::CREATED {
-            return Err(
-                match self.answered(subject, &what, repository, answer).await {
-                    Failed::Stop(e) => e,
-                    Failed::Again(why) => said(subject, &what, why),
-                },
-            );
-        }
-        if let Some(said) = answer
-            .headers()
-            .get("docker-content-digest")
-            .and_then(|v| v.to_str().ok())
-            && said != format!("sha256:{digest}")
-        {
-            return Err(subject.refused(
-                &what,
-                format!("the registry stored it as {said}, not the sha256:{digest} sent"),
-            ));
-        }
+        let at = (repository, manifest.tag.as_str());
+        let (digest, _) = self
+            .put_manifest(subject, &what, at, (OCI_MANIFEST, &body), cancel)
+            .await?;
         let reference = self.reference(repository, &manifest.tag, Some(&digest));
         Ok((
             key,
@@ -219,6 +171,85 @@ impl Registry {
                 sha256: digest,
             },
         ))
+    }
+
+    /// Makes the empty config (`{}`) that artifacts use present in
+    /// `repository`: its descriptor. `key` names it in log lines.
+    async fn empty_config(
+        &self,
+        subject: &Subject,
+        what: &str,
+        (key, repository): (&Key, &str),
+        cancel: &CancellationToken,
+    ) -> Result<Descriptor, Error> {
+        let config = super::sha256_hex(EMPTY_JSON);
+        let never = |_: u64| {};
+        self.push_blob(
+            subject,
+            what,
+            (key, repository),
+            (EMPTY_JSON.len() as u64, &config),
+            &Content::Bytes(Bytes::from_static(EMPTY_JSON)),
+            None,
+            &Tally::new(&never),
+            cancel,
+        )
+        .await?;
+        Ok(Descriptor {
+            media_type: EMPTY_CONFIG.to_string(),
+            digest: format!("sha256:{config}"),
+            size: EMPTY_JSON.len() as u64,
+            artifact_type: None,
+            annotations: BTreeMap::new(),
+        })
+    }
+
+    /// PUTs `body`, a manifest or index of `media_type`, at `reference` (a
+    /// tag or `sha256:…`) of `repository`: its sha256, once the registry
+    /// created it and stored it as that, and the answer's headers.
+    async fn put_manifest(
+        &self,
+        subject: &Subject,
+        what: &str,
+        (repository, reference): (&str, &str),
+        (media_type, body): (&str, &Bytes),
+        cancel: &CancellationToken,
+    ) -> Result<(String, reqwest::header::HeaderMap), Error> {
+        let digest = super::sha256_hex(body);
+        let url = self
+            .client
+            .url(repository, &format!("manifests/{reference}"));
+        let answer = self
+            .request(subject, what, repository, cancel, |http| {
+                http.put(url.clone())
+                    .header(CONTENT_TYPE, media_type)
+                    .body(body.clone())
+            })
+            .await
+            .map_err(|failed| match failed {
+                Failed::Stop(e) => e,
+                Failed::Again(why) => said(subject, what, why),
+            })?;
+        if answer.status() != StatusCode::CREATED {
+            return Err(
+                match self.answered(subject, what, repository, answer).await {
+                    Failed::Stop(e) => e,
+                    Failed::Again(why) => said(subject, what, why),
+                },
+            );
+        }
+        if let Some(said) = answer
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|v| v.to_str().ok())
+            && said != format!("sha256:{digest}")
+        {
+            return Err(subject.refused(
+                what,
+                format!("the registry stored it as {said}, not the sha256:{digest} sent"),
+            ));
+        }
+        Ok((digest, answer.headers().clone()))
     }
 
     /// Sends what `build` makes for `repository` with push access; a
@@ -344,6 +375,7 @@ impl Destination for Registry {
             media_type,
             digest: format!("sha256:{sha256}"),
             size: bytes,
+            artifact_type: None,
             annotations,
         });
         Ok((
@@ -440,6 +472,13 @@ fn said(subject: &Subject, what: &str, e: crate::oci::Error) -> Error {
         crate::oci::Error::Unreachable(e) => subject.unreachable(what, e),
         crate::oci::Error::Answered(e) => subject.refused(what, e),
     }
+}
+
+/// The annotations of a manifest written now: when, as OCI annotates
+/// images (RFC 3339).
+fn created_now() -> BTreeMap<String, String> {
+    let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+    BTreeMap::from([(CREATED.to_string(), now)])
 }
 
 /// A layer's media type for bytes put with `content_type`: its
