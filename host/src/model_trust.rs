@@ -1,13 +1,14 @@
 //! Whom this server trusts to have signed models, and what it does with a
 //! model's signature: the policy (`--model-signatures off|record|require`)
-//! and the signers (`--model-signer PEM`: a public key, or CA
-//! certificates). A registration's `model.sig` is verified here against
+//! and the signers (`--model-signer FILE`: a PEM public key, PEM CA
+//! certificates, or a Sigstore signer: a TOML file naming a trusted root,
+//! an identity and an issuer). A registration's `model.sig` is verified here against
 //! the files it records (`signing::verify`, no byte read again) and the
 //! outcome kept as the model's `Signature`; the admission gate asks
 //! `allows` before any deployment is recorded. Knows nothing of HTTP or
 //! of the records' storage.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::model::{ModelFile, Signature, TrainedModel};
 use crate::signing::{self, Trust};
@@ -15,6 +16,37 @@ use crate::signing::{self, Trust};
 /// The most bytes of a `model.sig` looked at: the reference tool's for a
 /// model of thousands of files is some hundreds of KiB.
 pub const MAX_SIGNATURE_BYTES: usize = 4 << 20;
+
+/// A Sigstore (keyless) signer, as a `--model-signer` TOML file names it.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SigstoreSigner {
+    /// Sigstore's `trusted_root.json` (or a client trust config), relative
+    /// to the signer's file.
+    trusted_root: PathBuf,
+    /// The certificate's identity: an email or URI; `*` matches any run of
+    /// characters.
+    identity: String,
+    /// The OIDC issuer, exactly.
+    issuer: String,
+}
+
+impl SigstoreSigner {
+    /// The trust it names; `path` is its own file.
+    fn trust(&self, path: &Path) -> Result<Trust, signing::Error> {
+        let root = path
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(&self.trusted_root);
+        let json = std::fs::read(&root).map_err(|e| {
+            signing::Error::Trust(format!(
+                "cannot read its trusted_root {}: {e}",
+                root.display()
+            ))
+        })?;
+        Trust::sigstore(&json, &self.identity, &self.issuer)
+    }
+}
 
 /// What the server does with models' signatures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -39,8 +71,9 @@ pub struct ModelTrust {
 }
 
 impl ModelTrust {
-    /// Reads each PEM file of `signers`: a `PUBLIC KEY` (the key method)
-    /// or `CERTIFICATE`s (the certificate method, each a trust anchor).
+    /// Reads each file of `signers`: a PEM `PUBLIC KEY` (the key method),
+    /// PEM `CERTIFICATE`s (the certificate method, each a trust anchor), or
+    /// a Sigstore signer (TOML, `SigstoreSigner`).
     pub fn load(policy: Policy, signers: &[PathBuf]) -> Result<Self, String> {
         let mut read = Vec::new();
         for path in signers {
@@ -51,9 +84,12 @@ impl ModelTrust {
                 Trust::public_key_pem(&pem)
             } else if text.contains("-----BEGIN CERTIFICATE-----") {
                 Trust::ca_certificates_pem(&pem)
+            } else if let Ok(signer) = toml::from_str::<SigstoreSigner>(&text) {
+                signer.trust(path)
             } else {
                 return Err(format!(
-                    "--model-signer {}: holds neither a PEM PUBLIC KEY nor CERTIFICATEs",
+                    "--model-signer {}: holds neither a PEM PUBLIC KEY, CERTIFICATEs nor a \
+                     Sigstore signer (TOML: trusted_root, identity, issuer)",
                     path.display()
                 ));
             };
@@ -62,8 +98,9 @@ impl ModelTrust {
         }
         if policy == Policy::Require && read.is_empty() {
             return Err(
-                "--model-signatures require needs a --model-signer (a PEM public key or CA \
-                 certificates) to trust: without one no model could be deployed"
+                "--model-signatures require needs a --model-signer (a PEM public key, CA \
+                 certificates or a Sigstore signer) to trust: without one no model could be \
+                 deployed"
                     .into(),
             );
         }

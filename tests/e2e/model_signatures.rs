@@ -16,7 +16,10 @@ use crate::support::cli::{expect_success, lossy, path};
 use crate::support::server::{Backend, Berth};
 use crate::support::{assert_error, on_both_backends, plugins, sha256_hex};
 
-on_both_backends!(under_require_only_a_model_its_trusted_signer_signed_deploys);
+on_both_backends!(
+    under_require_only_a_model_its_trusted_signer_signed_deploys,
+    a_keyless_signature_is_verified_offline_for_its_identity_as_the_reference_tool_does,
+);
 
 fn signing(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -204,7 +207,7 @@ fn require_without_a_signer_or_with_a_bad_one_is_refused_at_start() {
     let said = lossy(&bad.stderr);
     assert!(
         said.contains(&format!(
-            "--model-signer {}: holds neither a PEM PUBLIC KEY nor CERTIFICATEs",
+            "--model-signer {}: holds neither a PEM PUBLIC KEY, CERTIFICATEs nor a Sigstore signer",
             path(&notes)
         )),
         "{said}"
@@ -463,4 +466,103 @@ async fn an_oci_artifact_gets_its_signature_as_a_referrer_the_reference_tool_ver
     // It covers the artifact's files: one more, and the tool refuses it.
     std::fs::write(pulled.join("extra.bin"), b"not in the artifact").unwrap();
     assert!(!verify().status.success(), "an extra file still verified");
+}
+
+/// Sigstore keyless, offline: a real bundle from the public-good instance
+/// (`tests/data/signing/sigstore/`), registered with its folder to a server
+/// whose signer is a Sigstore identity over the trusted root; it deploys
+/// under `require`; a changed file does not. The reference tool verifies
+/// the same folder offline with the same trusted root.
+async fn a_keyless_signature_is_verified_offline_for_its_identity_as_the_reference_tool_does(
+    backend: Backend,
+) {
+    let (identity, issuer) = (
+        "stefanb@us.ibm.com",
+        "https://sigstore.verify.ibm.com/oauth2",
+    );
+    let temp = TempDir::new().unwrap();
+    let signer = temp.path().join("sigstore-signer.toml");
+    std::fs::write(
+        &signer,
+        format!(
+            "trusted_root = \"{}\"\nidentity = \"*@us.ibm.com\"\nissuer = \"{issuer}\"\n",
+            path(&signing("sigstore/trusted_root.json"))
+        ),
+    )
+    .unwrap();
+    let server = Berth::options(backend)
+        .arg("--model-signatures=require")
+        .arg(&format!("--model-signer={}", path(&signer)))
+        .start()
+        .await;
+    let copy = |name: &str| {
+        let dir = temp.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        for file in ["signme-1", "signme-2", "ignore-me"] {
+            std::fs::copy(signing(&format!("sigstore/model/{file}")), dir.join(file)).unwrap();
+        }
+        std::fs::copy(signing("sigstore/model.sig"), dir.join("model.sig")).unwrap();
+        dir
+    };
+    let dir = copy("keyless");
+    expect_success(&register(&server.url, &dir, "keyless"));
+    let signed = model(&server, "keyless").await;
+    assert_eq!(signed["signature"]["verified"], true, "{signed}");
+    assert_eq!(signed["signature"]["method"], "Sigstore keyless identity");
+    assert_eq!(
+        signed["signature"]["signer"],
+        format!("Sigstore identity {identity} (issuer {issuer}, log entry 598151086)")
+    );
+    let id = signed["id"].as_i64().unwrap();
+    let (status, deployment) = server.deploy(id, "archive", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{deployment}");
+    assert_eq!(deployment["status"], "completed", "{deployment}");
+
+    let changed = copy("changed");
+    std::fs::write(changed.join("signme-2"), b"changed\n").unwrap();
+    expect_success(&register(&server.url, &changed, "keyless-changed"));
+    let refused = model(&server, "keyless-changed").await;
+    assert_eq!(refused["signature"]["verified"], false, "{refused}");
+    assert!(
+        refused["signature"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("signme-2 was signed with sha256"),
+        "{refused}"
+    );
+    let id = refused["id"].as_i64().unwrap();
+    let (status, refusal) = server.deploy(id, "archive", json!({})).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refusal}");
+
+    let Some(tool) = reference_tool() else {
+        return;
+    };
+    let read = |name: &str| -> Value {
+        serde_json::from_slice(&std::fs::read(signing(name)).unwrap()).unwrap()
+    };
+    let trust_config = temp.path().join("trust_config.json");
+    let config = json!({
+        "mediaType": "application/vnd.dev.sigstore.clienttrustconfig.v0.1+json",
+        "trustedRoot": read("sigstore/trusted_root.json"),
+        "signingConfig": read("sigstore/signing_config.json"),
+    });
+    std::fs::write(&trust_config, config.to_string()).unwrap();
+    let verified = Command::new(&tool)
+        .args(["verify", "sigstore", "--trust_config"])
+        .arg(&trust_config)
+        .args(["--identity", identity, "--identity_provider", issuer])
+        .arg("--ignore-paths")
+        .arg(dir.join("ignore-me"))
+        .arg("--signature")
+        .arg(dir.join("model.sig"))
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        verified.status.success(),
+        "model_signing refused the keyless fixture offline: {}{}",
+        lossy(&verified.stdout),
+        lossy(&verified.stderr)
+    );
 }

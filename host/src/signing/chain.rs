@@ -39,19 +39,19 @@ impl Cas {
             if block.label != "CERTIFICATE" {
                 continue;
             }
-            let der = block.contents;
-            webpki::anchor_from_trusted_cert(&CertificateDer::from(der.as_slice())).map_err(
-                |e| {
-                    format!(
-                        "certificate {}: not usable as a CA ({e:?})",
-                        certificates.len() + 1
-                    )
-                },
-            )?;
-            certificates.push(der);
+            certificates.push(block.contents);
         }
         if certificates.is_empty() {
             return Err("no PEM CERTIFICATE block found; expected the CA certificates".to_owned());
+        }
+        Cas::from_ders(certificates)
+    }
+
+    /// DER certificates, each one a trust anchor.
+    pub(super) fn from_ders(certificates: Vec<Vec<u8>>) -> Result<Cas, String> {
+        for (i, der) in certificates.iter().enumerate() {
+            webpki::anchor_from_trusted_cert(&CertificateDer::from(der.as_slice()))
+                .map_err(|e| format!("certificate {}: not usable as a CA ({e:?})", i + 1))?;
         }
         Ok(Cas { certificates })
     }
@@ -71,8 +71,14 @@ impl webpki::ExtendedKeyUsageValidator for AnyUsage {
     }
 }
 
-/// The leaf's public key and who it names, once the chain is trusted.
-pub(super) fn verify(chain: &[Vec<u8>], cas: &Cas) -> Result<(PublicKey, Signer), Error> {
+/// The leaf's public key and who it names, once the chain is trusted: at
+/// the time a transparency log recorded the signature (`logged`, seconds
+/// since 1970), else at the leaf's notBefore.
+pub(super) fn verify(
+    chain: &[Vec<u8>],
+    cas: &Cas,
+    logged: Option<i64>,
+) -> Result<(PublicKey, Signer), Error> {
     let leaf_der = chain
         .first()
         .ok_or_else(|| Error::Malformed("its certificate chain is empty".to_owned()))?;
@@ -80,16 +86,25 @@ pub(super) fn verify(chain: &[Vec<u8>], cas: &Cas) -> Result<(PublicKey, Signer)
         .map_err(|e| Error::Malformed(format!("its signing certificate is not DER X.509 ({e})")))?;
     let subject = leaf.subject().to_string();
     let not_before = leaf.validity().not_before;
-    let at = not_before
-        .to_rfc2822()
-        .unwrap_or_else(|_| not_before.timestamp().to_string());
+    let checked_at = logged.unwrap_or(not_before.timestamp());
+    let date = x509_parser::time::ASN1Time::from_timestamp(checked_at)
+        .ok()
+        .and_then(|t| t.to_rfc2822().ok())
+        .unwrap_or_else(|| checked_at.to_string());
+    let at = match logged {
+        Some(_) => format!("{date}, when the transparency log recorded the signature"),
+        None => format!(
+            "the certificate's notBefore, {date}, as model_signing does: a model.sig carries \
+             no trusted time, so a certificate that has expired since signing still verifies"
+        ),
+    };
     let untrusted = |reason: String| Error::Untrusted {
         subject: subject.clone(),
         at: at.clone(),
         reason,
     };
-    let seconds = u64::try_from(not_before.timestamp())
-        .map_err(|_| untrusted("its notBefore is before 1970".to_owned()))?;
+    let seconds =
+        u64::try_from(checked_at).map_err(|_| untrusted("the time is before 1970".to_owned()))?;
     let time = UnixTime::since_unix_epoch(std::time::Duration::from_secs(seconds));
 
     let ca_ders: Vec<CertificateDer<'_>> = cas
@@ -124,8 +139,7 @@ pub(super) fn verify(chain: &[Vec<u8>], cas: &Cas) -> Result<(PublicKey, Signer)
             ca.validity().not_before.timestamp(),
             ca.validity().not_after.timestamp(),
         );
-        let t = not_before.timestamp();
-        if t < from || t > until {
+        if checked_at < from || checked_at > until {
             expired_anchor.set(Some(ca.subject().to_string()));
             return Err(webpki::Error::InvalidCertValidity);
         }

@@ -10,6 +10,10 @@ pub enum Method {
     Key,
     /// A key whose certificate chains to a CA (`model_signing sign certificate`).
     Certificate,
+    /// Sigstore keyless: a short-lived Fulcio certificate for an OIDC
+    /// identity, the signature in the Rekor transparency log
+    /// (`model_signing sign sigstore`).
+    Sigstore,
 }
 
 impl fmt::Display for Method {
@@ -17,6 +21,7 @@ impl fmt::Display for Method {
         f.write_str(match self {
             Method::Key => "bare public key",
             Method::Certificate => "certificate chain",
+            Method::Sigstore => "Sigstore keyless identity",
         })
     }
 }
@@ -36,12 +41,27 @@ pub enum Signer {
         names: Vec<String>,
         issuer: String,
     },
+    /// The OIDC identity (an email or a URI) and issuer the Fulcio
+    /// certificate names, and the entry's index in the transparency log.
+    Sigstore {
+        identity: String,
+        issuer: String,
+        log_index: i64,
+    },
 }
 
 impl fmt::Display for Signer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Signer::Key { key_id } => write!(f, "key sha256:{key_id}"),
+            Signer::Sigstore {
+                identity,
+                issuer,
+                log_index,
+            } => write!(
+                f,
+                "Sigstore identity {identity} (issuer {issuer}, log entry {log_index})"
+            ),
             Signer::Certificate {
                 subject,
                 names,
@@ -107,13 +127,20 @@ pub enum Error {
     /// Not a bundle the reference tool writes (JSON, media type, envelope).
     #[error("model.sig is not an OpenSSF model signature: {0}")]
     Malformed(String),
-    /// A Sigstore keyless bundle (a Fulcio certificate and a transparency-log
-    /// entry), which needs a trusted root and an identity policy.
+    /// The transparency-log entry of a keyless bundle does not vouch for
+    /// its signature.
+    #[error("model.sig: its transparency-log entry {0}")]
+    Log(String),
+    /// A genuine keyless signature, by someone the policy does not name.
     #[error(
-        "model.sig is a Sigstore keyless signature; berth verifies only signatures made with a key \
-         or a certificate chain (model_signing sign key | certificate) so far"
+        "model.sig was signed by {found}, not by the configured identity {identity} of issuer \
+         {issuer}"
     )]
-    Keyless,
+    OtherIdentity {
+        found: String,
+        identity: String,
+        issuer: String,
+    },
     /// The bundle's method is not the one berth was configured to trust.
     #[error(
         "model.sig is signed with a {found}, but berth is configured to trust a {configured}: {}",
@@ -135,9 +162,7 @@ pub enum Error {
     /// The signing certificate does not lead to a configured CA.
     #[error(
         "model.sig: the signing certificate \"{subject}\" does not chain to a configured CA: \
-         {reason} (the chain is checked at the certificate's notBefore, {at}, as model_signing \
-         does: a model.sig carries no trusted time, so a certificate that has expired since \
-         signing still verifies)"
+         {reason} (the chain is checked at {at})"
     )]
     Untrusted {
         subject: String,
@@ -188,6 +213,10 @@ fn method_advice(found: Method) -> &'static str {
         Method::Certificate => {
             "configure the CA certificates its chain leads to, or have the model signed with \
              the configured key"
+        }
+        Method::Sigstore => {
+            "configure a Sigstore signer (a trusted root and the identity), or have the model \
+             signed with the configured key or certificate"
         }
     }
 }

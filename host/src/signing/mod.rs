@@ -1,8 +1,8 @@
 //! OpenSSF model signing (OMS): verifying a `model.sig` against a model's
 //! recorded files, offline, and writing one. Owns the format (a Sigstore
 //! bundle v0.3 whose DSSE envelope carries an in-toto statement listing each
-//! file's digest) and the two traditional methods, a bare ECDSA key and a
-//! certificate chain to a configured CA. It never reads a model's bytes, never
+//! file's digest) and its three methods: a bare ECDSA key, a certificate
+//! chain to a configured CA, and Sigstore keyless against a trusted root. It never reads a model's bytes, never
 //! touches the database or the network, and knows nothing of registration:
 //! the caller hands in the signature's bytes, the trust it configured and the
 //! files it recorded, and gets back who signed and what was checked.
@@ -35,8 +35,9 @@
 //! - `serde_json`, `base64`, `hex`, `sha2`: already dependencies.
 //!
 //! The sigstore crates are not used: they refuse key and certificate bundles,
-//! which carry no transparency-log entry. Sigstore keyless is not verified
-//! here yet ([`Error::Keyless`]).
+//! which carry no transparency-log entry, and the keyless checks
+//! (`sigstore.rs`: a log's signed promise, a Fulcio chain, an identity) are
+//! made of the pieces above, with the trusted root Sigstore's clients keep.
 
 mod bundle;
 mod chain;
@@ -45,6 +46,7 @@ mod dsse;
 mod error;
 mod keys;
 mod sign;
+mod sigstore;
 mod statement;
 mod verify;
 

@@ -388,11 +388,10 @@ fn not_a_signature_says_so() {
         assert!(matches!(e, Error::Malformed(_)), "{e:?}");
         assert!(message.contains(says), "{message}");
     }
-    let keyless = br#"{"mediaType":"application/vnd.dev.sigstore.bundle.v0.3+json","verificationMaterial":{"certificate":{"rawBytes":""},"tlogEntries":[{}]}}"#;
-    assert!(matches!(
-        refused(keyless, &root_ca(), &model()).0,
-        Error::Keyless
-    ));
+    let keyless = br#"{"mediaType":"application/vnd.dev.sigstore.bundle.v0.3+json","verificationMaterial":{"certificate":{"rawBytes":""}},"dsseEnvelope":{"payload":"","payloadType":"x","signatures":[{"sig":""}]}}"#;
+    let (e, message) = refused(keyless, &root_ca(), &model());
+    assert!(matches!(e, Error::Malformed(_)), "{e:?}");
+    assert!(message.contains("no transparency-log entry"), "{message}");
 }
 
 #[test]
@@ -441,4 +440,159 @@ fn what_berth_signs_verifies_and_covers_exactly_the_files() {
     files[0].sha256 = None;
     let e = sign(&signing, "model", &files).unwrap_err().to_string();
     assert_eq!(e, "cannot sign: no sha256 is recorded for NOTES.md");
+}
+
+/// The keyless fixture: a real bundle from Sigstore's public-good
+/// instance, with the trusted root it chains to (`sigstore/README.md`).
+mod keyless {
+    use super::*;
+
+    const IDENTITY: &str = "stefanb@us.ibm.com";
+    const ISSUER: &str = "https://sigstore.verify.ibm.com/oauth2";
+
+    fn trust(root: &[u8], identity: &str, issuer: &str) -> Trust {
+        Trust::sigstore(root, identity, issuer).unwrap()
+    }
+
+    fn signed() -> Vec<ModelFile> {
+        record(&fixtures().join("sigstore/model"))
+    }
+
+    #[test]
+    fn a_keyless_signature_verifies_offline_for_its_identity() {
+        let root = read("sigstore/trusted_root.json");
+        let verified = verify(
+            &read("sigstore/model.sig"),
+            &trust(&root, IDENTITY, ISSUER),
+            &signed(),
+        )
+        .unwrap();
+        assert_eq!(verified.method, Method::Sigstore);
+        assert_eq!(
+            verified.signer,
+            Signer::Sigstore {
+                identity: IDENTITY.into(),
+                issuer: ISSUER.into(),
+                log_index: 598151086,
+            }
+        );
+        assert_eq!(verified.files_checked, ["signme-1", "signme-2"]);
+        assert_eq!(verified.files_ignored, ["ignore-me"]);
+        // A pattern for the identity.
+        let pattern = trust(&root, "*@us.ibm.com", ISSUER);
+        assert!(verify(&read("sigstore/model.sig"), &pattern, &signed()).is_ok());
+    }
+
+    #[test]
+    fn another_identity_or_issuer_is_refused_naming_the_signer() {
+        let root = read("sigstore/trusted_root.json");
+        for (identity, issuer) in [
+            ("someone@us.ibm.com", ISSUER),
+            (IDENTITY, "https://accounts.google.com"),
+        ] {
+            let (e, message) = refused(
+                &read("sigstore/model.sig"),
+                &trust(&root, identity, issuer),
+                &signed(),
+            );
+            assert!(matches!(e, Error::OtherIdentity { .. }), "{e:?}");
+            assert!(
+                message.contains(&format!(
+                    "signed by {IDENTITY} (issuer {ISSUER}), not by the configured identity"
+                )),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_changed_log_entry_statement_or_file_is_refused() {
+        let root = read("sigstore/trusted_root.json");
+        let trusted = trust(&root, IDENTITY, ISSUER);
+        let bundle: serde_json::Value =
+            serde_json::from_slice(&read("sigstore/model.sig")).unwrap();
+        let changed = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut bundle = bundle.clone();
+            edit(&mut bundle);
+            serde_json::to_vec(&bundle).unwrap()
+        };
+        let entry = "/verificationMaterial/tlogEntries/0";
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (
+                changed(&|b| {
+                    let index = b.pointer_mut(&format!("{entry}/logIndex")).unwrap();
+                    *index = serde_json::json!("598151087");
+                }),
+                "is not signed by its log",
+            ),
+            (
+                changed(&|b| {
+                    let e = b.pointer_mut(entry).unwrap().as_object_mut().unwrap();
+                    e.remove("inclusionPromise");
+                }),
+                "carries no signed entry timestamp",
+            ),
+            (
+                changed(&|b| {
+                    let payload = b.pointer_mut("/dsseEnvelope/payload").unwrap();
+                    *payload = serde_json::json!("e30=");
+                }),
+                "records another statement than the one model.sig carries",
+            ),
+        ];
+        for (sig, says) in cases {
+            let (e, message) = refused(&sig, &trusted, &signed());
+            assert!(matches!(e, Error::Log(_)), "{e:?}");
+            assert!(message.contains(says), "{message}");
+        }
+        let mut files = signed();
+        file(&mut files, "signme-2").sha256 = Some("00".repeat(32));
+        let (e, _) = refused(&read("sigstore/model.sig"), &trusted, &files);
+        assert!(matches!(e, Error::Files { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn a_root_without_the_log_or_the_ca_does_not_vouch() {
+        let mut root: serde_json::Value =
+            serde_json::from_slice(&read("sigstore/trusted_root.json")).unwrap();
+        // Only the Ed25519 log left: the entry's log is unknown.
+        let logs = root["tlogs"].as_array_mut().unwrap();
+        let mut other = logs.clone();
+        logs.retain(|l| l["publicKey"]["keyDetails"] != "PKIX_ECDSA_P256_SHA_256");
+        let without_log = serde_json::to_vec(&root).unwrap();
+        assert!(
+            Trust::sigstore(&without_log, IDENTITY, ISSUER)
+                .unwrap_err()
+                .to_string()
+                .contains("names no ECDSA transparency-log key")
+        );
+        // The log kept, a CA of berth's own tests instead of Fulcio's.
+        other.truncate(2);
+        root["tlogs"] = serde_json::Value::Array(other);
+        let der = x509_parser::pem::parse_x509_pem(&read("ca/root.pem"))
+            .unwrap()
+            .1
+            .contents;
+        use base64::Engine as _;
+        root["certificateAuthorities"][1]["certChain"]["certificates"] = serde_json::json!([{ "rawBytes": base64::engine::general_purpose::STANDARD.encode(der) }]);
+        let foreign =
+            Trust::sigstore(&serde_json::to_vec(&root).unwrap(), IDENTITY, ISSUER).unwrap();
+        let (e, message) = refused(&read("sigstore/model.sig"), &foreign, &signed());
+        assert!(matches!(e, Error::Untrusted { .. }), "{e:?}");
+        assert!(
+            message.contains("when the transparency log recorded the signature"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_keyless_signature_under_a_key_says_which_signer_to_configure() {
+        let (e, message) = refused(
+            &read("sigstore/model.sig"),
+            &key("key-p256.pub.pem"),
+            &signed(),
+        );
+        assert!(matches!(e, Error::MethodMismatch { .. }), "{e:?}");
+        assert!(message.contains("configure a Sigstore signer"), "{message}");
+    }
 }

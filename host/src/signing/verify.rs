@@ -7,6 +7,7 @@ use super::chain::{self, Cas};
 use super::compare;
 use super::dsse;
 use super::keys::PublicKey;
+use super::sigstore::{self, Sigstore};
 use super::statement;
 use super::{Error, Method, Signer};
 use crate::model::ModelFile;
@@ -20,6 +21,7 @@ pub struct Trust(TrustKind);
 enum TrustKind {
     Key(PublicKey),
     Cas(Cas),
+    Sigstore(Box<Sigstore>),
 }
 
 impl Trust {
@@ -37,11 +39,22 @@ impl Trust {
             .map_err(Error::Trust)
     }
 
+    /// Sigstore keyless: `trusted_root` (JSON: Sigstore's
+    /// `trusted_root.json`, or a client trust config holding one) for the
+    /// certificate identity `identity` (an email or URI; `*` matches any
+    /// run of characters) of the OIDC issuer `issuer`.
+    pub fn sigstore(trusted_root: &[u8], identity: &str, issuer: &str) -> Result<Trust, Error> {
+        Sigstore::from_json(trusted_root, identity, issuer)
+            .map(|s| Trust(TrustKind::Sigstore(Box::new(s))))
+            .map_err(Error::Trust)
+    }
+
     /// The method this trust verifies.
     pub fn method(&self) -> Method {
         match self.0 {
             TrustKind::Key(_) => Method::Key,
             TrustKind::Cas(_) => Method::Certificate,
+            TrustKind::Sigstore(_) => Method::Sigstore,
         }
     }
 
@@ -49,7 +62,7 @@ impl Trust {
     pub fn key_id(&self) -> Option<String> {
         match &self.0 {
             TrustKind::Key(k) => Some(k.key_id()),
-            TrustKind::Cas(_) => None,
+            TrustKind::Cas(_) | TrustKind::Sigstore(_) => None,
         }
     }
 }
@@ -75,6 +88,7 @@ pub fn verify(model_sig: &[u8], trust: &Trust, files: &[ModelFile]) -> Result<Ve
     let found = match bundle.material {
         Material::PublicKey { .. } => Method::Key,
         Material::Chain(_) => Method::Certificate,
+        Material::Keyless { .. } => Method::Sigstore,
     };
     let (key, signer) = match (&trust.0, &bundle.material) {
         (TrustKind::Key(key), Material::PublicKey { hint }) => {
@@ -91,7 +105,13 @@ pub fn verify(model_sig: &[u8], trust: &Trust, files: &[ModelFile]) -> Result<Ve
             }
             (key.clone(), Signer::Key { key_id })
         }
-        (TrustKind::Cas(cas), Material::Chain(certificates)) => chain::verify(certificates, cas)?,
+        (TrustKind::Cas(cas), Material::Chain(certificates)) => {
+            chain::verify(certificates, cas, None)?
+        }
+        (TrustKind::Sigstore(trusted), Material::Keyless { certificate, entry }) => {
+            let envelope = (bundle.payload.as_slice(), bundle.signature.as_slice());
+            sigstore::verify(certificate, entry, envelope, trusted)?
+        }
         (_, _) => {
             return Err(Error::MethodMismatch {
                 configured: trust.method(),

@@ -97,17 +97,21 @@ pub struct ServeArgs {
     #[arg(long, env = "BERTH_MODEL_SIGNATURES", value_enum,
           default_value_t = crate::model_trust::Policy::Record)]
     pub(super) model_signatures: crate::model_trust::Policy,
-    /// A PEM file of whom models may be signed by: an ECDSA public key
-    /// (`model_signing sign key`) or CA certificates (`model_signing sign
-    /// certificate`). Repeat it for several (BERTH_MODEL_SIGNERS:
-    /// comma-separated).
-    #[arg(long = "model-signer", env = "BERTH_MODEL_SIGNERS", value_name = "PEM",
+    /// A file of whom models may be signed by: a PEM ECDSA public key
+    /// (`model_signing sign key`), PEM CA certificates (`model_signing sign
+    /// certificate`), or a Sigstore signer (`model_signing sign sigstore`):
+    /// TOML with trusted_root (Sigstore's trusted_root.json, verified
+    /// offline), identity (`*` matches any run) and issuer. Repeat it for
+    /// several (BERTH_MODEL_SIGNERS: comma-separated).
+    #[arg(long = "model-signer", env = "BERTH_MODEL_SIGNERS", value_name = "FILE",
           value_delimiter = ',', action = clap::ArgAction::Append)]
     pub(super) model_signer: Vec<PathBuf>,
-    /// Sign what deployments publish to file, http(s) and s3 targets with
-    /// this ECDSA P-256/P-384 private key (PKCS#8 PEM): a model.sig in the
-    /// folder of the published files, OpenSSF model signing's key method,
-    /// which `model_signing verify key` checks. Never seen by a plugin.
+    /// Sign what deployments publish with this ECDSA P-256/P-384 private
+    /// key (PKCS#8 PEM): a model.sig in the folder of the files published
+    /// to file, http(s) and s3 targets, attached as a referrer of each
+    /// artifact pushed to an oci target; OpenSSF model signing's key
+    /// method, which `model_signing verify key` checks. Never seen by a
+    /// plugin.
     #[arg(long, env = "BERTH_PUBLISH_SIGNING_KEY", value_name = "PEM")]
     pub(super) publish_signing_key: Option<PathBuf>,
     /// Limit on fetching all files of one deployment, in seconds.
