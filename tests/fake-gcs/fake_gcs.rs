@@ -53,3 +53,27 @@ impl FakeGcs {
         assert!(answer.status().is_success(), "fake-gcs-server: {answer:?}");
     }
 }
+
+/// A service-account key file as Google's console writes one, with a
+/// fresh RSA key (from `openssl`): object_store signs its tokens with it;
+/// the emulator takes any.
+pub fn service_account_key() -> String {
+    let pem = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ])
+        .output()
+        .expect("openssl makes a key");
+    assert!(pem.status.success(), "openssl genpkey failed");
+    serde_json::json!({
+        "type": "service_account",
+        "private_key_id": "k1",
+        "private_key": String::from_utf8(pem.stdout).unwrap(),
+        "client_email": "berth@project.iam.gserviceaccount.com",
+    })
+    .to_string()
+}

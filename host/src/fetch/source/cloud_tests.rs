@@ -60,28 +60,10 @@ async fn put_gcs(job: &str, files: &[(&str, Vec<u8>)]) {
     }
 }
 
-/// A service-account key file as Google's console writes one, with a fresh
-/// RSA key; object_store signs a token with it.
+/// A service-account key file in `dir`.
 fn service_account_file(dir: &std::path::Path) -> std::path::PathBuf {
-    let pem = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-        ])
-        .output()
-        .expect("openssl makes a key");
-    assert!(pem.status.success(), "openssl genpkey failed");
-    let key = serde_json::json!({
-        "type": "service_account",
-        "private_key_id": "k1",
-        "private_key": String::from_utf8(pem.stdout).unwrap(),
-        "client_email": "berth@project.iam.gserviceaccount.com",
-    });
     let path = dir.join("service-account.json");
-    std::fs::write(&path, key.to_string()).unwrap();
+    std::fs::write(&path, fake_gcs::service_account_key()).unwrap();
     path
 }
 
