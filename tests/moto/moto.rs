@@ -8,6 +8,9 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+// Each server's file stands alone (a test crate includes only those it
+// starts), so one that starts several loads this more than once.
+#[allow(clippy::duplicate_mod)]
 #[path = "../served.rs"]
 mod served;
 
