@@ -56,6 +56,9 @@ struct Store {
     heads: Option<AmazonS3>,
     /// Where requests go, for "cannot reach" messages.
     endpoint: String,
+    /// What the store holds the objects in, for "has no" messages:
+    /// `bucket NAME` or `container NAME`.
+    bucket: String,
     /// Where the credentials come from, for "refused" messages.
     credentials: String,
 }
@@ -176,6 +179,7 @@ impl Store {
                     client: Box::new(builder.build().map_err(|e| unusable(at, e))?),
                     heads: None,
                     endpoint,
+                    bucket: format!("bucket {bucket}"),
                     credentials: cloud::gcs_credential(entry, options, anonymous),
                 })
             }
@@ -191,6 +195,7 @@ impl Store {
                     client: Box::new(builder.build().map_err(|e| unusable(at, e))?),
                     heads: None,
                     endpoint,
+                    bucket: format!("container {container}"),
                     credentials: cloud::azure_credential(entry, options, anonymous),
                 })
             }
@@ -239,6 +244,7 @@ impl Store {
             client: Box::new(finish(builder)?),
             heads: Some(finish(heads)?),
             endpoint: endpoint.unwrap_or_else(|| "AWS S3".to_string()),
+            bucket: format!("bucket {bucket}"),
             credentials,
         })
     }
@@ -248,13 +254,9 @@ impl Store {
         match &e {
             _ if no_credential(&e) => self.no_credential(&e, url),
             object_store::Error::NotFound { .. }
-                if store_said(&innermost(&e)).starts_with("NoSuchBucket") =>
+                if let Some(missing) = self.no_bucket(&store_said(&innermost(&e)), url) =>
             {
-                format!(
-                    "the store at {} has no bucket {} ({url})",
-                    self.endpoint,
-                    url.host_str().unwrap_or_default()
-                )
+                missing
             }
             object_store::Error::NotFound { .. } => format!("the store has no object {url}"),
             object_store::Error::PermissionDenied { .. }
@@ -276,12 +278,24 @@ impl Store {
         }
     }
 
+    /// The store's answer that the bucket or container itself is missing
+    /// (S3's and GCS's `NoSuchBucket`, Azure's `ContainerNotFound`), in
+    /// words.
+    fn no_bucket(&self, said: &str, url: &url::Url) -> Option<String> {
+        (said.starts_with("NoSuchBucket") || said.starts_with("ContainerNotFound")).then(|| {
+            format!(
+                "the store at {} has no {} ({url})",
+                self.endpoint, self.bucket
+            )
+        })
+    }
+
     /// A credential the client could not get: where it looked, and what
     /// to write.
     fn no_credential(&self, e: &object_store::Error, url: &url::Url) -> String {
         format!(
-            "no credential for {url}: {} did not give one ({}); name one in the sources \
-             file's entry for its prefix, or write anonymous = true there for a public bucket",
+            "no credential for {url}: {} did not give one ({}); name one in the sources-file \
+             entry whose prefix covers it, or write anonymous = true there for a public bucket",
             self.credentials,
             innermost(e)
         )

@@ -336,3 +336,38 @@ async fn azure_and_gcs_prefixes_are_listed_with_sizes_and_no_sha256() {
         assert_eq!(found.files, expected, "{source}");
     }
 }
+
+#[tokio::test]
+async fn a_missing_container_is_named() {
+    let az = azurite();
+    let files = [("a.bin", contents(10, 10))];
+    // An entry for the whole account, so its key covers the container.
+    let account = || {
+        access(
+            &format!("az://{}/", az.account),
+            &format!(
+                "options = {{ endpoint = \"{}\", account_key = \"{}\" }}",
+                az.endpoint, az.key
+            ),
+        )
+    };
+    let (_models, fetcher) = fetcher(account());
+    let source = format!("az://{}/no-such-container/{{job_id}}/{{path}}", az.account);
+    let error = fetch(&fetcher, &model("az-missing", source.clone(), &files))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("has no container no-such-container"),
+        "{error}"
+    );
+    let sources = super::Sources::new(crate::trust::Trust::default())
+        .unwrap()
+        .with_access(account());
+    let listed = format!("az://{}/no-such-container/{{job_id}}/", az.account);
+    let error = sources.discover(&listed, "j").await.unwrap_err();
+    assert!(
+        error.contains("has no container no-such-container"),
+        "{error}"
+    );
+}

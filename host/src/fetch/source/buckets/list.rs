@@ -184,12 +184,8 @@ impl Store {
         let said = store_said(&text);
         if no_credential(&e) {
             self.no_credential(&e, url)
-        } else if said.starts_with("NoSuchBucket") {
-            format!(
-                "the store at {} has no bucket {} ({url})",
-                self.endpoint,
-                url.host_str().unwrap_or_default()
-            )
+        } else if let Some(missing) = self.no_bucket(&said, url) {
+            missing
         } else if text.contains(" 403 Forbidden") || text.contains(" 401 Unauthorized") {
             format!(
                 "the store refused the credentials for {url} ({said}); they are {}",
