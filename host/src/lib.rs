@@ -12,6 +12,7 @@ pub mod backoff;
 pub mod catalog;
 mod causes;
 pub mod cli;
+pub mod cloud;
 pub mod db;
 pub mod deployers;
 pub mod events;

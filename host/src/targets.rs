@@ -475,6 +475,15 @@ fn parse_url(text: &str) -> Result<url::Url, String> {
     let url = url::Url::parse(text).map_err(|e| format!("url {text:?} is not a URL: {e}"))?;
     match url.scheme() {
         "s3" | "http" | "https" | "oci" | "file" => {}
+        // Read as sources through object_store, which cannot publish to
+        // them with a checksum per part and nothing left after a cancel.
+        "gs" | "az" => {
+            return Err(format!(
+                "url {text:?}: {}:// is a source only: berth does not publish to Google Cloud \
+                 Storage or Azure Blob yet (use s3://, https://, http://, oci:// or file://)",
+                url.scheme()
+            ));
+        }
         other => {
             return Err(format!(
                 "url {text:?}: scheme {other} is not a target kind (use s3://, https://, http://, oci:// or file://)"

@@ -175,6 +175,11 @@ fn each_bad_target_is_refused_with_its_file_and_line() {
         (target("url = \"oci://r.io/\"\noptions = { username = \"u\", password = \"${MISSING}\" }"),
          "f.toml:4: target \"t\": options.password: the host environment variable MISSING is not set"),
         (target("url = \"ftp://h/\""), "scheme ftp is not a target kind"),
+        (
+            target("url = \"gs://b/models/\""),
+            "gs:// is a source only: berth does not publish to Google Cloud Storage",
+        ),
+        (target("url = \"az://a/c/\""), "az:// is a source only"),
         (target("url = \"s3:///\""), "f.toml:3: target \"t\": url \"s3:///\" names no host (or bucket)"),
         (target("url = \"file://host/dir/\""), "a file target is a folder on this server, written file:///abs/dir/"),
         (target("url = \"https://h/base\""), "f.toml:3: target \"t\": url \"https://h/base\" must end with /"),

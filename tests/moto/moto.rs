@@ -4,10 +4,15 @@
 //! tests (`tests/e2e/support`) and the benchmark
 //! (`benches/perf/store.rs`).
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::time::Duration;
+use std::process::{Command, Stdio};
+
+// Each server's file stands alone (a test crate includes only those it
+// starts), so one that starts several loads this more than once.
+#[allow(clippy::duplicate_mod)]
+#[path = "../served.rs"]
+mod served;
 
 /// The running server and the keys of its one user.
 pub struct Moto {
@@ -15,10 +20,7 @@ pub struct Moto {
     pub region: String,
     pub access_key_id: String,
     pub secret_access_key: String,
-    /// Held open: the server stops when it closes, that is when this
-    /// process exits, however it exits.
-    _stdin: ChildStdin,
-    _child: Child,
+    _served: served::Served,
 }
 
 impl Moto {
@@ -26,41 +28,19 @@ impl Moto {
     /// is not installed.
     pub fn start(buckets: &[&str]) -> Self {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let python = root.join(".venv/bin/python");
-        let missing = "run scripts/setup test, which installs moto[server] into .venv";
-        let mut child = Command::new(&python)
-            .arg(root.join("tests/moto/serve.py"))
-            .args(buckets)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}; {missing}", python.display()));
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(120))
-            .unwrap_or_else(|_| panic!("moto's server did not start within 2 minutes"));
-        let started: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| {
-            panic!("moto's server did not start (its error is above); {missing}")
-        });
-        let field = |name: &str| {
-            started[name]
-                .as_str()
-                .unwrap_or_else(|| panic!("moto's server did not say its {name}"))
-                .to_string()
-        };
+        let mut command = Command::new(root.join(".venv/bin/python"));
+        command.arg(root.join("tests/moto/serve.py")).args(buckets);
+        let served = served::Served::start(
+            command,
+            "moto's server",
+            "run scripts/setup test, which installs moto[server] into .venv",
+        );
         Self {
-            endpoint: field("endpoint"),
-            region: field("region"),
-            access_key_id: field("access_key_id"),
-            secret_access_key: field("secret_access_key"),
-            _stdin: child.stdin.take().expect("piped"),
-            _child: child,
+            endpoint: served.field("endpoint"),
+            region: served.field("region"),
+            access_key_id: served.field("access_key_id"),
+            secret_access_key: served.field("secret_access_key"),
+            _served: served,
         }
     }
 

@@ -327,6 +327,18 @@ fn source_rule(source: &str) -> Result<(), String> {
     let sample = source.replace("{job_id}", "job").replace("{path}", "file");
     let url = url::Url::parse(&sample)
         .map_err(|e| format!("source {source:?} is not a valid URL template: {e}"))?;
+    if url.scheme() != "s3"
+        && let Some(located) = crate::cloud::Bucket::locate(&url)
+    {
+        return match located {
+            Err(e) => Err(format!("source {source:?}: {e}")),
+            Ok(_) if url.query().is_some() || url.fragment().is_some() => Err(format!(
+                "source {source:?}: a bucket's URL is a bucket and a key, with no query or \
+                 fragment"
+            )),
+            Ok(_) => Ok(()),
+        };
+    }
     match url.scheme() {
         "http" | "https" if url.host().is_some() => Ok(()),
         "http" | "https" => Err(format!("source {source:?} has no host")),
@@ -339,7 +351,7 @@ fn source_rule(source: &str) -> Result<(), String> {
         "s3" => Ok(()),
         "file" => Ok(()),
         other => Err(format!(
-            "source {source:?}: scheme {other} is not supported (use http, https, s3, file or oci; upload: alone for uploaded files)"
+            "source {source:?}: scheme {other} is not supported (use http, https, s3, gs, az, file or oci; upload: alone for uploaded files)"
         )),
     }
 }

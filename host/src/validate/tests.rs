@@ -96,7 +96,12 @@ fn registrations_are_checked_field_by_field() {
         ("s3:///{job_id}/{path}", "names no bucket"),
         ("s3:{path}", "names no bucket"),
         ("s3://b/{path}?versionId=1", "no query or fragment"),
-        ("gs://b/{path}", "scheme gs is not supported"),
+        ("gs://b/{path}", ""),
+        ("gs://b/{path}#x", "no query or fragment"),
+        ("az://acct/c/{job_id}/{path}", ""),
+        ("az://acct/{path}", "names no container"),
+        ("https://acct.blob.core.windows.net/c/{path}", ""),
+        ("gopher://b/{path}", "scheme gopher is not supported"),
         (&pinned, ""),
         (
             "oci://r.io/team/ft:job-1",

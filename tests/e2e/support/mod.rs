@@ -1,9 +1,13 @@
 //! Shared fixtures: built plugins, a loopback file server, a berth server,
 //! the API in-process, event subscriptions; and the expectations tests share.
 
+#[path = "../../azurite/azurite.rs"]
+pub mod azurite;
 pub mod catalog;
 pub mod cli;
 pub mod events;
+#[path = "../../fake-gcs/fake_gcs.rs"]
+pub mod fake_gcs;
 pub mod files;
 pub mod mirror;
 #[path = "../../moto/moto.rs"]

@@ -1,7 +1,8 @@
 //! Credentials for sources, held by the server and never by a model: the
 //! sources file (`berth serve --sources-file`) gives HTTP headers, or
 //! object-store options, or a registry login (`oci://` prefixes: options
-//! `username` and `password`), to the source URLs under a prefix. **The
+//! `username` and `password`; `gs://` and `az://` prefixes: GCS or Azure
+//! options, or `anonymous = true`), to the source URLs under a prefix. **The
 //! credentials of a prefix go only to URLs under that prefix**: same scheme,
 //! host and port, a path under the prefix's path; the longest prefix that
 //! covers a URL wins. A model's `source` is visible to every API reader, so
@@ -14,11 +15,14 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use object_store::aws::AmazonS3ConfigKey;
+use object_store::azure::AzureConfigKey;
+use object_store::gcp::GoogleConfigKey;
 use reqwest::header::HeaderMap;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use crate::host_env::{header_value, registry_login, s3_option, under};
+use crate::cloud::{azure_option, gcs_option};
+use crate::host_env::{expand, header_value, registry_login, s3_option, under};
 use crate::oci::Login;
 use crate::sources_file::{self, Entries};
 
@@ -38,6 +42,13 @@ pub(crate) struct Credentials {
     /// For `s3` prefixes: object_store settings applied on top of the
     /// environment's.
     options: Vec<(AmazonS3ConfigKey, String)>,
+    /// For `gs` prefixes: object_store GCS settings.
+    gcs: Vec<(GoogleConfigKey, String)>,
+    /// For `az` prefixes: object_store Azure settings.
+    azure: Vec<(AzureConfigKey, String)>,
+    /// For `gs` and `az` prefixes: read without credentials, as the entry
+    /// says; never otherwise.
+    anonymous: bool,
     /// For `oci` prefixes: the registry login.
     login: Option<Login>,
 }
@@ -50,6 +61,8 @@ struct RawSource {
     headers: BTreeMap<String, String>,
     #[serde(default)]
     options: BTreeMap<String, String>,
+    #[serde(default)]
+    anonymous: bool,
 }
 
 impl Access {
@@ -113,10 +126,18 @@ impl Credentials {
             .map_err(|e| vec![format!("prefix {name:?} is not a URL: {e}")])?;
         let is_http = matches!(prefix.scheme(), "http" | "https");
         let is_oci = prefix.scheme() == "oci";
-        if !is_http && !is_oci && prefix.scheme() != "s3" {
+        let is_cloud = matches!(prefix.scheme(), "gs" | "az");
+        if !is_http && !is_oci && !is_cloud && prefix.scheme() != "s3" {
             return Err(vec![format!(
-                "prefix {name:?}: scheme {} takes no credentials (use http, https, s3 or oci)",
+                "prefix {name:?}: scheme {} takes no credentials (use http, https, s3, gs, az \
+                 or oci)",
                 prefix.scheme()
+            )]);
+        }
+        if is_http && let Some(Ok((_, written, _))) = crate::cloud::Bucket::locate(&prefix) {
+            return Err(vec![format!(
+                "prefix {name:?}: berth reads Azure Blob URLs with its Azure client; write the \
+                 prefix as {written}"
             )]);
         }
         // The host is what keeps the credentials on the server they are for.
@@ -161,8 +182,26 @@ impl Credentials {
                 Err(e) => problems.push(format!("prefix {name:?}: {e}")),
             }
         }
+        if raw.anonymous && !is_cloud {
+            problems.push(format!(
+                "prefix {name:?}: anonymous is for gs:// and az:// prefixes"
+            ));
+        }
         let mut login = None;
-        if is_oci {
+        let (mut gcs, mut azure) = (Vec::new(), Vec::new());
+        if is_cloud {
+            for (option, template) in &raw.options {
+                let resolved = expand(template, lookup)
+                    .map_err(|e| format!("options.{option}: {e}"))
+                    .and_then(|value| match prefix.scheme() {
+                        "gs" => gcs_option(option, value).map(|pair| gcs.push(pair)),
+                        _ => azure_option(option, value).map(|pair| azure.push(pair)),
+                    });
+                if let Err(e) = resolved {
+                    problems.push(format!("prefix {name:?}: {e}"));
+                }
+            }
+        } else if is_oci {
             match registry_login(&raw.options, lookup) {
                 Ok(found) => login = found,
                 Err(e) => problems.push(format!("prefix {name:?}: {e}")),
@@ -182,6 +221,9 @@ impl Credentials {
             prefix,
             headers,
             options,
+            gcs,
+            azure,
+            anonymous: raw.anonymous,
             login,
         })
     }
@@ -206,6 +248,18 @@ impl Credentials {
         &self.options
     }
 
+    pub(crate) fn gcs(&self) -> &[(GoogleConfigKey, String)] {
+        &self.gcs
+    }
+
+    pub(crate) fn azure(&self) -> &[(AzureConfigKey, String)] {
+        &self.azure
+    }
+
+    pub(crate) fn anonymous(&self) -> bool {
+        self.anonymous
+    }
+
     pub(crate) fn login(&self) -> Option<&Login> {
         self.login.as_ref()
     }
@@ -215,15 +269,16 @@ impl Credentials {
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let headers: Vec<_> = self.headers.keys().map(|k| format!("{k}: ***")).collect();
-        let options: Vec<_> = self
-            .options
-            .iter()
-            .map(|(k, _)| format!("{k:?} = ***"))
+        let options: Vec<_> = (self.options.iter().map(|(k, _)| format!("{k:?}")))
+            .chain(self.gcs.iter().map(|(k, _)| format!("{k:?}")))
+            .chain(self.azure.iter().map(|(k, _)| format!("{k:?}")))
+            .map(|k| format!("{k} = ***"))
             .collect();
         f.debug_struct("Credentials")
             .field("prefix", &self.prefix.as_str())
             .field("headers", &headers)
             .field("options", &options)
+            .field("anonymous", &self.anonymous)
             .field("login", &self.login)
             .finish()
     }
@@ -345,6 +400,26 @@ mod tests {
             (
                 source("prefix = \"s3://b/\"\noptions = { bucket = \"other\" }"),
                 "the bucket comes from the source URL",
+            ),
+            (
+                source("prefix = \"gs://b/\"\noptions = { skip_signature = \"true\" }"),
+                "prefix \"gs://b/\": options.skip_signature: write anonymous = true",
+            ),
+            (
+                source("prefix = \"az://a/c/\"\noptions = { use_emulator = \"true\" }"),
+                "options.use_emulator: it signs with the emulator's built-in key",
+            ),
+            (
+                source("prefix = \"az://a/c/\"\noptions = { account_key = \"${MISSING}\" }"),
+                "options.account_key: the host environment variable MISSING is not set",
+            ),
+            (
+                source("prefix = \"s3://b/\"\nanonymous = true"),
+                "anonymous is for gs:// and az:// prefixes",
+            ),
+            (
+                source("prefix = \"https://a.blob.core.windows.net/c/\""),
+                "write the prefix as az://a/c/",
             ),
             (source("prefix = \"hub.internal/models/\""), "is not a URL"),
             (

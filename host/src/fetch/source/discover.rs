@@ -1,12 +1,14 @@
 //! A registration's files found at its source rather than given: what
 //! `POST /v1/models` does when a body leaves `files` out. Dispatches on
 //! the source's scheme; only schemes whose sources can be listed answer
-//! (`s3`: an object store's prefix, listed by `s3/list.rs`; `oci`: a
+//! (`s3`, `gs`, `az` and Azure's `https://ACCOUNT.blob.core.windows.net`:
+//! an object store's prefix, listed by `buckets/list.rs`; `oci`: a
 //! manifest's layers). Never reads a
 //! file's bytes, and knows nothing of the registration rules: what it
 //! finds is checked by them afterwards, as given files are.
 
 use super::{Location, Sources, fill};
+use crate::cloud::Bucket;
 
 /// What a source holds: the files found and the template to record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,16 +35,19 @@ pub(crate) struct Found {
 pub(crate) const MAX_FILES: usize = 10_000;
 
 /// What the refusal for a scheme that cannot be listed names.
-const LISTABLE: &str = "s3:// prefixes and oci:// references";
+const LISTABLE: &str = "s3://, gs:// and az:// prefixes and oci:// references";
 
 impl Sources {
     /// The files at `source` (filled in for `job_id` as a file's location
     /// is), and the template that finds each of them again. The error is
     /// a sentence for the person registering.
     pub(crate) async fn discover(&self, source: &str, job_id: &str) -> Result<Discovered, String> {
-        match scheme(source).as_deref() {
-            Some("s3") => {
-                let (stored, url, bucket, key) = s3_prefix(source, job_id)?;
+        let scheme = scheme(source);
+        let in_a_bucket = matches!(scheme.as_deref(), Some("s3" | "gs" | "az"))
+            || matches!(fill(source, job_id, ""), Ok(Location::Store { .. }));
+        match scheme.as_deref() {
+            Some(_) if in_a_bucket => {
+                let (stored, url, bucket, key) = bucket_prefix(source, job_id)?;
                 let credentials = self.access.covering(&url);
                 let files = self.stores.list(&url, &bucket, &key, credentials).await?;
                 Ok(Discovered {
@@ -77,9 +82,9 @@ impl Sources {
                  registration (berth lists files itself only at {LISTABLE})"
             )),
             None => Err(format!(
-                "source {source:?} is not a URL: write s3://BUCKET/PREFIX/ or \
-                 oci://REGISTRY/REPOSITORY:TAG to have the files listed, or give the files in \
-                 the registration"
+                "source {source:?} is not a URL: write s3://BUCKET/PREFIX/ (or gs://, or \
+                 az://ACCOUNT/CONTAINER/PREFIX/) or oci://REGISTRY/REPOSITORY:TAG to have the \
+                 files listed, or give the files in the registration"
             )),
         }
     }
@@ -94,38 +99,43 @@ fn scheme(source: &str) -> Option<String> {
     valid.then(|| scheme.to_ascii_lowercase())
 }
 
-/// An `s3://` source as listed: `s3://BUCKET/PREFIX/` or
-/// `s3://BUCKET/PREFIX/{path}` (`{job_id}` allowed in the prefix). Gives
-/// the template to record (`…/{path}`), the prefix's URL with the job id
+/// An object store's source as listed: `s3://BUCKET/PREFIX/` or
+/// `s3://BUCKET/PREFIX/{path}` (`{job_id}` allowed in the prefix), and the
+/// same of `gs://` and `az://` (or Azure's `https://`) URLs. Gives the
+/// template to record (`…/{path}`), the prefix's URL with the job id
 /// filled in, its bucket and its key (empty for the bucket's root).
-fn s3_prefix(
+fn bucket_prefix(
     source: &str,
     job_id: &str,
-) -> Result<(String, url::Url, String, object_store::path::Path), String> {
+) -> Result<(String, url::Url, Bucket, object_store::path::Path), String> {
     let stored = if source.ends_with('/') {
         format!("{source}{{path}}")
     } else {
         source.to_string()
     };
     let listed = stored.strip_suffix("{path}").filter(|prefix| {
-        prefix.ends_with('/') && !prefix.contains("{path}") && prefix.len() > "s3://".len()
+        prefix.ends_with('/')
+            && !prefix.contains("{path}")
+            && prefix
+                .split_once("://")
+                .is_some_and(|(_, rest)| rest.len() > 1)
     });
     if listed.is_none() {
         return Err(format!(
             "source {source:?} is not a prefix berth can list: write s3://BUCKET/PREFIX/ or \
-             s3://BUCKET/PREFIX/{{path}} ({{path}} last, after a /), or give the files in the \
-             registration"
+             s3://BUCKET/PREFIX/{{path}} ({{path}} last, after a /; gs:// alike, \
+             az://ACCOUNT/CONTAINER/PREFIX/), or give the files in the registration"
         ));
     }
     // The prefix is where `{path}` goes, filled in as for a file.
     match fill(&stored, job_id, "")? {
         Location::Store { url, .. } if url.query().is_some() || url.fragment().is_some() => {
             Err(format!(
-                "source {source:?}: an s3 URL is a bucket and a key, with no query or fragment"
+                "source {source:?}: a bucket's URL is a bucket and a key, with no query or fragment"
             ))
         }
         Location::Store { url, bucket, key } => Ok((stored, url, bucket, key)),
-        other => unreachable!("an s3: template located {other:?}"),
+        other => unreachable!("a bucket's template located {other:?}"),
     }
 }
 
@@ -179,10 +189,10 @@ mod tests {
             ),
         ];
         for (source, job, stored, url, bucket, key) in cases {
-            let (s, u, b, k) = s3_prefix(source, job).unwrap();
+            let (s, u, b, k) = bucket_prefix(source, job).unwrap();
             assert_eq!(
-                (s.as_str(), u.as_str(), b.as_str(), k.as_ref()),
-                (stored, url, bucket, key),
+                (s.as_str(), u.as_str(), b, k.as_ref()),
+                (stored, url, Bucket::S3(bucket.into()), key),
                 "{source}"
             );
         }
@@ -197,14 +207,14 @@ mod tests {
             "s3://",
             "s3:///",
         ] {
-            let error = s3_prefix(source, "j").unwrap_err();
+            let error = bucket_prefix(source, "j").unwrap_err();
             assert!(
                 error.contains("is not a prefix berth can list")
                     || error.contains("names no bucket"),
                 "{source}: {error}"
             );
         }
-        let error = s3_prefix("s3://models/runs/?x=1#/", "j").unwrap_err();
+        let error = bucket_prefix("s3://models/runs/?x=1#/", "j").unwrap_err();
         assert!(error.contains("no query or fragment"), "{error}");
     }
 
@@ -215,20 +225,20 @@ mod tests {
             (
                 "https://files.local/{job_id}/{path}",
                 "source \"https://files.local/{job_id}/{path}\": the files of a https: source \
-                 must be given in the registration (berth lists files itself only at s3:// \
-                 prefixes and oci:// references)",
+                 must be given in the registration (berth lists files itself only at s3://, gs:// \
+                 and az:// prefixes and oci:// references)",
             ),
             (
                 "file:///srv/models/",
                 "source \"file:///srv/models/\": the files of a file: source must be given in \
-                 the registration (berth lists files itself only at s3:// prefixes and oci:// \
-                 references)",
+                 the registration (berth lists files itself only at s3://, gs:// and az:// \
+                 prefixes and oci:// references)",
             ),
             (
                 "models/{path}",
-                "source \"models/{path}\" is not a URL: write s3://BUCKET/PREFIX/ or \
-                 oci://REGISTRY/REPOSITORY:TAG to have the files listed, or give the files in \
-                 the registration",
+                "source \"models/{path}\" is not a URL: write s3://BUCKET/PREFIX/ (or gs://, or \
+                 az://ACCOUNT/CONTAINER/PREFIX/) or oci://REGISTRY/REPOSITORY:TAG to have the \
+                 files listed, or give the files in the registration",
             ),
         ];
         for (source, expected) in cases {

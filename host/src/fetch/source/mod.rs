@@ -1,6 +1,7 @@
 //! Where a model's files come from: the model's `source` template filled in
 //! for one file (`locate`), and a byte stream of it (`Sources::open`), from
-//! an HTTP server (`http`), an object store (`s3`) or a local file (`file`),
+//! an HTTP server (`http`), an object store (`buckets`: S3, Google Cloud
+//! Storage, Azure Blob) or a local file (`file`),
 //! each with the credentials of the sources-file prefix covering it
 //! (`access`). The backends share `Body` and `Span` from here and know
 //! nothing of each other. A registration that leaves its files out has
@@ -9,11 +10,13 @@
 
 pub(crate) mod access;
 mod answers;
+pub(crate) mod buckets;
+#[cfg(test)]
+mod cloud_tests;
 mod discover;
 mod file;
 mod http;
 mod oci;
-pub(crate) mod s3;
 #[cfg(test)]
 mod s3_list_tests;
 #[cfg(test)]
@@ -28,10 +31,11 @@ use futures::Stream;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
 pub(crate) use crate::causes::innermost;
+use crate::cloud::Bucket;
 use crate::trust::Trust;
 use access::Access;
+use buckets::Stores;
 pub(crate) use file::open_file;
-use s3::Stores;
 
 /// Characters escaped in a filled-in `{path}` or `{job_id}`: everything but
 /// unreserved characters and `/`, so nested paths stay nested.
@@ -64,11 +68,12 @@ const SEGMENT: &AsciiSet = &CONTROLS
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Location {
     Http(url::Url),
-    /// `s3://bucket/key`: the URL (for messages and credentials), the
-    /// bucket and the object's key.
+    /// `s3://BUCKET/KEY`, `gs://BUCKET/KEY` or `az://ACCOUNT/CONTAINER/KEY`:
+    /// the URL (for messages and credentials), the bucket and the
+    /// object's key.
     Store {
         url: url::Url,
-        bucket: String,
+        bucket: Bucket,
         key: object_store::path::Path,
     },
     File(PathBuf),
@@ -140,24 +145,18 @@ fn fill(template: &str, job_id: &str, path: &str) -> Result<Location, String> {
         .replace("{path}", &utf8_percent_encode(path, SEGMENT).to_string());
     let url = url::Url::parse(&filled)
         .map_err(|e| format!("the source URL {filled} is not valid: {e}"))?;
+    if let Some(located) = Bucket::locate(&url) {
+        let (bucket, url, key) = located?;
+        return Ok(Location::Store { url, bucket, key });
+    }
     match url.scheme() {
         "http" | "https" => Ok(Location::Http(url)),
-        "s3" => {
-            let bucket = url
-                .host_str()
-                .filter(|bucket| !bucket.is_empty())
-                .ok_or_else(|| format!("the source URL {filled} names no bucket"))?
-                .to_string();
-            let key = object_store::path::Path::from_url_path(url.path())
-                .map_err(|e| format!("the source URL {filled} is not a valid object key: {e}"))?;
-            Ok(Location::Store { url, bucket, key })
-        }
         "file" => url
             .to_file_path()
             .map(Location::File)
             .map_err(|()| format!("the source URL {filled} is not a local file path")),
         other => Err(format!(
-            "the source scheme {other}: is not supported (http, https, s3, file)"
+            "the source scheme {other}: is not supported (http, https, s3, gs, az, file)"
         )),
     }
 }
@@ -454,8 +453,8 @@ mod props {
                     }
                 }
                 (Location::Store { url, bucket, key }, "s3") => {
-                    prop_assert_eq!(&bucket, &template.authority);
-                    prop_assert_eq!(url.host_str(), Some(bucket.as_str()));
+                    prop_assert_eq!(&bucket, &Bucket::S3(template.authority.clone()));
+                    prop_assert_eq!(url.host_str(), Some(template.authority.as_str()));
                     let wanted = format!("{prefix}/{job}/{path}");
                     prop_assert_eq!(key.as_ref(), &wanted[1..]);
                 }

@@ -145,10 +145,11 @@ async fn a_prefix_with_more_objects_than_the_limit_is_refused() {
     let sources = sources(moto.good_access());
     let url = url::Url::parse(&format!("s3://{BUCKET}/crowded/")).unwrap();
     let key = Key::from("crowded");
+    let bucket = crate::cloud::Bucket::S3(BUCKET.into());
     let list = |limit| {
         sources
             .stores
-            .list_at_most(&url, BUCKET, &key, sources.access.covering(&url), limit)
+            .list_at_most(&url, &bucket, &key, sources.access.covering(&url), limit)
     };
 
     assert_eq!(

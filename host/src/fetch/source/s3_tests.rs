@@ -75,20 +75,32 @@ impl Moto {
 }
 
 /// A fetcher into a fresh models dir, and model `job` of `files` in the
-/// bucket (put there only if `put`).
+/// bucket.
 async fn setup(
     job: &str,
     files: &[(&str, Vec<u8>)],
     access: Access,
 ) -> (tempfile::TempDir, Fetcher, TrainedModel) {
     moto().put(job, files).await;
+    let (models, fetcher) = fetcher(access);
+    let model = model(job, format!("s3://{BUCKET}/{{job_id}}/{{path}}"), files);
+    (models, fetcher, model)
+}
+
+/// A fetcher into a fresh models dir, with the credentials of `access`.
+pub(super) fn fetcher(access: Access) -> (tempfile::TempDir, Fetcher) {
     let models = tempfile::tempdir().unwrap();
     let fetcher = Fetcher::new(models.path().to_path_buf(), Duration::from_secs(120))
         .unwrap()
         .access(access);
-    let model = TrainedModel::from_files(
+    (models, fetcher)
+}
+
+/// Model `job` of `files`, as recorded, at `source`.
+pub(super) fn model(job: &str, source: String, files: &[(&str, Vec<u8>)]) -> TrainedModel {
+    TrainedModel::from_files(
         job,
-        format!("s3://{BUCKET}/{{job_id}}/{{path}}"),
+        source,
         files
             .iter()
             .map(|(path, contents)| ModelFile {
@@ -98,8 +110,7 @@ async fn setup(
                 format: None,
             })
             .collect(),
-    );
-    (models, fetcher, model)
+    )
 }
 
 pub(super) async fn fetch(fetcher: &Fetcher, model: &TrainedModel) -> Result<PathBuf, Error> {
@@ -343,6 +354,20 @@ async fn cut_short_and_continued(job: &str, connections: usize) {
     let data = contents(7, 32 << 20);
     let (models, fetcher, model) =
         setup(job, &[("big.bin", data.clone())], moto().good_access()).await;
+    continued(models, fetcher, model, data, connections).await;
+}
+
+/// `model`'s one file `big.bin` (`data`) fetched over `connections`,
+/// cancelled after 2 MiB, then fetched again: the second fetch starts from
+/// what the first kept.
+pub(super) async fn continued(
+    models: tempfile::TempDir,
+    fetcher: Fetcher,
+    model: TrainedModel,
+    data: Vec<u8>,
+    connections: usize,
+) {
+    let job = model.job_id.clone();
     let fetcher = fetcher.split(Split {
         connections,
         piece_bytes: 2 << 20,

@@ -1,7 +1,10 @@
 //! Listing a prefix of an object store, for a registration that leaves
 //! its files out: every object under it, walked a folder at a time, each
 //! with its size as listed and, from a HEAD, the sha256 the store keeps of
-//! it if any. Never reads an object's bytes.
+//! it if any: S3's `x-amz-checksum-sha256` of a whole object. Google Cloud
+//! Storage keeps an MD5 and a CRC32C, Azure a Content-MD5 (and CRC64 of
+//! blocks): none is a sha256, so their files are listed with sizes only.
+//! Never reads an object's bytes.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,11 +15,12 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::client::{
     HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
 };
-use object_store::list::{PaginatedListOptions, PaginatedListStore};
+use object_store::list::PaginatedListOptions;
 use object_store::path::Path as Key;
 use object_store::{ClientOptions, Extensions, GetOptions, HeaderMap, HeaderValue, ObjectStore};
 
 use super::{Store, Stores, innermost};
+use crate::cloud::{Bucket, no_credential};
 use crate::fetch::source::access::Credentials;
 use crate::fetch::source::discover::{Found, MAX_FILES};
 use crate::s3::{store_said, unreachable};
@@ -34,7 +38,7 @@ impl Stores {
     pub(crate) async fn list(
         &self,
         url: &url::Url,
-        bucket: &str,
+        bucket: &Bucket,
         key: &Key,
         credentials: Option<&Credentials>,
     ) -> Result<Vec<Found>, String> {
@@ -46,7 +50,7 @@ impl Stores {
     pub(crate) async fn list_at_most(
         &self,
         url: &url::Url,
-        bucket: &str,
+        bucket: &Bucket,
         key: &Key,
         credentials: Option<&Credentials>,
         limit: usize,
@@ -102,7 +106,7 @@ impl Store {
             let mut page_token = None;
             loop {
                 let page = self
-                    .s3
+                    .client
                     .list_paginated(
                         Some(listed.as_str()).filter(|prefix| !prefix.is_empty()),
                         PaginatedListOptions {
@@ -153,6 +157,9 @@ impl Store {
     /// The sha256 the store keeps of the whole object `key` (shown as
     /// `url`), as lowercase hex: asked for with a HEAD, never the bytes.
     async fn kept_sha256(&self, key: &Key, url: &url::Url) -> Result<Option<String>, String> {
+        let Some(heads) = &self.heads else {
+            return Ok(None);
+        };
         let answered = Answered::default();
         let mut extensions = Extensions::new();
         extensions.insert(answered.clone());
@@ -161,7 +168,7 @@ impl Store {
             extensions,
             ..GetOptions::default()
         };
-        self.heads
+        heads
             .get_opts(key, options)
             .await
             .map_err(|e| self.describe(e, url))?;
@@ -175,12 +182,10 @@ impl Store {
     fn describe_listing(&self, e: object_store::Error, url: &url::Url) -> String {
         let text = innermost(&e);
         let said = store_said(&text);
-        if said.starts_with("NoSuchBucket") {
-            format!(
-                "the store at {} has no bucket {} ({url})",
-                self.endpoint,
-                url.host_str().unwrap_or_default()
-            )
+        if no_credential(&e) {
+            self.no_credential(&e, url)
+        } else if let Some(missing) = self.no_bucket(&said, url) {
+            missing
         } else if text.contains(" 403 Forbidden") || text.contains(" 401 Unauthorized") {
             format!(
                 "the store refused the credentials for {url} ({said}); they are {}",
