@@ -299,15 +299,17 @@ async fn a_restart_under_load_loses_nothing(how: Restart) {
             (status, answer.json::<Value>().await.unwrap())
         }));
     }
+    // Every row recorded (a sync request whose row is not yet written when
+    // the database goes is rightly answered 503), and some running.
     eventually(
-        || "deployments run on both servers".to_string(),
+        || "all 16 deployments recorded, and running on both servers".to_string(),
         async || {
             let (_, list) = berths[0]
                 .get(&format!("/v1/models/{model_id}/deployments?limit=500"))
                 .await;
             let rows = list["deployments"].as_array()?;
             let running = rows.iter().filter(|r| r["status"] == "running").count();
-            (running >= 4).then_some(())
+            (rows.len() >= 16 && running >= 4).then_some(())
         },
     )
     .await;
