@@ -6,8 +6,10 @@
 
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
 
 use super::text;
 use crate::http::json::{Phase, Progress};
@@ -97,7 +99,9 @@ impl ProgressView {
 /// on a terminal, a plain line every few seconds otherwise for a transfer.
 pub struct Meter {
     done: Arc<AtomicU64>,
-    finished: Arc<AtomicBool>,
+    /// Wakes the drawer at once: a finished command does not wait out its
+    /// pause (up to `PLAIN_EVERY`).
+    finished: CancellationToken,
     drawer: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -110,15 +114,18 @@ impl Meter {
     /// of life in a log); other work is drawn on a terminal only.
     pub fn start(what: String, total: u64, transfer: bool) -> Self {
         let done = Arc::new(AtomicU64::new(0));
-        let finished = Arc::new(AtomicBool::new(false));
+        let finished = CancellationToken::new();
         let terminal = std::io::stderr().is_terminal();
         let drawer = (terminal || transfer).then(|| {
             let (done, finished) = (done.clone(), finished.clone());
             tokio::spawn(async move {
                 let started = Instant::now();
                 let every = if terminal { REDRAW } else { PLAIN_EVERY };
-                while !finished.load(Ordering::Relaxed) {
-                    tokio::time::sleep(every).await;
+                loop {
+                    tokio::select! {
+                        _ = finished.cancelled() => break,
+                        _ = tokio::time::sleep(every) => {}
+                    }
                     let line = meter_line(
                         &what,
                         done.load(Ordering::Relaxed),
@@ -128,7 +135,7 @@ impl Meter {
                     );
                     if terminal {
                         redraw(&line);
-                    } else if !finished.load(Ordering::Relaxed) {
+                    } else {
                         eprintln!("{line}");
                     }
                 }
@@ -151,7 +158,7 @@ impl Meter {
 
     /// Stops drawing and clears the line.
     pub async fn finish(self) {
-        self.finished.store(true, Ordering::Relaxed);
+        self.finished.cancel();
         if let Some(drawer) = self.drawer {
             let _ = drawer.await;
         }
@@ -261,6 +268,17 @@ pub(super) fn bar(fraction: f64, width: usize) -> String {
 mod tests {
     use super::*;
     use crate::http::json::DeployerProgress;
+
+    /// With time paused, a sleep the drawer waited out would move the
+    /// clock: a finished meter returns without waiting for its next line.
+    #[tokio::test(start_paused = true)]
+    async fn a_meter_finishes_at_once_not_at_its_next_line() {
+        let meter = Meter::start("uploading 1 files".into(), 100, true);
+        tokio::task::yield_now().await;
+        let before = tokio::time::Instant::now();
+        meter.finish().await;
+        assert_eq!(tokio::time::Instant::now(), before);
+    }
 
     fn progress(bytes_done: u64, files_done: usize, done: u64, total: u64, note: &str) -> Progress {
         Progress {
