@@ -20,6 +20,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use futures::TryStreamExt;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -39,6 +40,10 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 pub const UPLOAD_OFFSET: HeaderName = HeaderName::from_static("upload-offset");
 /// The blob's whole size.
 pub const UPLOAD_LENGTH: HeaderName = HeaderName::from_static("upload-length");
+/// In a 201's answer: `crc32 HEX`, the CRC-32 (IEEE) of the bytes this
+/// request carried, for the client to check the transfer end to end
+/// without a second hash of its own. tus names a checksum so.
+pub const UPLOAD_CHECKSUM: HeaderName = HeaderName::from_static("upload-checksum");
 
 /// How far the upload of a blob got.
 ///
@@ -103,7 +108,8 @@ async fn offset_of(ctx: &ApiContext, name: &UploadName) -> Response {
     ),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses(
-        (status = CREATED, description = "The last byte came and the sha256 matched: stored, pinned", body = json::Blob),
+        (status = CREATED, description = "The last byte came and the sha256 matched: stored, pinned", body = json::Blob,
+            headers(("Upload-Checksum" = String, description = "`crc32 HEX`: the CRC-32 of this request's bytes"))),
         (status = OK, description = "The store held it already (now pinned); the body was not read", body = json::Blob),
         (status = ACCEPTED, description = "The body ended before the blob did: `Upload-Offset` bytes are held",
             headers(("Upload-Offset" = u64, description = "The bytes held"))),
@@ -140,7 +146,8 @@ async fn put(
     ),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses(
-        (status = CREATED, description = "The last byte came: stored as the blob of the sha256 named, pinned", body = json::Blob),
+        (status = CREATED, description = "The last byte came: stored as the blob of the sha256 named, pinned", body = json::Blob,
+            headers(("Upload-Checksum" = String, description = "`crc32 HEX`: the CRC-32 of this request's bytes"))),
         (status = ACCEPTED, description = "The body ended before the blob did: `Upload-Offset` bytes are held",
             headers(("Upload-Offset" = u64, description = "The bytes held"))),
         (status = BAD_REQUEST, description = "Not an upload id, no `Upload-Length`, or a body past it", body = ErrorBody),
@@ -174,7 +181,10 @@ async fn take(
         sha256,
         size_bytes: upload.size,
     };
-    let mut body = body.into_data_stream();
+    let mut crc = crc32fast::Hasher::new();
+    let mut body = body
+        .into_data_stream()
+        .inspect_ok(|chunk| crc.update(chunk));
     let answer = match ctx.fetcher.upload(&upload, &mut body).await {
         Ok(Uploaded::Stored { sha256 }) => {
             (StatusCode::CREATED, axum::Json(blob(sha256))).into_response()
@@ -189,7 +199,14 @@ async fn take(
             .into_response(),
         Err(e) => refused(e),
     };
-    Ok(drain::answer(&mut body, answer).await)
+    let mut answer = drain::answer(&mut body, answer).await;
+    drop(body);
+    if answer.status() == StatusCode::CREATED {
+        let checksum = format!("crc32 {:08x}", crc.finalize());
+        let value = HeaderValue::from_str(&checksum).expect("ASCII");
+        answer.headers_mut().insert(UPLOAD_CHECKSUM, value);
+    }
+    Ok(answer)
 }
 
 /// An upload's refusal, with the offset to go on from where there is one.

@@ -7,16 +7,19 @@
 //! close`, so that no client reuses a connection the server is closing
 //! (`berth models push` then asks again with an empty body to hear why).
 
-use axum::body::BodyDataStream;
 use axum::http::{HeaderValue, header};
 use axum::response::Response;
-use futures::StreamExt;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
 
 /// The most of an unneeded body read before answering.
 const LIMIT: usize = 8 << 20;
 
 /// `answer`, once what is left of `body` is read (up to `LIMIT`).
-pub async fn answer(body: &mut BodyDataStream, mut answer: Response) -> Response {
+pub async fn answer<E>(
+    body: &mut (impl Stream<Item = Result<Bytes, E>> + Unpin),
+    mut answer: Response,
+) -> Response {
     let mut read = 0;
     while read < LIMIT {
         match body.next().await {

@@ -178,14 +178,14 @@ impl Api {
     }
 
     /// `PUT`s `body`, `len` bytes of an upload from `offset` on, of a blob
-    /// of `size` bytes: the answer's status and text, or the server's
-    /// refusal.
+    /// of `size` bytes: the answer's status, `Upload-Checksum` and text, or
+    /// the server's refusal.
     pub async fn upload(
         &self,
         path: &str,
         (size, offset, len): (u64, u64, u64),
         body: reqwest::Body,
-    ) -> Result<(StatusCode, String), Error> {
+    ) -> Result<(StatusCode, Option<String>, String), Error> {
         let request = self
             .http
             .put(format!("{}{path}", self.server))
@@ -194,7 +194,15 @@ impl Api {
             .header(reqwest::header::CONTENT_LENGTH, len)
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .body(body);
-        self.send_for_status(&Method::PUT, path, request).await
+        self.send_for_answer(&Method::PUT, path, request)
+            .await
+            .map(|(status, headers, text)| {
+                let checksum = headers
+                    .get("upload-checksum")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                (status, checksum, text)
+            })
     }
 
     /// Sends `request`: its JSON answer read as `T`, or the server's
@@ -241,11 +249,24 @@ impl Api {
         path: &str,
         request: reqwest::RequestBuilder,
     ) -> Result<(StatusCode, String), Error> {
+        self.send_for_answer(method, path, request)
+            .await
+            .map(|(status, _, text)| (status, text))
+    }
+
+    /// `send_for_status`, with the answer's headers.
+    async fn send_for_answer(
+        &self,
+        method: &Method,
+        path: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(StatusCode, reqwest::header::HeaderMap, String), Error> {
         let response = request.send().await.map_err(|e| self.unreachable(&e))?;
         let status = response.status();
+        let headers = response.headers().clone();
         let text = response.text().await.map_err(|e| self.unreachable(&e))?;
         if status.is_success() {
-            return Ok((status, text));
+            return Ok((status, headers, text));
         }
         match serde_json::from_str::<ErrorBody>(&text) {
             Ok(refusal) => Err(Error::Refused {

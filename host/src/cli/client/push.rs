@@ -1,18 +1,22 @@
 //! `berth models push DIR`: a training run's folder read as a registration
 //! (`run_folder`: the same choice of files, hashes and fields as
 //! `register`), its files uploaded through the server into its blob store,
-//! then registered with the source `upload:`. A file is read once: it is
-//! hashed as it is sent (`PUT /v1/blobs/uploads/ID`, the id from the
-//! file's identity), and the sha256 the server stored it as must be the
-//! one hashed here. A folder the server has registered already (same job
+//! then registered with the source `upload:`. A file is read once: sent
+//! under an id from the file's identity (`PUT /v1/blobs/uploads/ID`), it
+//! becomes the blob of the sha256 the server computes as it arrives. The
+//! transfer is checked end to end: sent whole in one request, by the
+//! CRC-32 of its bytes (the answer's `Upload-Checksum`), as object stores
+//! check uploads; resumed, by a sha256 hashed here as it is sent (its first
+//! bytes read from the file), which must be the server's. A folder the
+//! server has registered already (same job
 //! id, paths and sizes) is hashed first instead, and only what the server
 //! lacks is sent (`PUT /v1/blobs/sha256:…`). A cut upload is resumed at its
 //! offset, a few times in one run, and again by running the command again.
 
 use std::io::{Read, SeekFrom};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -160,14 +164,18 @@ async fn upload(
             );
         }
         done.store(start + offset, Ordering::Relaxed);
-        let (body, hashing) = from_offset(&path, blob, offset, done.clone()).await?;
+        let (body, check) = from_offset(&path, blob, offset, done.clone()).await?;
         let range = (blob.size, offset, blob.size - offset);
         match api.upload(&url, range, body).await {
-            Ok((status, answer)) if status != reqwest::StatusCode::ACCEPTED => {
-                let Some(hashing) = hashing else {
+            Ok((status, checksum, answer)) if status != reqwest::StatusCode::ACCEPTED => {
+                let Some(check) = check else {
                     return Ok(blob.sha256.unwrap_or_default().to_string());
                 };
-                return checked(blob, &path, &before, hashing, &answer).await;
+                let said = Said {
+                    checksum: checksum.as_deref(),
+                    answer: &answer,
+                };
+                return checked(blob, &path, &before, check, said).await;
             }
             // The body ended early, or was cut (the server keeps what came
             // and says where to go on), or another upload of the same bytes
@@ -191,43 +199,74 @@ async fn upload(
     }
 }
 
-/// The sha256 of a blob sent as it was hashed: the one the server's
-/// `answer` names, if it is the one hashed here and the file did not
-/// change while it was read.
+/// What the server answered a finished upload with.
+struct Said<'a> {
+    /// `Upload-Checksum`: `crc32 HEX` of the request's bytes.
+    checksum: Option<&'a str>,
+    /// The stored blob (`json::Blob`), as JSON.
+    answer: &'a str,
+}
+
+/// The sha256 the server stored a blob sent by id as, once the transfer
+/// checks out (`check`) and the file did not change while it was read.
 async fn checked(
     blob: &Blob<'_>,
     path: &Path,
     before: &std::fs::Metadata,
-    hashing: tokio::task::JoinHandle<std::io::Result<Hashed>>,
-    answer: &str,
+    check: Check,
+    said: Said<'_>,
 ) -> Result<String, Error> {
     let cannot = |e: std::io::Error| Error::Invalid(format!("cannot read {}: {e}", path.display()));
-    let ours = hashing
-        .await
-        .map_err(|e| Error::Invalid(e.to_string()))?
-        .map_err(cannot)?;
-    let after = std::fs::metadata(path).map_err(cannot)?;
-    let listed = Listed {
-        path: blob.path.to_string(),
-        size: blob.size,
-    };
-    Changed::check(&listed, before, ours.read, &after)
-        .map_err(|e| Error::Unfinished(e.to_string()))?;
-    let theirs: json::Blob = serde_json::from_str(answer).map_err(|_| {
+    let theirs: json::Blob = serde_json::from_str(said.answer).map_err(|_| {
         Error::Invalid(format!(
             "{}: the server's answer to its upload names no sha256 (is it a berth server of this \
              version?)",
             blob.path
         ))
     })?;
-    if theirs.sha256 != ours.sha256 {
-        return Err(Error::Invalid(format!(
-            "{}: the server stored it as sha256 {}, but it hashes to {} here: bytes were changed \
-             on the way; push again",
-            blob.path, theirs.sha256, ours.sha256
-        )));
-    }
-    Ok(ours.sha256)
+    let changed = |what: &str, ours: &str, theirs: &str| {
+        Error::Invalid(format!(
+            "{}: the server received {what} {theirs}, but what was sent is {ours}: bytes were \
+             changed on the way; push again",
+            blob.path
+        ))
+    };
+    let read = match check {
+        Check::Sha256(hashing) => {
+            let ours = hashing
+                .await
+                .map_err(|e| Error::Invalid(e.to_string()))?
+                .map_err(cannot)?;
+            if ours.sha256 != theirs.sha256 {
+                return Err(changed("sha256", &ours.sha256, &theirs.sha256));
+            }
+            ours.read
+        }
+        Check::Crc32(sent) => {
+            let (crc, read) = {
+                let sent = sent.lock().unwrap_or_else(|e| e.into_inner());
+                (format!("crc32 {:08x}", sent.0.clone().finalize()), sent.1)
+            };
+            let Some(checksum) = said.checksum else {
+                return Err(Error::Invalid(format!(
+                    "{}: the server's answer to its upload has no Upload-Checksum (is it a berth \
+                     server of this version?)",
+                    blob.path
+                )));
+            };
+            if checksum != crc {
+                return Err(changed("bytes of", &crc, checksum));
+            }
+            read
+        }
+    };
+    let after = std::fs::metadata(path).map_err(cannot)?;
+    let listed = Listed {
+        path: blob.path.to_string(),
+        size: blob.size,
+    };
+    Changed::check(&listed, before, read, &after).map_err(|e| Error::Unfinished(e.to_string()))?;
+    Ok(theirs.sha256)
 }
 
 /// The id of the upload of the file at `path`: the same while the file is,
@@ -263,6 +302,17 @@ async fn refusal(api: &Api, url: &str, blob: &Blob<'_>, offset: u64) -> Result<(
     }
 }
 
+/// How the bytes of a blob sent by id are checked against what the server
+/// stored.
+enum Check {
+    /// A resumed upload, hashed here as it was sent (its first bytes read
+    /// from the file): the server's sha256 must be this one.
+    Sha256(tokio::task::JoinHandle<std::io::Result<Hashed>>),
+    /// A whole file in one request: the CRC-32 of the bytes sent and how
+    /// many, which the server's `Upload-Checksum` must match.
+    Crc32(Arc<Mutex<(crc32fast::Hasher, u64)>>),
+}
+
 /// What the hashing of a sent file came to.
 struct Hashed {
     sha256: String,
@@ -271,20 +321,14 @@ struct Hashed {
 }
 
 /// The file at `path` as a request body from `offset` on, counting what is
-/// read into `done`; and, for a blob not hashed before, the hashing of it
-/// as it is sent (its first `offset` bytes read from the file).
+/// read into `done`; and, for a blob not hashed before, the check of what
+/// it sends (`Check`).
 async fn from_offset(
     path: &Path,
     blob: &Blob<'_>,
     offset: u64,
     done: Arc<AtomicU64>,
-) -> Result<
-    (
-        reqwest::Body,
-        Option<tokio::task::JoinHandle<std::io::Result<Hashed>>>,
-    ),
-    Error,
-> {
+) -> Result<(reqwest::Body, Option<Check>), Error> {
     let cannot = |e: std::io::Error| Error::Invalid(format!("cannot read {}: {e}", path.display()));
     let mut file = tokio::fs::File::open(path).await.map_err(cannot)?;
     file.seek(SeekFrom::Start(offset)).await.map_err(cannot)?;
@@ -294,6 +338,16 @@ async fn from_offset(
         });
     if blob.sha256.is_some() {
         return Ok((reqwest::Body::wrap_stream(chunks), None));
+    }
+    if offset == 0 {
+        let sent = Arc::new(Mutex::new((crc32fast::Hasher::new(), 0u64)));
+        let counted = sent.clone();
+        let chunks = chunks.inspect_ok(move |chunk| {
+            let mut sent = counted.lock().unwrap_or_else(|e| e.into_inner());
+            sent.0.update(chunk);
+            sent.1 += chunk.len() as u64;
+        });
+        return Ok((reqwest::Body::wrap_stream(chunks), Some(Check::Crc32(sent))));
     }
     let (to_hash, chunks_sent) = mpsc::channel::<Bytes>(HASH_QUEUE);
     let hashing = tokio::task::spawn_blocking({
@@ -308,7 +362,10 @@ async fn from_offset(
             Ok(chunk)
         }
     });
-    Ok((reqwest::Body::wrap_stream(chunks), Some(hashing)))
+    Ok((
+        reqwest::Body::wrap_stream(chunks),
+        Some(Check::Sha256(hashing)),
+    ))
 }
 
 /// Hashes the first `offset` bytes of `path`, then the chunks sent, until
@@ -353,3 +410,70 @@ const HASH_QUEUE: usize = 8;
 /// Bytes read from a file per chunk of the body: large enough that reads
 /// and writes are few, small enough that memory stays flat.
 const READ_CHUNK: usize = 1 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of `bytes`, its metadata, and the blob it is to push.
+    fn sent(bytes: &[u8]) -> (tempfile::TempDir, std::path::PathBuf, std::fs::Metadata) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.bin");
+        std::fs::write(&path, bytes).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        (dir, path, meta)
+    }
+
+    fn crc_of(bytes: &[u8]) -> Check {
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(bytes);
+        Check::Crc32(Arc::new(Mutex::new((crc, bytes.len() as u64))))
+    }
+
+    #[tokio::test]
+    async fn the_server_s_digest_is_taken_only_when_the_transfer_checks_out() {
+        let bytes = b"weights".repeat(1000);
+        let (_dir, path, before) = sent(&bytes);
+        let blob = Blob {
+            path: "w.bin",
+            size: bytes.len() as u64,
+            sha256: None,
+        };
+        let answer = format!(r#"{{"sha256":"{}","size_bytes":7000}}"#, "ab".repeat(32));
+        let crc = format!("crc32 {:08x}", crc32fast::hash(&bytes));
+        let said = |checksum| Said {
+            checksum,
+            answer: &answer,
+        };
+        let taken = checked(&blob, &path, &before, crc_of(&bytes), said(Some(&crc))).await;
+        assert_eq!(taken.unwrap(), "ab".repeat(32));
+
+        let other = checked(&blob, &path, &before, crc_of(b"other"), said(Some(&crc))).await;
+        let e = other.unwrap_err().to_string();
+        assert!(e.contains("bytes were changed on the way"), "{e}");
+        let none = checked(&blob, &path, &before, crc_of(&bytes), said(None)).await;
+        assert!(none.unwrap_err().to_string().contains("no Upload-Checksum"));
+
+        // Resumed: the sha256 hashed here must be the server's.
+        let hashing = tokio::task::spawn(async {
+            Ok(Hashed {
+                sha256: "cd".repeat(32),
+                read: 7000,
+            })
+        });
+        let resumed = checked(
+            &blob,
+            &path,
+            &before,
+            Check::Sha256(hashing),
+            said(Some(&crc)),
+        );
+        let e = resumed.await.unwrap_err().to_string();
+        assert!(e.contains(&format!("sha256 {}", "ab".repeat(32))), "{e}");
+
+        // A file that changed while it was sent is a run still writing.
+        std::fs::write(&path, b"grown".repeat(2000)).unwrap();
+        let grown = checked(&blob, &path, &before, crc_of(&bytes), said(Some(&crc))).await;
+        assert!(matches!(grown, Err(Error::Unfinished(_))), "{grown:?}");
+    }
+}
