@@ -5,11 +5,11 @@
 //! resident memory meanwhile. The baseline is that endpoint, not a plain
 //! sink: the server's work (hash as the bytes arrive, write, fsync, store)
 //! is the same for both, so the ratio is what the client costs. push's time
-//! is the whole command: it hashes the file as it sends it (a registration
-//! records each sha256; the upload is named by an id, and the server's
-//! sha256 is checked against push's own), where curl is handed the digest;
-//! a third row gives curl push's work, `openssl dgst -sha256` (SHA-NI, as
-//! berth's hash) before `curl -T`.
+//! is the whole command: listing, the upload (named by an id, checked end to
+//! end by the CRC-32 of its bytes; the sha256 is the server's), the
+//! registration; curl is handed the digest. A third row is what push cost
+//! before, hashing first: `openssl dgst -sha256` (SHA-NI, as berth's hash)
+//! before `curl -T`.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -85,7 +85,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
         ctx.big_gib, ctx.rounds
     ));
     table.row(
-        "berth models push DIR (hash while uploading, register)",
+        "berth models push DIR (upload checked by CRC-32, register)",
         secs(push),
         format!(
             "{} · server peak RSS {} MiB",
