@@ -30,18 +30,24 @@
 //! models push` of a `--big-gib` file against `curl -T` of it to the same
 //! upload endpoint, and the server's memory), `signatures` (a 50-file
 //! model's model.sig verified against its record, against re-hashing it
-//! and `model_signing verify`); all by default.
+//! and `model_signing verify`), `buckets` (a model fetched from S3, GCS
+//! and Azure Blob emulators, the S3 one the baseline); all by default.
 //! Data goes
 //! to `target/bench-data` and is deleted at the end unless `--keep`.
 
 mod api;
+#[path = "../../tests/azurite/azurite.rs"]
+mod azurite;
 mod blobs;
+mod buckets;
 mod capped;
 mod cluster;
 mod coordination;
 mod data;
 mod deploys;
 mod dropin;
+#[path = "../../tests/fake-gcs/fake_gcs.rs"]
+mod fake_gcs;
 mod fetch;
 mod load;
 #[path = "../../tests/moto/moto.rs"]
@@ -120,7 +126,7 @@ impl Ctx {
     }
 }
 
-const SECTIONS: [&str; 20] = [
+const SECTIONS: [&str; 21] = [
     "fetch",
     "resume",
     "reverify",
@@ -141,6 +147,7 @@ const SECTIONS: [&str; 20] = [
     "blobs",
     "upload",
     "signatures",
+    "buckets",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -254,6 +261,7 @@ fn main() -> anyhow::Result<()> {
                 "deploys" => deploys::run(&ctx).await?,
                 "dropin" => dropin::run(&ctx).await?,
                 "signatures" => signatures::run(&ctx).await?,
+                "buckets" => buckets::run(&ctx).await?,
                 "cluster" => cluster::run(&ctx).await?,
                 "push" => push::run(&ctx).await?,
                 "publish" => publish::run(&ctx).await?,
