@@ -152,7 +152,8 @@ fn a_sources_file_that_cannot_be_used_stops_the_start_naming_the_file() {
         ),
         (
             "[[source]]\nprefix = \"https://hub.internal/models/\"\ntoken = \"x\"",
-            "line 3: unknown field `token`, expected one of `prefix`, `headers`, `options`",
+            "line 3: unknown field `token`, expected one of `prefix`, `headers`, `options`, \
+             `anonymous`",
         ),
     ];
     for (text, expected) in cases {
