@@ -459,6 +459,9 @@ mod tests {
         plugin_call("archive", "deploy", Duration::from_millis(1));
         http_request("GET", "/v1/models", 200);
         rule_fired("check", "queued");
+        // Every labelled family gets a series here, so that what other
+        // tests of this process recorded first changes no line.
+        loop_ended("sweep");
         #[rustfmt::skip]
         let expected = [
             ("berth_deployments_total", "counter"),
@@ -482,6 +485,7 @@ mod tests {
             ("berth_models_stored_bytes", "gauge"),
             ("berth_models_saved_bytes", "gauge"),
             ("berth_model_copies_evicted_total", "counter"),
+            ("berth_loops_ended_total", "counter"),
         ];
         let text = render().unwrap();
         let declared: Vec<(&str, &str)> = text
