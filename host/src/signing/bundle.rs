@@ -117,10 +117,12 @@ struct RawChain {
     certificates: Vec<RawCertificate>,
 }
 
+/// A DER certificate as Sigstore's JSON writes it (base64), here and in a
+/// trusted root's CA chains.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawCertificate {
-    raw_bytes: String,
+pub(super) struct RawCertificate {
+    pub(super) raw_bytes: String,
 }
 
 #[derive(Deserialize)]

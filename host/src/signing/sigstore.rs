@@ -27,7 +27,7 @@ use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::FromDer as _;
 
-use super::bundle::LogEntry;
+use super::bundle::{LogEntry, RawCertificate};
 use super::chain::{self, Cas};
 use super::keys::PublicKey;
 use super::{Error, Signer};
@@ -118,12 +118,6 @@ struct RawAuthority {
 #[derive(Deserialize)]
 struct RawChain {
     certificates: Vec<RawCertificate>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawCertificate {
-    raw_bytes: String,
 }
 
 #[derive(Deserialize)]
