@@ -55,11 +55,11 @@ impl Bucket {
         azure_host: Option<&str>,
     ) -> Result<(Bucket, url::Url, Key), String> {
         if host.is_empty() {
-            return Err(format!("the source URL {url} names no bucket"));
+            return Err(format!("the URL {url} names no bucket"));
         }
         let key_of = |path: &str| {
             Key::from_url_path(path)
-                .map_err(|e| format!("the source URL {url} is not a valid object key: {e}"))
+                .map_err(|e| format!("the URL {url} is not a valid object key: {e}"))
         };
         match kind {
             "s3" => Ok((Bucket::S3(host.into()), url.clone(), key_of(url.path())?)),
@@ -75,12 +75,12 @@ impl Bucket {
                     .filter(|(container, _)| !container.is_empty())
                     .ok_or_else(|| {
                         format!(
-                            "the source URL {url} names no container: write \
+                            "the URL {url} names no container: write \
                              az://ACCOUNT/CONTAINER/KEY"
                         )
                     })?;
                 let mut written = url::Url::parse(&format!("az://{account}{path}"))
-                    .map_err(|e| format!("the source URL {url} names no account: {e}"))?;
+                    .map_err(|e| format!("the URL {url} names no account: {e}"))?;
                 written.set_query(url.query());
                 let bucket = Bucket::Azure {
                     account: account.into(),

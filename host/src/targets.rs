@@ -18,21 +18,19 @@
 //! Reads the file and does no other I/O; knows nothing of uploads.
 
 mod call;
+mod kind;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use object_store::aws::AmazonS3ConfigKey;
-use reqwest::header::HeaderMap;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use toml::Spanned;
 
 pub use call::Call;
 use call::RawCall;
+pub use kind::Kind;
 
-use crate::host_env::{header_value, registry_login, s3_option};
-use crate::oci::Login;
 use crate::scrub::{Scrubber, Secret};
 use crate::sources_file::{self, Entries};
 
@@ -60,35 +58,6 @@ pub struct Target {
     max_bytes: Option<u64>,
     /// Of its `[[target]]` header, for `berth config`.
     line: usize,
-}
-
-/// How a target is written to, with the credentials of its kind.
-pub enum Kind {
-    /// An S3-compatible bucket: object_store settings applied on top of
-    /// the environment's, as `[[source]]` options are.
-    S3 {
-        options: Vec<(AmazonS3ConfigKey, String)>,
-    },
-    /// A mirror that takes `PUT`; the values are marked sensitive.
-    /// `call`: the deployer's own requests under the url that carry the
-    /// headers; none unless the operator says so.
-    Http {
-        headers: HeaderMap,
-        call: Option<Call>,
-    },
-    /// An OCI registry (`oci://REGISTRY/NAMESPACE/`): keys are
-    /// `REPO:TAG/PATH`, repositories under the namespace; the login, if
-    /// any, from the options `username` and `password`.
-    Oci {
-        /// `host[:port]`, lowercased.
-        registry: String,
-        /// The repositories' common prefix, without `/` at either end;
-        /// empty for the registry's top level.
-        namespace: String,
-        login: Option<Login>,
-    },
-    /// A folder on this server.
-    File,
 }
 
 #[derive(Deserialize)]
@@ -226,10 +195,7 @@ impl Targets {
             lines.push(format!("name = {}", quoted(&t.name)));
             lines.push(format!("url = {}", quoted(t.url.as_str())));
             if !t.credential_names.is_empty() {
-                let table = match t.kind {
-                    Kind::S3 { .. } | Kind::Oci { .. } => "options",
-                    Kind::Http { .. } | Kind::File => "headers",
-                };
+                let table = t.kind.table();
                 lines.push(format!("{table} = {}", redacted(&t.credential_names)));
             }
             if let Kind::Http {
@@ -264,42 +230,15 @@ impl Target {
 
         let mut problems = Vec::new();
         let kind_name = url.scheme().to_string();
-        let mut kind = match kind_name.as_str() {
-            "s3" => Kind::S3 {
-                options: Vec::new(),
-            },
-            "oci" => Kind::Oci {
-                registry: registry_of(&url),
-                namespace: url.path().trim_matches('/').to_string(),
-                login: None,
-            },
-            "http" | "https" => Kind::Http {
-                headers: HeaderMap::new(),
-                call: None,
-            },
-            _ => Kind::File,
-        };
-        if let (Kind::S3 { .. } | Kind::Oci { .. } | Kind::File, Some((header, _))) =
-            (&kind, raw.headers.first_key_value())
+        let mut kind = Kind::of(&url);
+        if let Some((about_headers, why)) =
+            kind.refuses(&kind_name, !raw.headers.is_empty(), !raw.options.is_empty())
         {
-            let takes = match kind {
-                Kind::Oci { .. } => "an oci target takes options username and password".into(),
-                _ => format!("a {kind_name} target takes none"),
+            let first = match about_headers {
+                true => raw.headers.keys().next(),
+                false => raw.options.keys().next(),
             };
-            problems.push((
-                at(header),
-                format!("{subject}: headers are for http and https targets; {takes}"),
-            ));
-        }
-        if let (Kind::Http { .. } | Kind::File, Some((option, _))) =
-            (&kind, raw.options.first_key_value())
-        {
-            problems.push((
-                at(option),
-                format!(
-                    "{subject}: options are for s3 and oci targets; a {kind_name} target takes none"
-                ),
-            ));
+            problems.push((first.map_or(line, at), format!("{subject}: {why}")));
         }
         if let Some(call) = raw.call {
             let at = line_of(call.span().start);
@@ -317,40 +256,9 @@ impl Target {
                 )),
             }
         }
-        match &mut kind {
-            Kind::Http { headers, .. } => {
-                for (header, template) in &raw.headers {
-                    match header_value(header.get_ref(), template, lookup) {
-                        Ok((header_name, value)) => {
-                            headers.append(header_name, value);
-                        }
-                        Err(e) => problems.push((at(header), format!("{subject}: {e}"))),
-                    }
-                }
-            }
-            Kind::S3 { options } => {
-                for (option, template) in &raw.options {
-                    match s3_option(option.get_ref(), template, "the target's url", lookup) {
-                        Ok(pair) => options.push(pair),
-                        Err(e) => problems.push((at(option), format!("{subject}: {e}"))),
-                    }
-                }
-            }
-            Kind::Oci { login, .. } => {
-                let options: BTreeMap<String, String> = raw
-                    .options
-                    .iter()
-                    .map(|(k, v)| (k.get_ref().clone(), v.clone()))
-                    .collect();
-                match registry_login(&options, lookup) {
-                    Ok(found) => *login = found,
-                    Err(e) => {
-                        let line = raw.options.keys().next().map_or(line, at);
-                        problems.push((line, format!("{subject}: {e}")));
-                    }
-                }
-            }
-            Kind::File => {}
+        for (key, e) in kind.resolve(&raw.headers, &raw.options, lookup) {
+            let at = key.map_or_else(|| raw.options.keys().next().map_or(line, at), at);
+            problems.push((at, format!("{subject}: {e}")));
         }
         let max_bytes = match raw.max_gib {
             Some(gib) => match u64::try_from(*gib.get_ref()) {
@@ -371,9 +279,9 @@ impl Target {
         if !problems.is_empty() {
             return Err(problems);
         }
-        let credential_names = match kind {
-            Kind::S3 { .. } | Kind::Oci { .. } => raw.options.keys(),
-            Kind::Http { .. } | Kind::File => raw.headers.keys(),
+        let credential_names = match kind.table() {
+            "headers" => raw.headers.keys(),
+            _ => raw.options.keys(),
         }
         .map(|k| k.get_ref().clone())
         .collect();
@@ -406,30 +314,7 @@ impl Target {
 
     /// Its credentials, each in the forms `crate::scrub` looks for.
     fn secrets(&self) -> Vec<Secret<'_>> {
-        match &self.kind {
-            Kind::Http { headers, .. } => headers
-                .values()
-                .map(|v| Secret::Header(v.as_bytes()))
-                .collect(),
-            Kind::S3 { options } => options
-                .iter()
-                .filter(|(key, _)| {
-                    matches!(
-                        key,
-                        AmazonS3ConfigKey::SecretAccessKey | AmazonS3ConfigKey::Token
-                    )
-                })
-                .map(|(_, value)| Secret::Value(value))
-                .collect(),
-            Kind::Oci { login, .. } => login
-                .iter()
-                .map(|l| Secret::Login {
-                    username: &l.username,
-                    password: &l.password,
-                })
-                .collect(),
-            Kind::File => Vec::new(),
-        }
+        self.kind.secrets()
     }
 
     /// What finds this target's credentials in text.
@@ -472,23 +357,23 @@ pub fn check_name(name: &str) -> Result<(), String> {
 
 /// A target's `url`: s3, http(s), oci or file, naming where keys land.
 fn parse_url(text: &str) -> Result<url::Url, String> {
-    let url = url::Url::parse(text).map_err(|e| format!("url {text:?} is not a URL: {e}"))?;
+    let mut url = url::Url::parse(text).map_err(|e| format!("url {text:?} is not a URL: {e}"))?;
     match url.scheme() {
-        "s3" | "http" | "https" | "oci" | "file" => {}
-        // Read as sources through object_store, which cannot publish to
-        // them with a checksum per part and nothing left after a cancel.
-        "gs" | "az" => {
-            return Err(format!(
-                "url {text:?}: {}:// is a source only: berth does not publish to Google Cloud \
-                 Storage or Azure Blob yet (use s3://, https://, http://, oci:// or file://)",
-                url.scheme()
-            ));
-        }
+        "s3" | "gs" | "az" | "http" | "https" | "oci" | "file" => {}
         other => {
             return Err(format!(
-                "url {text:?}: scheme {other} is not a target kind (use s3://, https://, http://, oci:// or file://)"
+                "url {text:?}: scheme {other} is not a target kind (use s3://, gs://, az://, \
+                 https://, http://, oci:// or file://)"
             ));
         }
+    }
+    // An Azure container's https:// url, as users paste it, is its az://
+    // target: a blob takes Azure's own requests, not a plain PUT.
+    if let Some(located) = crate::cloud::Bucket::locate(&url)
+        && matches!(url.scheme(), "az" | "https")
+    {
+        let (_, written, _) = located.map_err(|e| format!("url {text:?}: {e}"))?;
+        url = written;
     }
     let host = url.host_str().is_some_and(|h| !h.is_empty());
     if url.scheme() == "file" && host {

@@ -1,4 +1,5 @@
 use super::*;
+use object_store::aws::AmazonS3ConfigKey;
 
 fn env(name: &str) -> Option<String> {
     match name {
@@ -175,18 +176,22 @@ fn each_bad_target_is_refused_with_its_file_and_line() {
         (target("url = \"oci://r.io/\"\noptions = { username = \"u\", password = \"${MISSING}\" }"),
          "f.toml:4: target \"t\": options.password: the host environment variable MISSING is not set"),
         (target("url = \"ftp://h/\""), "scheme ftp is not a target kind"),
-        (
-            target("url = \"gs://b/models/\""),
-            "gs:// is a source only: berth does not publish to Google Cloud Storage",
-        ),
-        (target("url = \"az://a/c/\""), "az:// is a source only"),
+        (target("url = \"gs://b/m/\"\noptions = { skip_signature = \"true\" }"),
+         "f.toml:4: target \"t\": options.skip_signature: write anonymous = true"),
+        (target("url = \"gs://b/m/\"\noptions = { service_account_key = \"${MISSING}\" }"),
+         "f.toml:4: target \"t\": options.service_account_key: the host environment variable MISSING is not set"),
+        (target("url = \"az://a/\""), "f.toml:3: target \"t\": url \"az://a/\": the URL az://a/ names no container"),
+        (target("url = \"az://a/c/\"\noptions = { use_emulator = \"true\" }"),
+         "options.use_emulator: it signs with the emulator's built-in key"),
+        (target("url = \"az://a/c/\"\nheaders = { A = \"b\" }"),
+         "f.toml:4: target \"t\": headers are for http and https targets; a az target takes none"),
         (target("url = \"s3:///\""), "f.toml:3: target \"t\": url \"s3:///\" names no host (or bucket)"),
         (target("url = \"file://host/dir/\""), "a file target is a folder on this server, written file:///abs/dir/"),
         (target("url = \"https://h/base\""), "f.toml:3: target \"t\": url \"https://h/base\" must end with /"),
         (target("url = \"https://h/?a=b\""), "must not have a query"),
         (target("url = \"https://u:p@h/\""), "must not have a query, fragment or user name"),
         (target("url = \"https://h/\"\noptions = { region = \"r\" }"),
-         "f.toml:4: target \"t\": options are for s3 and oci targets; a https target takes none"),
+         "f.toml:4: target \"t\": options are for s3, gs, az and oci targets; a https target takes none"),
         (target("url = \"file:///d/\"\noptions = { region = \"r\" }"), "a file target takes none"),
         (target("url = \"s3://b/\"\nheaders = { A = \"b\" }"),
          "f.toml:4: target \"t\": headers are for http and https targets; a s3 target takes none"),
@@ -326,4 +331,52 @@ fn a_targets_scrubber_knows_each_kind_of_credential() {
         "(redacted) bucket-s3cret registry-s3cret Y2k6cmVnaXN0cnktczNjcmV0"
     );
     assert!(targets.scrubber(&["scratch".to_string()]).is_empty());
+}
+
+#[test]
+fn cloud_targets_keep_their_keys_tokens_and_signatures_secret() {
+    let text = "[[target]]\nname = \"g\"\nurl = \"gs://bucket/models/\"\n\
+                options = { service_account_key = \"${GCS_KEY}\" }\n\
+                [[target]]\nname = \"a\"\nurl = \"https://acct.blob.core.windows.net/models/ft/\"\n\
+                options = { sas_token = \"${AZ_SAS}\" }\n\
+                [[target]]\nname = \"k\"\nurl = \"az://acct/models/\"\n\
+                options = { account_key = \"${AZ_KEY}\" }\n";
+    let key_line = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7";
+    let lookup = |var: &str| match var {
+        "GCS_KEY" => Some(format!(
+            "{{\"private_key\": \"-----BEGIN PRIVATE KEY-----\\n{key_line}\\n-----END PRIVATE KEY-----\\n\"}}"
+        )),
+        "AZ_SAS" => Some("sv=2024-11-04&ss=b&sig=c2lnbmF0dXJlLW9mLXRoZS1zYXM%3D".into()),
+        "AZ_KEY" => Some("YWNjb3VudC1rZXktbm9ib2R5LWhhcw==".into()),
+        _ => None,
+    };
+    let targets = Targets::parse(text, "ops.toml", lookup).unwrap();
+    // The https:// form is the container's az:// target.
+    assert_eq!(
+        targets.get("a").unwrap().url().as_str(),
+        "az://acct/models/ft/"
+    );
+    assert!(matches!(
+        targets.get("a").unwrap().kind(),
+        Kind::Azure { account, container, .. } if account == "acct" && container == "models"
+    ));
+    let all = ["g", "a", "k"].map(String::from).to_vec();
+    let said = format!(
+        "key {key_line}; url https://acct.blob.core.windows.net/models/x?sv=2024-11-04&ss=b\
+         &sig=c2lnbmF0dXJlLW9mLXRoZS1zYXM%3D; account YWNjb3VudC1rZXktbm9ib2R5LWhhcw=="
+    );
+    let scrubbed = targets.scrubber(&all).text(&said).into_owned();
+    for secret in [
+        key_line,
+        "c2lnbmF0dXJlLW9mLXRoZS1zYXM",
+        "YWNjb3VudC1rZXktbm9ib2R5LWhhcw",
+    ] {
+        assert!(!scrubbed.contains(secret), "{scrubbed}");
+    }
+    let described = targets.describe("ops.toml");
+    assert!(
+        described.contains("options = { sas_token = \"(redacted)\" }"),
+        "{described}"
+    );
+    assert!(!described.contains("sig="), "{described}");
 }

@@ -138,3 +138,45 @@ pub(super) fn worth_retrying(status: ::http::StatusCode) -> bool {
         || status == ::http::StatusCode::REQUEST_TIMEOUT
         || status == ::http::StatusCode::TOO_MANY_REQUESTS
 }
+
+/// Tries of one request, the first included.
+pub(super) const TRIES: u32 = 4;
+
+/// The answer to what `attempt` sends, tried again after a broken
+/// connection or a 5xx, 408 or 429 answer, up to `TRIES` times with a
+/// growing wait; the last answer, whatever it is. `attempt` returns an
+/// error that must not be retried (cancelled, a file not as it should
+/// be) as its outer `Err`. A broken request's words never hold its URL,
+/// which may carry a credential (an Azure SAS token).
+pub(super) async fn retrying<F, Fut>(
+    subject: &super::Subject,
+    what: &str,
+    cancel: &tokio_util::sync::CancellationToken,
+    mut attempt: F,
+) -> Result<reqwest::Response, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<reqwest::Result<reqwest::Response>, Error>>,
+{
+    let mut backoff = crate::backoff::Backoff::new();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let last = tries == TRIES;
+        let why = match attempt().await? {
+            Ok(response) if last || !worth_retrying(response.status()) => return Ok(response),
+            Ok(response) => format!("it answered {}", response.status()),
+            // A request that cannot be made, or a server whose
+            // certificate is not trusted, will be the same next time.
+            Err(e) if last || e.is_builder() || !crate::trust::hint(&e).is_empty() => {
+                let hint = crate::trust::hint(&e);
+                return Err(subject.unreachable(
+                    what,
+                    format!("{}{hint}", crate::causes::innermost(&e.without_url())),
+                ));
+            }
+            Err(e) => crate::causes::innermost(&e.without_url()),
+        };
+        super::wait_to_try_again(subject, what, &why, &mut backoff, cancel).await?;
+    }
+}

@@ -21,19 +21,13 @@ use reqwest::header::{CONTENT_LENGTH, CONTENT_TYPE, ETAG, HeaderMap, LOCATION};
 use reqwest::{Response, StatusCode};
 use tokio_util::sync::CancellationToken;
 
+use super::answers::retrying;
 use super::destination::Destination;
 use super::oci::pending::Slot;
 use super::read::{Piece, ReadError, Reading};
-use super::{
-    Body, Content, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of,
-    worth_retrying,
-};
-use crate::backoff::Backoff;
-use crate::causes::innermost;
+use super::{Body, Content, Error, Key, ObjectInfo, Put, Subject, Tally, look_up_of, upload_of};
 use crate::trust::Trust;
 
-/// Tries of one request, the first included.
-const TRIES: u32 = 4;
 /// Bytes read from disk at a time; a few are buffered.
 const CHUNK: usize = 256 << 10;
 /// How often the bytes sent are told to the caller during a request.
@@ -51,44 +45,6 @@ impl Mirror {
         // Redirects are never followed: the answer is an error (`redirected`).
         let client = super::client(trust)?;
         Ok(Self { client, headers })
-    }
-
-    /// The answer to what `attempt` sends, tried again after a broken
-    /// connection or a 5xx, 408 or 429 answer, up to `TRIES` times with a
-    /// growing wait; the last answer, whatever it is. `attempt` returns
-    /// an error that must not be retried (cancelled, a file not as it
-    /// should be) as its outer `Err`.
-    async fn retrying<F, Fut>(
-        &self,
-        subject: &Subject,
-        what: &str,
-        cancel: &CancellationToken,
-        mut attempt: F,
-    ) -> Result<Response, Error>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<reqwest::Result<Response>, Error>>,
-    {
-        let mut backoff = Backoff::new();
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let last = tries == TRIES;
-            let why = match attempt().await? {
-                Ok(response) if last || !worth_retrying(response.status()) => return Ok(response),
-                Ok(response) => format!("it answered {}", response.status()),
-                // A request that cannot be made, or a server whose
-                // certificate is not trusted, will be the same next time.
-                Err(e) if last || e.is_builder() || !crate::trust::hint(&e).is_empty() => {
-                    return Err(subject.unreachable(
-                        what,
-                        format!("{}{}", innermost(&e), crate::trust::hint(&e)),
-                    ));
-                }
-                Err(e) => innermost(&e),
-            };
-            super::wait_to_try_again(subject, what, &why, &mut backoff, cancel).await?;
-        }
     }
 }
 
@@ -159,7 +115,7 @@ impl Destination for Mirror {
                 }
             }
         };
-        let response = self.retrying(subject, &what, cancel, attempt).await?;
+        let response = retrying(subject, &what, cancel, attempt).await?;
         let status = response.status();
         if status.is_success() {
             let put = Put {
@@ -185,7 +141,7 @@ impl Destination for Mirror {
                 .send();
             async move { Ok(request.await) }
         };
-        let response = self.retrying(subject, &what, &cancel, attempt).await?;
+        let response = retrying(subject, &what, &cancel, attempt).await?;
         match response.status() {
             StatusCode::NOT_FOUND | StatusCode::GONE => Ok(None),
             status if status.is_success() => {

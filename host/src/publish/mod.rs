@@ -15,11 +15,14 @@
 //! (`Targets::open` is the caller's), the database, or berth's API.
 
 mod answers;
+mod azure;
 mod body;
 mod destination;
 mod file;
+mod gcs;
 mod http;
 mod oci;
+mod parts;
 mod read;
 mod s3;
 
@@ -28,7 +31,11 @@ mod conformance;
 #[cfg(test)]
 mod testing;
 #[cfg(test)]
+mod tests_azure;
+#[cfg(test)]
 mod tests_file;
+#[cfg(test)]
+mod tests_gcs;
 #[cfg(test)]
 mod tests_http;
 #[cfg(test)]
@@ -156,6 +163,24 @@ impl Publishers {
                 s3::Bucket::build(target.url(), options, &self.trust, self.tuning)
                     .map_err(setup)?,
             ),
+            Kind::Gcs { options } => Backend::Gcs(
+                gcs::Bucket::build(name, target.url(), options, &self.trust, self.tuning)
+                    .map_err(setup)?,
+            ),
+            Kind::Azure {
+                account,
+                container,
+                options,
+            } => Backend::Azure(
+                azure::Container::build(
+                    name,
+                    (account, container),
+                    options,
+                    &self.trust,
+                    self.tuning,
+                )
+                .map_err(setup)?,
+            ),
             Kind::Http { headers, .. } => {
                 Backend::Http(http::Mirror::build(headers.clone(), &self.trust).map_err(setup)?)
             }
@@ -205,6 +230,8 @@ struct Inner {
 /// The target's kind of destination; each is a `Destination`.
 enum Backend {
     S3(s3::Bucket),
+    Gcs(gcs::Bucket),
+    Azure(azure::Container),
     Http(http::Mirror),
     Oci(oci::Registry),
     File(file::Folder),
@@ -215,6 +242,8 @@ macro_rules! on_destination {
     ($backend:expr, $d:ident => $then:expr) => {
         match $backend {
             Backend::S3($d) => $then,
+            Backend::Gcs($d) => $then,
+            Backend::Azure($d) => $then,
             Backend::Http($d) => $then,
             Backend::Oci($d) => $then,
             Backend::File($d) => $then,

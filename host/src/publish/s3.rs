@@ -11,21 +11,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use object_store::aws::{AmazonS3, AmazonS3ConfigKey, Checksum};
-use object_store::multipart::{MultipartStore, PartId};
+use object_store::multipart::MultipartStore;
 use object_store::path::Path;
 use object_store::{
     Attribute, Attributes, MultipartId, ObjectStore, ObjectStoreExt, PutOptions, PutPayload,
     RetryConfig,
 };
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::destination::Destination;
 use super::oci::pending::Slot;
-use super::read::{Piece, Reading};
+use super::parts::{object_name, read_whole, send_parts};
+use super::read::Reading;
 use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, Tuning, look_up_of, upload_of};
 use crate::causes::innermost;
 use crate::s3::{configured, store_said, unreachable};
@@ -143,9 +142,25 @@ impl Bucket {
             id: id.clone(),
             armed: true,
         };
-        let sent = self
-            .send_parts(subject, key, path, &id, reading, tally, cancel)
-            .await;
+        let what = what.as_str();
+        let sent = send_parts(
+            subject,
+            key,
+            reading,
+            &self.parts,
+            tally,
+            cancel,
+            |index, chunk| {
+                let (store, path, id) = (self.store.clone(), path.clone(), id.clone());
+                async move {
+                    store
+                        .put_part(&path, &id, index, chunk.into())
+                        .await
+                        .map_err(|e| self.describe(subject, what, e))
+                }
+            },
+        )
+        .await;
         let (parts, sha256) = match sent {
             Ok(sent) => sent,
             Err(e) => {
@@ -160,72 +175,9 @@ impl Bucket {
             }
             Err(e) => {
                 unfinished.abort(subject).await;
-                Err(self.describe(subject, &what, e))
+                Err(self.describe(subject, what, e))
             }
         }
-    }
-
-    /// Sends every part as the reading yields them, each holding one of
-    /// the bucket's part permits; returns their ids in order and the file's digest (the
-    /// reading yields its last part only once the file hashed as
-    /// expected). The parts still in flight when it returns early are
-    /// dropped, which cancels their requests.
-    #[allow(clippy::too_many_arguments)]
-    async fn send_parts(
-        &self,
-        subject: &Subject,
-        key: &Key,
-        path: &Path,
-        id: &MultipartId,
-        mut reading: Reading,
-        tally: &Tally<'_>,
-        cancel: &CancellationToken,
-    ) -> Result<(Vec<PartId>, String), Error> {
-        let what = upload_of(key);
-        let mut in_flight = FuturesUnordered::new();
-        let mut parts: Vec<Option<PartId>> = Vec::new();
-        let mut sha256 = None;
-        // A permit for the next part, taken before its bytes are.
-        let mut permit: Option<OwnedSemaphorePermit> = None;
-        loop {
-            if sha256.is_some() && in_flight.is_empty() {
-                break;
-            }
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Err(Error::Cancelled),
-                Some((index, len, sent)) = in_flight.next(), if !in_flight.is_empty() => {
-                    let sent: object_store::Result<PartId> = sent;
-                    parts[index] = Some(sent.map_err(|e| self.describe(subject, &what, e))?);
-                    tally.add(len);
-                }
-                taken = self.parts.clone().acquire_owned(), if sha256.is_none() && permit.is_none() => {
-                    permit = Some(taken.expect("the part permits are never closed"));
-                }
-                piece = reading.next(), if sha256.is_none() && permit.is_some() => match piece {
-                    Some(Ok(Piece::Data(chunk))) => {
-                        let index = parts.len();
-                        parts.push(None);
-                        in_flight.push(send_part(
-                            self.store.clone(),
-                            path.clone(),
-                            id.clone(),
-                            (index, chunk),
-                            permit.take().expect("taken before the piece"),
-                        ));
-                    }
-                    Some(Ok(Piece::End { sha256: digest })) => sha256 = Some(digest),
-                    Some(Err(e)) => return Err(subject.source(key, e)),
-                    None if cancel.is_cancelled() => return Err(Error::Cancelled),
-                    None => return Err(subject.source(key, "reading the file stopped unexpectedly")),
-                },
-            }
-        }
-        let parts = parts
-            .into_iter()
-            .map(|p| p.expect("every part was sent before the loop ends"))
-            .collect();
-        Ok((parts, sha256.expect("the loop ends after the digest")))
     }
 
     /// What went wrong, in words a person can act on; never the secret
@@ -352,52 +304,11 @@ impl Destination for Bucket {
     }
 }
 
-/// Sends part `index` (a future of its own, so several run at once).
-/// Sends part `index`, holding `_permit` until it is sent or dropped.
-async fn send_part(
-    store: AmazonS3,
-    path: Path,
-    id: MultipartId,
-    (index, chunk): (usize, bytes::Bytes),
-    _permit: OwnedSemaphorePermit,
-) -> (usize, u64, object_store::Result<PartId>) {
-    let len = chunk.len() as u64;
-    let sent = store.put_part(&path, &id, index, chunk.into()).await;
-    (index, len, sent)
-}
-
-/// Every chunk of a small file, and its digest.
-async fn read_whole(
-    reading: &mut Reading,
-    subject: &Subject,
-    key: &Key,
-    cancel: &CancellationToken,
-) -> Result<(Vec<bytes::Bytes>, String), Error> {
-    let mut chunks = Vec::new();
-    loop {
-        let piece = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return Err(Error::Cancelled),
-            piece = reading.next() => piece,
-        };
-        match piece {
-            Some(Ok(Piece::Data(chunk))) => chunks.push(chunk),
-            Some(Ok(Piece::End { sha256 })) => return Ok((chunks, sha256)),
-            Some(Err(e)) => return Err(subject.source(key, e)),
-            None if cancel.is_cancelled() => return Err(Error::Cancelled),
-            None => return Err(subject.source(key, "reading the file stopped unexpectedly")),
-        }
-    }
-}
-
 /// The object's path in the bucket: the url's path, unescaped, without
 /// its leading `/`. The url is the target's joined with a checked key.
 fn location(url: &url::Url) -> Result<Path, String> {
-    let decoded = percent_encoding::percent_decode_str(url.path())
-        .decode_utf8()
-        .map_err(|_| format!("{url} does not name an object (not UTF-8)"))?;
-    let relative = decoded.strip_prefix('/').unwrap_or(&decoded);
-    Path::parse(relative).map_err(|e| format!("{url} does not name an object: {e}"))
+    let name = object_name(url, 0)?;
+    Path::parse(&name).map_err(|e| format!("{url} does not name an object: {e}"))
 }
 
 /// A multipart upload not yet completed: aborted when the put fails or is

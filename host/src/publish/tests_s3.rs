@@ -6,18 +6,17 @@
 //! connection breaks sent again with its checksum.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use object_store::ObjectStoreExt;
 use object_store::aws::AmazonS3Builder;
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::conformance::{Target, conforms};
-use super::testing::{file, file_body, key};
+use super::testing::{Proxy, file, file_body, key};
 use super::{Body, Error, Publisher, Publishers};
 use crate::targets::Targets;
 use crate::trust::Trust;
@@ -220,72 +219,6 @@ async fn wrong_credentials_name_the_target_and_never_the_secret() {
     assert!(!error.contains(secret), "{error}");
 }
 
-/// A loopback TCP proxy in front of moto that keeps every byte sent
-/// upstream (the requests, to look for headers) and can cut a connection.
-struct Proxy {
-    url: String,
-    /// Whether it cut a connection.
-    cut: Arc<AtomicBool>,
-    sent: Arc<std::sync::Mutex<Vec<u8>>>,
-}
-
-impl Proxy {
-    /// Cuts the first connection to carry more than `cut_after` bytes
-    /// upstream, once, if given.
-    async fn start(cut_after: Option<u64>) -> Self {
-        let upstream = moto().endpoint.trim_start_matches("http://").to_string();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let cut = Arc::new(AtomicBool::new(false));
-        let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (cut_flag, record) = (cut.clone(), sent.clone());
-        tokio::spawn(async move {
-            loop {
-                let (client, _) = listener.accept().await.unwrap();
-                let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
-                let (cut, record) = (cut_flag.clone(), record.clone());
-                tokio::spawn(async move {
-                    let (mut client_read, mut client_write) = client.into_split();
-                    let (mut server_read, mut server_write) = server.into_split();
-                    let down = tokio::spawn(async move {
-                        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
-                    });
-                    let mut carried = 0u64;
-                    let mut buf = vec![0u8; 64 << 10];
-                    loop {
-                        let n = match client_read.read(&mut buf).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => n,
-                        };
-                        carried += n as u64;
-                        if cut_after.is_some_and(|after| carried > after)
-                            && !cut.swap(true, Ordering::SeqCst)
-                        {
-                            // Both halves dropped: the client's request
-                            // breaks off in the middle of its body.
-                            down.abort();
-                            return;
-                        }
-                        record.lock().unwrap().extend_from_slice(&buf[..n]);
-                        if server_write.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                    }
-                    let _ = down.await;
-                });
-            }
-        });
-        Self { url, cut, sent }
-    }
-
-    /// Whether a request went upstream with header `name: value`.
-    fn saw_header(&self, name: &str, value: &str) -> bool {
-        let line = format!("\r\n{name}: {value}\r\n");
-        let sent = self.sent.lock().unwrap();
-        sent.windows(line.len()).any(|w| w == line.as_bytes())
-    }
-}
-
 /// The value of `x-amz-checksum-sha256` for `bytes`.
 fn checksum(bytes: &[u8]) -> String {
     use base64::Engine;
@@ -295,7 +228,7 @@ fn checksum(bytes: &[u8]) -> String {
 #[tokio::test]
 async fn a_part_whose_connection_breaks_is_sent_again_with_its_checksum() {
     let moto = moto();
-    let proxy = Proxy::start(Some(2 << 20)).await;
+    let proxy = Proxy::start(&moto.endpoint, Some(2 << 20)).await;
     let publisher = releases(
         "flaky",
         &proxy.url,

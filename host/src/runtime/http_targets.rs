@@ -67,7 +67,11 @@ impl HttpTargets {
                     headers: headers.clone(),
                     call: call.clone(),
                 })),
-                Kind::S3 { .. } | Kind::Oci { .. } | Kind::File => None,
+                Kind::S3 { .. }
+                | Kind::Gcs { .. }
+                | Kind::Azure { .. }
+                | Kind::Oci { .. }
+                | Kind::File => None,
             })
             .collect();
         entries.sort_by_key(|t| std::cmp::Reverse(t.url.path().len()));
