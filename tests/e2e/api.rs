@@ -59,7 +59,7 @@ async fn registration_refuses_bad_models_with_every_reason(backend: Backend) {
         (POST, models, Some(json!({ "files": [{ "path": "..", "size_bytes": 1 }] })), BAD_REQUEST, "name is required; job_id is required; source is required"),
         // Without files, they are listed where a source can be listed; the
         // other fields are checked before a job id fills in a prefix.
-        (POST, models, Some(without(&good, "files")), BAD_REQUEST, "the files of a http: source must be given in the registration (berth lists files itself only at s3://, gs:// and az:// prefixes and oci:// references)"),
+        (POST, models, Some(without(&good, "files")), BAD_REQUEST, "the files of a http: source must be given in the registration (berth lists files itself only at s3://, gs:// and az:// prefixes, oci:// references and mlflow:// model versions)"),
         (POST, models, Some(with(&without(&good, "files"), "job_id", json!("../x"))), BAD_REQUEST, "job_id \"../x\" cannot be used as a directory name"),
     ];
     app.check(&rules).await;

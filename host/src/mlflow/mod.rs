@@ -63,20 +63,25 @@ impl Origin {
     /// version was given, so that each fires the rules once. Characters a
     /// job id cannot hold become `_`.
     pub fn job_id(&self) -> String {
-        let text = match &self.alias {
-            Some(alias) => format!("mlflow-{}-{alias}-v{}", self.name, self.version),
-            None => format!("mlflow-{}-v{}", self.name, self.version),
-        };
-        text.chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect()
+        job_id(&self.name, &self.version, self.alias.as_deref())
     }
+}
+
+/// The job id of `version` of `name` given `alias`: see `Origin::job_id`.
+pub fn job_id(name: &str, version: &str, alias: Option<&str>) -> String {
+    let text = match alias {
+        Some(alias) => format!("mlflow-{name}-{alias}-v{version}"),
+        None => format!("mlflow-{name}-v{version}"),
+    };
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
