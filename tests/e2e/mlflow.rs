@@ -77,7 +77,7 @@ async fn a_version_is_registered_by_its_alias_pinned_with_its_files_and_bytes() 
         params["mlflow_digests"]
             .as_str()
             .unwrap()
-            .contains("sizes verified")
+            .contains("checked by its size")
     );
     let files: Vec<(String, u64, Value)> = model["files"]
         .as_array()

@@ -34,8 +34,9 @@ pub struct Origin {
 
 /// What a registration from MLflow says of its files' digests, in its
 /// params: MLflow lists paths and sizes only (its artifact proxy's ETag is
-/// no content hash), so berth checks sizes and hashes what it downloads.
-pub const DIGESTS: &str = "none from MLflow: sizes verified, sha256 taken at the first fetch";
+/// no content hash), so each file is checked by its size; berth's own
+/// verification record keeps the sha256 of what it downloaded.
+pub const DIGESTS: &str = "none from MLflow: each file is checked by its size";
 
 impl Origin {
     /// The keys a registration's params get (flat, so that a rule's
