@@ -15,16 +15,16 @@ use serde_json::{Value, json};
 
 use crate::support::mlflow::{MLMODEL, Mlflow};
 use crate::support::server::{Backend, Berth};
-use crate::support::{assert_error, bytes, eventually, sha256_hex};
+use crate::support::{assert_error, bytes, eventually, on_both_backends, sha256_hex};
 
 /// A sources file following `follow` on MLflow, with `secret` for its
 /// webhook, read again every `catch_up_s`.
-fn sources(dir: &std::path::Path, mlflow: &Mlflow, follow: &[&str], extra: &str) -> String {
+fn sources(dir: &std::path::Path, mlflow: &Mlflow, follow: &[&str]) -> String {
     let path = dir.join("sources.toml");
     std::fs::write(
         &path,
         format!(
-            "[[mlflow]]\nserver = \"{}\"\nwebhook_secret = \"${{HOOK_SECRET}}\"\nfollow = {follow:?}\ncatch_up_s = 1\n{extra}",
+            "[[mlflow]]\nserver = \"{}\"\nwebhook_secret = \"${{HOOK_SECRET}}\"\nfollow = {follow:?}\ncatch_up_s = 1\n",
             mlflow.url
         ),
     )
@@ -228,7 +228,7 @@ async fn a_refused_credential_names_its_sources_file_entry_and_never_the_secret(
 async fn the_webhook_registers_a_followed_alias_and_fires_a_rule_once() {
     let mlflow = Mlflow::shared();
     let temp = tempfile::tempdir().unwrap();
-    let file = sources(temp.path(), mlflow, &["e2e-hook@champion"], "");
+    let file = sources(temp.path(), mlflow, &["e2e-hook@champion"]);
     let berth = Berth::options(Backend::Sqlite)
         .arg("--sources-file")
         .arg(&file)
@@ -344,15 +344,16 @@ async fn the_webhook_registers_a_followed_alias_and_fires_a_rule_once() {
     assert!(!berth.log().contains(SECRET), "the secret logged");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_catch_up_registers_what_came_while_berth_was_down_and_nothing_twice() {
+on_both_backends!(the_catch_up_registers_what_came_while_berth_was_down_and_nothing_twice);
+
+async fn the_catch_up_registers_what_came_while_berth_was_down_and_nothing_twice(backend: Backend) {
     let mlflow = Mlflow::shared();
-    let (v1, _) = mlflow
-        .version("e2e-catch", &[("a.bin", bytes(81, 1000))])
-        .await;
+    // A registered model per backend's run: the server is shared.
+    let name = format!("e2e-catch-{backend:?}").to_lowercase();
+    let (v1, _) = mlflow.version(&name, &[("a.bin", bytes(81, 1000))]).await;
     let temp = tempfile::tempdir().unwrap();
-    let file = sources(temp.path(), mlflow, &["e2e-catch"], "");
-    let mut berth = Berth::options(Backend::Sqlite)
+    let file = sources(temp.path(), mlflow, &[&name]);
+    let mut berth = Berth::options(backend)
         .arg("--sources-file")
         .arg(&file)
         .env("HOOK_SECRET", SECRET)
@@ -367,7 +368,7 @@ async fn the_catch_up_registers_what_came_while_berth_was_down_and_nothing_twice
         jobs.sort();
         jobs
     };
-    let first = format!("mlflow-e2e-catch-v{v1}");
+    let first = format!("mlflow-{name}-v{v1}");
     eventually(
         || {
             format!(
@@ -380,11 +381,9 @@ async fn the_catch_up_registers_what_came_while_berth_was_down_and_nothing_twice
     .await;
 
     berth.terminate();
-    let (v2, _) = mlflow
-        .version("e2e-catch", &[("a.bin", bytes(82, 1000))])
-        .await;
+    let (v2, _) = mlflow.version(&name, &[("a.bin", bytes(82, 1000))]).await;
     berth.restart();
-    let second = format!("mlflow-e2e-catch-v{v2}");
+    let second = format!("mlflow-{name}-v{v2}");
     eventually(
         || {
             format!(

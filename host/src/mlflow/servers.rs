@@ -119,6 +119,23 @@ impl Servers {
         self.servers.is_empty()
     }
 
+    /// The entries as the sources file would say them, the secrets
+    /// redacted (`berth config`).
+    pub fn describe(&self) -> String {
+        let mut lines = Vec::new();
+        for server in &self.servers {
+            let follow: Vec<String> = server.follow.iter().map(ToString::to_string).collect();
+            lines.push("[[mlflow]]".to_string());
+            lines.push(format!("server = {:?}", server.url.as_str()));
+            if server.secret.is_some() {
+                lines.push("webhook_secret = \"(redacted)\"".to_string());
+            }
+            lines.push(format!("follow = {follow:?}"));
+            lines.push(format!("catch_up_s = {}", server.catch_up.as_secs()));
+        }
+        lines.join("\n")
+    }
+
     /// Whether any server takes webhooks.
     pub fn hooked(&self) -> bool {
         self.servers.iter().any(|s| s.secret.is_some())
@@ -229,6 +246,11 @@ mod tests {
         assert!(!server.follows("iris", Some("champion")));
         assert!(servers.hooked());
         assert!(!format!("{server:?}").contains("hush"));
+        assert_eq!(
+            servers.describe(),
+            "[[mlflow]]\nserver = \"http://m:5000/\"\nwebhook_secret = \"(redacted)\"\n\
+             follow = [\"iris\", \"fraud@champion\"]\ncatch_up_s = 5"
+        );
         assert!(servers.signed(|s| s == "hush").is_some());
         assert!(servers.signed(|s| s == "other").is_none());
     }
