@@ -31,8 +31,10 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 /// have been uploaded (`PUT /v1/blobs/sha256:…`); the registration pins
 /// them. A body without `files` has them listed at its source: an `s3://`
 /// prefix (each object's size, and its sha256 where the store keeps one,
-/// `x-amz-checksum-sha256`) or an `oci://` manifest (its layers, by
-/// digest); no file is read. Given `files` are each looked for at the
+/// `x-amz-checksum-sha256`), an `oci://` manifest (its layers, by
+/// digest) or an `mlflow://` registry's version (its files' sizes, and
+/// where it came from in `params`: `mlflow_name`, `mlflow_version`,
+/// `mlflow_alias`, `mlflow_run_id`, `mlflow_run_url`); no file is read. Given `files` are each looked for at the
 /// source first (one byte each, for its size), unless `check_source` is
 /// `false`.
 #[utoipa::path(post, path = "/v1/models", operation_id = "register_model", tag = "models",
