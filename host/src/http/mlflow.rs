@@ -170,6 +170,7 @@ pub(super) async fn register_version(
             model_id = model.id,
             job_id,
             by,
+            alias,
             "registered {reference} from MLflow"
         );
         "registered"

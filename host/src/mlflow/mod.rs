@@ -58,17 +58,12 @@ impl Origin {
         params.insert("mlflow_digests".into(), json!(DIGESTS));
         params
     }
-
-    /// The job id berth gives a version it registers by itself (from the
-    /// webhook or a catch-up): one per version, and one per alias the
-    /// version was given, so that each fires the rules once. Characters a
-    /// job id cannot hold become `_`.
-    pub fn job_id(&self) -> String {
-        job_id(&self.name, &self.version, self.alias.as_deref())
-    }
 }
 
-/// The job id of `version` of `name` given `alias`: see `Origin::job_id`.
+/// The job id berth gives `version` of `name` when it registers it by
+/// itself (from the webhook or a catch-up): one per version, and one per
+/// alias the version was given, so that each fires the rules once.
+/// Characters a job id cannot hold become `_`.
 pub fn job_id(name: &str, version: &str, alias: Option<&str>) -> String {
     let text = match alias {
         Some(alias) => format!("mlflow-{name}-{alias}-v{version}"),
@@ -112,7 +107,10 @@ mod tests {
             (origin("ünï", Some("a b")), "mlflow-_n_-a_b-v3"),
         ];
         for (origin, expected) in cases {
-            assert_eq!(origin.job_id(), expected);
+            assert_eq!(
+                job_id(&origin.name, &origin.version, origin.alias.as_deref()),
+                expected
+            );
             assert!(crate::validate::job_id_rule(expected).is_ok(), "{expected}");
         }
     }

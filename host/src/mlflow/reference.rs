@@ -27,12 +27,6 @@ const SPELLING: &str = "write mlflow://SERVER/NAME/VERSION or mlflow://SERVER/NA
                         (mlflow+http:// for a server on plain HTTP)";
 
 impl Reference {
-    /// Whether `source` is spelt as an MLflow reference (whatever follows).
-    pub fn is_mlflow(source: &str) -> bool {
-        let lower = source.get(..14).unwrap_or(source).to_ascii_lowercase();
-        lower.starts_with("mlflow://") || lower.starts_with("mlflow+http://")
-    }
-
     /// Reads `source`; the error is a sentence for the person registering.
     pub fn parse(source: &str) -> Result<Self, String> {
         let (scheme, rest) = source
@@ -152,7 +146,6 @@ mod tests {
         ];
         for (source, server, name, pin) in cases {
             let reference = Reference::parse(source).unwrap();
-            assert!(Reference::is_mlflow(source), "{source}");
             assert_eq!(
                 (
                     reference.server.as_str(),
