@@ -311,6 +311,38 @@ async fn the_webhook_registers_a_followed_alias_and_fires_a_rule_once() {
         StatusCode::UNAUTHORIZED,
         "an old delivery replayed",
     );
+    let unsigned = berth
+        .client()
+        .post(format!("{}/v1/hooks/mlflow", berth.url))
+        .body(payload.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unsigned.status(), StatusCode::UNAUTHORIZED);
+    let said: Value = unsigned.json().await.unwrap();
+    assert!(
+        said["error"]
+            .as_str()
+            .unwrap()
+            .contains("X-MLflow-Delivery-Id"),
+        "{said}"
+    );
+    // Signed, but no payload of MLflow's: 400, nothing recorded.
+    let garbage = b"{\"entity\": 1}";
+    let answer = berth
+        .client()
+        .post(format!("{}/v1/hooks/mlflow", berth.url))
+        .header("X-MLflow-Delivery-Id", "copy-2")
+        .header("X-MLflow-Timestamp", &now)
+        .header(
+            "X-MLflow-Signature",
+            berth::mlflow::hook::sign(SECRET, "copy-2", &now, garbage),
+        )
+        .body(garbage.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::BAD_REQUEST);
 
     // The rule fired once: one deployment of the model, completed.
     let id = model["id"].as_i64().unwrap();
