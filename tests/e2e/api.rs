@@ -287,6 +287,8 @@ async fn lookups_answer_404_and_400_clearly(backend: Backend) {
         (GET, "/v1/deployments/47/logs", None, NOT_FOUND, "deployment 47 does not exist"),
         (GET, "/v1/deployments/48/files", None, NOT_FOUND, "deployment 48 does not exist"),
         (GET, "/v1/deployments/49/files/a.txt", None, NOT_FOUND, "deployment 49 does not exist"),
+        // No [[mlflow]] entry with a webhook_secret: MLflow's webhook is no route here.
+        (POST, "/v1/hooks/mlflow", Some(json!({})), NOT_FOUND, "this server takes no MLflow webhook: give an [[mlflow]] entry of the sources file (--sources-file) a webhook_secret"),
         // An id that is not one is refused before anything is looked up.
         (GET, "/v1/models/abc", None, BAD_REQUEST, "\"abc\" is not an id: ids are positive integers"),
         (GET, "/v1/models/-1/deployments", None, BAD_REQUEST, "\"-1\" is not an id"),
