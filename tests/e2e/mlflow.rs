@@ -265,6 +265,21 @@ async fn the_webhook_registers_a_followed_alias_and_fires_a_rule_once() {
     )
     .await;
     assert_eq!(model["created_by"], "MLflow webhook");
+    // The event says where it came from too.
+    let mut events = berth.events_from("?after=0", None).await;
+    let seen = events
+        .until(|seen| seen.iter().any(|e| e.data["job_id"] == job.as_str()))
+        .await;
+    let registered = seen
+        .iter()
+        .find(|e| e.data["job_id"] == job.as_str())
+        .unwrap();
+    assert_eq!(registered.kind, "model.registered");
+    assert_eq!(
+        registered.data["by"], "MLflow webhook",
+        "{:?}",
+        registered.data
+    );
     assert_eq!(model["params"]["mlflow_alias"], "champion");
     assert_eq!(model["params"]["mlflow_version"], v1.as_str());
 

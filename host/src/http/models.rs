@@ -110,6 +110,7 @@ pub(super) async fn record(
             name: row.name.clone(),
             job_id: row.job_id.clone(),
             signed_by: row.signed_by().map(str::to_string),
+            by: row.created_by.clone(),
         }]
     });
     let stored = match ctx.db.insert_model_reported(&model, report).await {
