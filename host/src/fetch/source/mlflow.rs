@@ -217,11 +217,19 @@ impl Sources {
     }
 
     /// The files under `path` of the artifact proxy, each folder listed in
-    /// turn: at most `MAX_FILES`, `MAX_DEPTH` deep.
+    /// turn: at most `MAX_FILES` files in as many folders, `MAX_DEPTH` deep.
     async fn mlflow_list(&self, server: &url::Url, path: &str) -> Result<Vec<Found>, String> {
         let mut files = Vec::new();
         let mut folders = vec![(String::new(), 0)];
+        // Each folder is a request: as many as a model may have files.
+        let mut listed = 0;
         while let Some((folder, depth)) = folders.pop() {
+            listed += 1;
+            if listed > MAX_FILES {
+                return Err(format!(
+                    "{path} has more than the {MAX_FILES} folders berth lists"
+                ));
+            }
             let at = if folder.is_empty() {
                 path.to_string()
             } else {
