@@ -360,6 +360,35 @@ async fn the_webhook_registers_a_followed_alias_and_fires_a_rule_once() {
         .await
         .unwrap();
     assert_eq!(answer.status(), StatusCode::BAD_REQUEST);
+    // Signed, followed, but a version MLflow does not have: 502 (MLflow
+    // retries a 5xx) with MLflow's words, nothing recorded.
+    let missing = json!({
+        "entity": "model_version_alias", "action": "created",
+        "data": { "name": "e2e-hook", "alias": "champion", "version": "99" },
+    })
+    .to_string();
+    let answer = berth
+        .client()
+        .post(format!("{}/v1/hooks/mlflow", berth.url))
+        .header("X-MLflow-Delivery-Id", "copy-3")
+        .header("X-MLflow-Timestamp", &now)
+        .header(
+            "X-MLflow-Signature",
+            berth::mlflow::hook::sign(SECRET, "copy-3", &now, missing.as_bytes()),
+        )
+        .body(missing)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::BAD_GATEWAY);
+    let said: Value = answer.json().await.unwrap();
+    assert!(
+        said["error"]
+            .as_str()
+            .unwrap()
+            .contains("Model Version (name=e2e-hook, version=99) not found"),
+        "{said}"
+    );
 
     // The rule fired once: one deployment of the model, completed.
     let id = model["id"].as_i64().unwrap();
