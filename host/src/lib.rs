@@ -26,6 +26,7 @@ pub mod key;
 pub mod live;
 pub mod loops;
 pub mod metrics;
+pub mod mlflow;
 pub mod model;
 pub mod model_trust;
 pub mod oci;

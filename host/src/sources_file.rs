@@ -1,7 +1,8 @@
 //! The sources file's one reading (`berth serve --sources-file`): its
 //! shape, `[[source]]` entries (credentials for fetching, read by
 //! `fetch::Access`) beside `[[target]]` entries (publishing destinations,
-//! read by `crate::targets`), and what a TOML mistake says. Each reader
+//! read by `crate::targets`) and `[[mlflow]]` entries (tracking servers
+//! followed, read by `crate::mlflow::Servers`), and what a TOML mistake says. Each reader
 //! names its own entry type; an entry the reader does not want is skipped
 //! unread, every other key is refused.
 
@@ -9,21 +10,23 @@ use std::path::Path;
 
 use anyhow::Context;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, IgnoredAny};
 use toml::Spanned;
 
-/// The file's entries: `S` for `[[source]]`, `T` for `[[target]]`
-/// (`serde::de::IgnoredAny` for the other reader's).
+/// The file's entries: `S` for `[[source]]`, `T` for `[[target]]`, `M`
+/// for `[[mlflow]]` (`serde::de::IgnoredAny` for the other readers').
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    bound = "S: DeserializeOwned, T: DeserializeOwned"
+    bound = "S: DeserializeOwned, T: DeserializeOwned, M: DeserializeOwned"
 )]
-pub(crate) struct Entries<S, T> {
+pub(crate) struct Entries<S, T, M = IgnoredAny> {
     #[serde(default)]
     pub(crate) source: Vec<Spanned<S>>,
     #[serde(default)]
     pub(crate) target: Vec<Spanned<T>>,
+    #[serde(default)]
+    pub(crate) mlflow: Vec<Spanned<M>>,
 }
 
 /// The file's text.
@@ -34,9 +37,9 @@ pub(crate) fn read(path: &Path) -> anyhow::Result<String> {
 
 /// `text`'s entries, or the TOML mistake: its line (when it has one) and
 /// what it is.
-pub(crate) fn parse<S: DeserializeOwned, T: DeserializeOwned>(
+pub(crate) fn parse<S: DeserializeOwned, T: DeserializeOwned, M: DeserializeOwned>(
     text: &str,
-) -> Result<Entries<S, T>, (Option<usize>, String)> {
+) -> Result<Entries<S, T, M>, (Option<usize>, String)> {
     toml::from_str(text).map_err(|e| {
         let line = e.span().map(|span| line_of(text, span.start));
         (line, e.message().to_string())
@@ -50,8 +53,6 @@ pub(crate) fn line_of(text: &str, offset: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use serde::de::IgnoredAny;
-
     use super::*;
 
     #[derive(Deserialize)]
@@ -76,8 +77,8 @@ mod tests {
     fn a_misspelt_section_is_refused_by_both_readers_on_its_line() {
         let text = "[[source]]\nname = \"a\"\n\n[[targets]]\nname = \"b\"\n";
         for (line, said) in [
-            parse::<Named, IgnoredAny>(text).err().unwrap(),
-            parse::<IgnoredAny, Named>(text).err().unwrap(),
+            parse::<Named, IgnoredAny, IgnoredAny>(text).err().unwrap(),
+            parse::<IgnoredAny, Named, IgnoredAny>(text).err().unwrap(),
         ] {
             assert_eq!(line, Some(4));
             assert!(said.contains("unknown field `targets`"), "{said}");

@@ -374,8 +374,29 @@ def scenario_token(page, shots):
     assert TOKEN not in urls, "the token went into a URL"
 
 
+def scenario_mlflow_origin(page, shots):
+    # A model as the server records one registered from MLflow (its params'
+    # mlflow_* keys): the page says where it came from and links its run.
+    run_url = "http://mlflow.invalid/#/experiments/0/runs/abc123"
+    status = send("POST", "/v1/models", {
+        "name": "fraud", "job_id": "page-mlflow-1", "check_source": False,
+        "source": "http://127.0.0.1:1/{path}",
+        "files": [{"path": "MLmodel", "size_bytes": 33}],
+        "params": {"mlflow_name": "fraud", "mlflow_version": "7", "mlflow_alias": "champion",
+                   "mlflow_run_id": "abc123", "mlflow_run_url": run_url},
+    })
+    assert status == 201, status
+    model = next(m for m in api("/v1/models")["models"] if m["job_id"] == "page-mlflow-1")
+    page.goto(f"{URL}/#/models/{model['id']}")
+    origin = page.locator("dt:text-is('From MLflow') + dd")
+    expect(origin).to_contain_text("fraud version 7 (alias champion)")
+    expect(origin.get_by_role("link", name="run abc123")).to_have_attribute("href", run_url)
+    shots("model")
+
+
 SCENARIOS = [
     scenario_schema_form_and_archive,
+    scenario_mlflow_origin,
     scenario_failing_deployer,
     scenario_bad_options,
     scenario_slow_then_cancel,

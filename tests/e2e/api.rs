@@ -59,7 +59,7 @@ async fn registration_refuses_bad_models_with_every_reason(backend: Backend) {
         (POST, models, Some(json!({ "files": [{ "path": "..", "size_bytes": 1 }] })), BAD_REQUEST, "name is required; job_id is required; source is required"),
         // Without files, they are listed where a source can be listed; the
         // other fields are checked before a job id fills in a prefix.
-        (POST, models, Some(without(&good, "files")), BAD_REQUEST, "the files of a http: source must be given in the registration (berth lists files itself only at s3://, gs:// and az:// prefixes and oci:// references)"),
+        (POST, models, Some(without(&good, "files")), BAD_REQUEST, "the files of a http: source must be given in the registration (berth lists files itself only at s3://, gs:// and az:// prefixes, oci:// references and mlflow:// model versions)"),
         (POST, models, Some(with(&without(&good, "files"), "job_id", json!("../x"))), BAD_REQUEST, "job_id \"../x\" cannot be used as a directory name"),
     ];
     app.check(&rules).await;
@@ -287,6 +287,8 @@ async fn lookups_answer_404_and_400_clearly(backend: Backend) {
         (GET, "/v1/deployments/47/logs", None, NOT_FOUND, "deployment 47 does not exist"),
         (GET, "/v1/deployments/48/files", None, NOT_FOUND, "deployment 48 does not exist"),
         (GET, "/v1/deployments/49/files/a.txt", None, NOT_FOUND, "deployment 49 does not exist"),
+        // No [[mlflow]] entry with a webhook_secret: MLflow's webhook is no route here.
+        (POST, "/v1/hooks/mlflow", Some(json!({})), NOT_FOUND, "this server takes no MLflow webhook: give an [[mlflow]] entry of the sources file (--sources-file) a webhook_secret"),
         // An id that is not one is refused before anything is looked up.
         (GET, "/v1/models/abc", None, BAD_REQUEST, "\"abc\" is not an id: ids are positive integers"),
         (GET, "/v1/models/-1/deployments", None, BAD_REQUEST, "\"-1\" is not an id"),

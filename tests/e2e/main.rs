@@ -30,6 +30,7 @@ mod live;
 mod logs;
 mod loops;
 mod metrics;
+mod mlflow;
 mod model_signatures;
 mod network;
 mod oci;

@@ -171,7 +171,7 @@ async fn status_of(app: &App, method: Method, uri: &str) -> StatusCode {
 }
 
 /// What anyone may call when the server has tokens (docs/src/operating/security/tokens.md).
-const OPEN: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
+const OPEN: [&str; 4] = ["/healthz", "/readyz", "/openapi.json", "/v1/hooks/mlflow"];
 
 /// An operation lists a success and its refusals, each described and
 /// carrying the request's id; unless

@@ -295,6 +295,14 @@ pub fn describe(matches: &ArgMatches, file: Option<&File>) -> anyhow::Result<Str
             ));
             lines.push(targets.describe(&file));
         }
+        let mlflow = crate::mlflow::Servers::load(path)?;
+        if !mlflow.is_empty() {
+            lines.push(String::new());
+            lines.push(format!(
+                "# MLflow tracking servers followed, from the sources file {file} (secrets redacted)"
+            ));
+            lines.push(mlflow.describe());
+        }
     }
     Ok(lines.join("\n") + "\n")
 }

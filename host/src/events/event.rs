@@ -14,6 +14,10 @@ pub enum Event {
         job_id: String,
         /// Who signed it, when its signature was verified.
         signed_by: Option<String>,
+        /// Who registered it: a token's name, or what registered it by
+        /// itself (`MLflow webhook`, `MLflow catch-up`); none on a server
+        /// without tokens.
+        by: Option<String>,
     },
     /// Recorded by rule `rule`, held until an admin approves it.
     DeploymentAwaitingApproval {

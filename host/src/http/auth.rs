@@ -2,7 +2,8 @@
 //! configured tokens. No known token: 401 with `WWW-Authenticate`; a read
 //! token asking to change something: 403. `/healthz`, `/readyz` and
 //! `/openapi.json` stay open, so probes and tooling need no secret, and so
-//! does the web page (`/` and all under `/page/`: `page::is_page`), whose
+//! do MLflow's webhook (its signature is its authentication) and the web
+//! page (`/` and all under `/page/`: `page::is_page`), whose
 //! files hold no data. With no
 //! tokens configured everyone is let in (`serve` allows that on loopback
 //! only). The caller is handed to the handlers, which record its name.
@@ -17,8 +18,9 @@ use super::page;
 use super::{ApiContext, drain};
 use crate::auth::{Caller, Role, Tokens};
 
-/// Paths anyone may call, tokens or not.
-pub const OPEN: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
+/// Paths anyone may call, tokens or not (MLflow's webhook is authenticated
+/// by its signature, as MLflow cannot send a token).
+pub const OPEN: [&str; 4] = ["/healthz", "/readyz", "/openapi.json", "/v1/hooks/mlflow"];
 
 pub async fn require(State(ctx): State<ApiContext>, mut request: Request, next: Next) -> Response {
     let Some(tokens) = &ctx.tokens else {

@@ -87,6 +87,26 @@ impl Error {
         Error::NotFound(format!("model {id} does not exist"))
     }
 
+    /// What the answer would say, for a log where nobody is answered (a
+    /// registration berth makes by itself).
+    pub fn sentence(&self) -> String {
+        match self {
+            Error::InvalidModel(problems) | Error::InvalidRule(problems) => {
+                super::json::invalid_model(problems)
+            }
+            Error::BadRequest(m)
+            | Error::Unauthorized(m)
+            | Error::Forbidden(m)
+            | Error::NotFound(m)
+            | Error::Conflict(m)
+            | Error::TooLarge(m)
+            | Error::InsufficientStorage(m)
+            | Error::BadGateway(m)
+            | Error::Unavailable(m)
+            | Error::Internal(m) => m.clone(),
+        }
+    }
+
     /// 404: no deployment has this id.
     pub fn no_deployment(id: i64) -> Self {
         Error::NotFound(format!("deployment {id} does not exist"))

@@ -14,6 +14,8 @@ mod events;
 mod extract;
 pub mod json;
 mod metrics;
+mod mlflow;
+pub mod mlflow_catch_up;
 mod models;
 mod observe;
 mod openapi;
@@ -112,6 +114,8 @@ pub struct ApiContext {
     pub models_max_bytes: Option<u64>,
     /// The server's long-lived loops: one that ended makes it not ready.
     pub loops: Loops,
+    /// The MLflow tracking servers the sources file follows (`[[mlflow]]`).
+    pub mlflow: Arc<crate::mlflow::Servers>,
 }
 
 /// Every route with its docs, in one place: `app` serves these routes and
@@ -128,6 +132,7 @@ fn routes() -> OpenApiRouter<ApiContext> {
         .merge(deployers::router())
         .merge(events::router())
         .merge(webhook::router())
+        .merge(mlflow::router())
         .routes(routes!(healthz))
         .routes(routes!(ready))
         .merge(metrics::router())

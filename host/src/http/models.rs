@@ -13,6 +13,7 @@ use super::json::{self, ErrorBody, ProblemsBody, RegisterBody};
 use crate::auth::Caller;
 use crate::db;
 use crate::events::Event;
+use crate::fetch::source::Discovered;
 use crate::model::TrainedModel;
 use crate::pipeline::copies::DropError;
 use crate::validate::{self, FileDraft, ModelDraft, Problem, Problems};
@@ -30,8 +31,10 @@ pub fn router() -> OpenApiRouter<ApiContext> {
 /// have been uploaded (`PUT /v1/blobs/sha256:…`); the registration pins
 /// them. A body without `files` has them listed at its source: an `s3://`
 /// prefix (each object's size, and its sha256 where the store keeps one,
-/// `x-amz-checksum-sha256`) or an `oci://` manifest (its layers, by
-/// digest); no file is read. Given `files` are each looked for at the
+/// `x-amz-checksum-sha256`), an `oci://` manifest (its layers, by
+/// digest) or an `mlflow://` registry's version (its files' sizes, and
+/// where it came from in `params`: `mlflow_name`, `mlflow_version`,
+/// `mlflow_alias`, `mlflow_run_id`, `mlflow_run_url`); no file is read. Given `files` are each looked for at the
 /// source first (one byte each, for its size), unless `check_source` is
 /// `false`.
 #[utoipa::path(post, path = "/v1/models", operation_id = "register_model", tag = "models",
@@ -56,11 +59,26 @@ async fn register(
     if listed {
         draft = discovered(&ctx, draft).await?;
     }
+    let created_by = caller.map(|Extension(c)| c.name);
+    record(&ctx, draft, created_by, signature, check).await
+}
+
+/// Checks a registration whose files are known and records it with its
+/// event (which fires the rules), or answers the model already registered
+/// under its job id with the same files (200, nothing written). Shared by
+/// the API and what registers by itself (MLflow's webhook and catch-up).
+pub(super) async fn record(
+    ctx: &ApiContext,
+    draft: ModelDraft,
+    created_by: Option<String>,
+    signature: Option<serde_json::Value>,
+    check: bool,
+) -> Result<(StatusCode, Json<json::Model>), Error> {
     let mut model = validate::model(draft).map_err(Error::InvalidModel)?;
     if model.uploaded() {
-        pin_uploaded(&ctx, &model).await?;
+        pin_uploaded(ctx, &model).await?;
     }
-    model.created_by = caller.map(|Extension(c)| c.name);
+    model.created_by = created_by;
     if let Some(signature) = signature {
         let bytes = match signature {
             serde_json::Value::String(text) => text.into_bytes(),
@@ -92,10 +110,11 @@ async fn register(
             name: row.name.clone(),
             job_id: row.job_id.clone(),
             signed_by: row.signed_by().map(str::to_string),
+            by: row.created_by.clone(),
         }]
     });
     let stored = match ctx.db.insert_model_reported(&model, report).await {
-        Err(db::Error::DuplicateJob(_)) => return repeated(&ctx, &model).await,
+        Err(db::Error::DuplicateJob(_)) => return repeated(ctx, &model).await,
         stored => stored?,
     };
     tracing::debug!(
@@ -184,7 +203,7 @@ fn difference(existing: &TrainedModel, new: &TrainedModel) -> Option<String> {
 /// first, so that only a valid job id fills in a prefix; what is wrong
 /// with a source is said by discovery, and the whole registration is
 /// checked again once the files are in.
-async fn discovered(ctx: &ApiContext, mut draft: ModelDraft) -> Result<ModelDraft, Error> {
+async fn discovered(ctx: &ApiContext, draft: ModelDraft) -> Result<ModelDraft, Error> {
     let source = draft.source.clone().unwrap_or_default();
     if let Err(Problems(problems)) = validate::model(draft.clone()) {
         let others: Vec<Problem> = problems
@@ -202,6 +221,20 @@ async fn discovered(ctx: &ApiContext, mut draft: ModelDraft) -> Result<ModelDraf
         .discover(&source, job_id)
         .await
         .map_err(Error::BadRequest)?;
+    Ok(fill(draft, found))
+}
+
+/// `draft` with the files found at its source, and, for a version of an
+/// MLflow registry, where it came from among its params.
+pub(super) fn fill(mut draft: ModelDraft, found: Discovered) -> ModelDraft {
+    // Params that are no object are refused by the registration rules.
+    if let Some(origin) = &found.origin {
+        match &mut draft.params {
+            None => draft.params = Some(serde_json::Value::Object(origin.params())),
+            Some(serde_json::Value::Object(given)) => given.extend(origin.params()),
+            Some(_) => {}
+        }
+    }
     draft.source = Some(found.source);
     draft.files = found
         .files
@@ -212,7 +245,7 @@ async fn discovered(ctx: &ApiContext, mut draft: ModelDraft) -> Result<ModelDraf
             sha256: f.sha256,
         })
         .collect();
-    Ok(draft)
+    draft
 }
 
 /// A registration body checked by the registration rules: the model, or

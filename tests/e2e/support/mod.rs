@@ -10,6 +10,8 @@ pub mod events;
 pub mod fake_gcs;
 pub mod files;
 pub mod mirror;
+#[path = "../../mlflow/mlflow.rs"]
+pub mod mlflow;
 #[path = "../../moto/moto.rs"]
 pub mod moto;
 pub mod plugins;

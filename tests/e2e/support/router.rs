@@ -150,6 +150,7 @@ impl App {
             shutdown,
             models_max_bytes: None,
             loops,
+            mlflow: Arc::default(),
         });
         Self {
             app,

@@ -180,6 +180,27 @@ fn signature(signature: Option<&json::Signature>) -> String {
     }
 }
 
+/// Where a model registered from MLflow came from, in a line: its name,
+/// version, the alias it was found by and its run's page (its params'
+/// `mlflow_*`, written by the server).
+fn mlflow_origin(params: &serde_json::Value) -> Option<String> {
+    let text = |key: &str| params.get(key).and_then(|v| v.as_str());
+    let mut line = format!(
+        "{} version {}",
+        text("mlflow_name")?,
+        text("mlflow_version")?
+    );
+    if let Some(alias) = text("mlflow_alias") {
+        line.push_str(&format!(" (alias {alias})"));
+    }
+    match (text("mlflow_run_url"), text("mlflow_run_id")) {
+        (Some(url), _) => line.push_str(&format!(", run {url}")),
+        (None, Some(run)) => line.push_str(&format!(", run {run}")),
+        (None, None) => {}
+    }
+    Some(line)
+}
+
 /// The model's fields, one per line, then its files as a table.
 fn shown(model: &json::Model) -> String {
     let mut fields = Table::new(&["FIELD", "VALUE"]);
@@ -216,6 +237,9 @@ fn shown(model: &json::Model) -> String {
         ),
     ] {
         fields.row(vec![field.to_string(), value]);
+    }
+    if let Some(origin) = mlflow_origin(&model.params) {
+        fields.row(vec!["from MLflow".to_string(), origin]);
     }
     // FORMAT: as the server's first fetch told it from the bytes; "-"
     // until then.
@@ -292,5 +316,29 @@ mod tests {
             "3 MiB on disk of a 2 GiB budget in /data/models, 1 MiB saved by sharing, 1 MiB in 1 uploaded blob(s), pinned",
         ];
         assert_eq!(usage(&storage), expected.map(|l| format!("{l}\n")).concat());
+    }
+
+    #[test]
+    fn an_mlflow_origin_reads_in_a_line() {
+        let cases = [
+            (serde_json::json!({"lr": 1}), None),
+            (
+                serde_json::json!({"mlflow_name": "iris", "mlflow_version": "3"}),
+                Some("iris version 3"),
+            ),
+            (
+                serde_json::json!({"mlflow_name": "iris", "mlflow_version": "3",
+                    "mlflow_alias": "champion", "mlflow_run_id": "abc",
+                    "mlflow_run_url": "http://m/#/experiments/0/runs/abc"}),
+                Some("iris version 3 (alias champion), run http://m/#/experiments/0/runs/abc"),
+            ),
+            (
+                serde_json::json!({"mlflow_name": "iris", "mlflow_version": "3", "mlflow_run_id": "abc"}),
+                Some("iris version 3, run abc"),
+            ),
+        ];
+        for (params, expected) in cases {
+            assert_eq!(mlflow_origin(&params).as_deref(), expected, "{params}");
+        }
     }
 }

@@ -37,6 +37,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let tokens = setup::open_tokens(&args)?;
     let access = setup::load_access(&args)?;
     let targets = setup::load_targets(&args)?;
+    let mlflow = setup::load_mlflow(&args)?;
     let trust = setup::load_trust(&args)?;
     let model_trust =
         crate::model_trust::ModelTrust::load(args.model_signatures, &args.model_signer)
@@ -184,7 +185,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             shutdown.clone(),
         ),
     );
-    let app = crate::http::app(ApiContext {
+    let ctx = ApiContext {
         db: db.clone(),
         events: events.clone(),
         deployers,
@@ -197,8 +198,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         targets,
         shutdown: shutdown.clone(),
         models_max_bytes: args.models_max_gib,
-        loops,
-    });
+        loops: loops.clone(),
+        mlflow: mlflow.clone(),
+    };
+    if mlflow.iter().any(|server| !server.follow.is_empty()) {
+        loops.spawn(
+            "mlflow catch-up",
+            crate::http::mlflow_catch_up::run(ctx.clone(), shutdown.clone()),
+        );
+    }
+    let app = crate::http::app(ctx);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let signal = setup::stop_signal().await;

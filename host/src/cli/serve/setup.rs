@@ -104,6 +104,25 @@ pub(super) fn load_targets(args: &ServeArgs) -> anyhow::Result<Arc<Targets>> {
     Ok(Arc::new(targets))
 }
 
+/// The MLflow tracking servers the sources file follows (its
+/// `[[mlflow]]`s), if there is one; only their URLs and names are logged.
+pub(super) fn load_mlflow(args: &ServeArgs) -> anyhow::Result<Arc<crate::mlflow::Servers>> {
+    let Some(path) = &args.sources_file else {
+        return Ok(Arc::default());
+    };
+    let servers = crate::mlflow::Servers::load(path)?;
+    for server in servers.iter() {
+        let follow: Vec<String> = server.follow.iter().map(ToString::to_string).collect();
+        tracing::info!(
+            server = %server.url,
+            follow = %follow.join(" "),
+            webhook = server.secret().is_some(),
+            "MLflow tracking server followed"
+        );
+    }
+    Ok(Arc::new(servers))
+}
+
 /// The certificates of `--ca-file`, if given, trusted beside the public
 /// roots.
 pub(super) fn load_trust(args: &ServeArgs) -> anyhow::Result<Trust> {

@@ -3,7 +3,8 @@
 //! the source's scheme; only schemes whose sources can be listed answer
 //! (`s3`, `gs`, `az` and Azure's `https://ACCOUNT.blob.core.windows.net`:
 //! an object store's prefix, listed by `buckets/list.rs`; `oci`: a
-//! manifest's layers). Never reads a
+//! manifest's layers; `mlflow`: a registered model's version, `mlflow.rs`).
+//! Never reads a
 //! file's bytes, and knows nothing of the registration rules: what it
 //! finds is checked by them afterwards, as given files are.
 
@@ -18,6 +19,8 @@ pub(crate) struct Discovered {
     pub(crate) source: String,
     /// Sorted by path.
     pub(crate) files: Vec<Found>,
+    /// Where an MLflow registry's version came from, to record.
+    pub(crate) origin: Option<crate::mlflow::Origin>,
 }
 
 /// One file found at a source.
@@ -35,7 +38,8 @@ pub(crate) struct Found {
 pub(crate) const MAX_FILES: usize = 10_000;
 
 /// What the refusal for a scheme that cannot be listed names.
-const LISTABLE: &str = "s3://, gs:// and az:// prefixes and oci:// references";
+const LISTABLE: &str =
+    "s3://, gs:// and az:// prefixes, oci:// references and mlflow:// model versions";
 
 impl Sources {
     /// The files at `source` (filled in for `job_id` as a file's location
@@ -46,14 +50,12 @@ impl Sources {
         let in_a_bucket = matches!(scheme.as_deref(), Some("s3" | "gs" | "az"))
             || matches!(fill(source, job_id, ""), Ok(Location::Store { .. }));
         match scheme.as_deref() {
-            Some(_) if in_a_bucket => {
-                let (stored, url, bucket, key) = bucket_prefix(source, job_id)?;
-                let credentials = self.access.covering(&url);
-                let files = self.stores.list(&url, &bucket, &key, credentials).await?;
-                Ok(Discovered {
-                    source: stored,
-                    files,
-                })
+            Some(_) if in_a_bucket => self.list_bucket(source, job_id).await,
+            Some("mlflow" | "mlflow+http") => {
+                let reference = crate::mlflow::Reference::parse(source)?;
+                self.mlflow(&reference, None)
+                    .await
+                    .map_err(|e| format!("source {source:?}: {e}"))
             }
             Some("oci") => {
                 let reference = crate::oci::Reference::parse(source)?;
@@ -65,6 +67,7 @@ impl Sources {
                     ));
                 }
                 Ok(Discovered {
+                    origin: None,
                     source: listed.pinned.to_string(),
                     files: listed
                         .files
@@ -87,6 +90,25 @@ impl Sources {
                  files listed, or give the files in the registration"
             )),
         }
+    }
+}
+
+impl Sources {
+    /// The objects under a bucket's prefix (see `bucket_prefix`), with the
+    /// sources file's credentials for it.
+    pub(super) async fn list_bucket(
+        &self,
+        source: &str,
+        job_id: &str,
+    ) -> Result<Discovered, String> {
+        let (stored, url, bucket, key) = bucket_prefix(source, job_id)?;
+        let credentials = self.access.covering(&url);
+        let files = self.stores.list(&url, &bucket, &key, credentials).await?;
+        Ok(Discovered {
+            source: stored,
+            files,
+            origin: None,
+        })
     }
 }
 
@@ -226,13 +248,13 @@ mod tests {
                 "https://files.local/{job_id}/{path}",
                 "source \"https://files.local/{job_id}/{path}\": the files of a https: source \
                  must be given in the registration (berth lists files itself only at s3://, gs:// \
-                 and az:// prefixes and oci:// references)",
+                 and az:// prefixes, oci:// references and mlflow:// model versions)",
             ),
             (
                 "file:///srv/models/",
                 "source \"file:///srv/models/\": the files of a file: source must be given in \
                  the registration (berth lists files itself only at s3://, gs:// and az:// \
-                 prefixes and oci:// references)",
+                 prefixes, oci:// references and mlflow:// model versions)",
             ),
             (
                 "models/{path}",

@@ -14,8 +14,10 @@ pub(crate) mod buckets;
 #[cfg(test)]
 mod cloud_tests;
 mod discover;
+pub(crate) use discover::Discovered;
 mod file;
 mod http;
+mod mlflow;
 mod oci;
 #[cfg(test)]
 mod s3_list_tests;

@@ -77,6 +77,11 @@ pub struct DeploymentFailed {
 /// `model.registered`: rules fire from it.
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct ModelRegistered {
+    /// Who registered it: a token's name, or `MLflow webhook` / `MLflow
+    /// catch-up` for a version berth took from an MLflow registry; absent
+    /// on a server without tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
     pub job_id: String,
     pub model_id: i64,
     pub name: String,
@@ -215,7 +220,9 @@ pub fn event(event: &Event) -> EventData {
             name,
             job_id,
             signed_by,
+            by,
         } => EventData::ModelRegistered(ModelRegistered {
+            by: by.clone(),
             job_id: job_id.clone(),
             model_id: *model_id,
             name: name.clone(),
@@ -364,10 +371,10 @@ mod tests {
              r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"model_id":1,"published":{"bytes":12,"files":2},"ref":"r"}"#),
             (Event::DeploymentFailed { deploy_id: 3, model_id: 1, deployer: deployer(), duration_ms: 42, error: "e".into(), published: Published::default(), cause: None },
              r#"{"deploy_id":3,"deployer":"archive","duration_ms":42,"error":"e","model_id":1,"published":{"bytes":0,"files":0}}"#),
-            (Event::ModelRegistered { model_id: 1, name: "n".into(), job_id: "j".into(), signed_by: None },
+            (Event::ModelRegistered { model_id: 1, name: "n".into(), job_id: "j".into(), signed_by: None, by: None },
              r#"{"job_id":"j","model_id":1,"name":"n"}"#),
-            (Event::ModelRegistered { model_id: 1, name: "n".into(), job_id: "j".into(), signed_by: Some("key sha256:ab".into()) },
-             r#"{"job_id":"j","model_id":1,"name":"n","signed_by":"key sha256:ab"}"#),
+            (Event::ModelRegistered { model_id: 1, name: "n".into(), job_id: "j".into(), signed_by: Some("key sha256:ab".into()), by: Some("MLflow webhook".into()) },
+             r#"{"by":"MLflow webhook","job_id":"j","model_id":1,"name":"n","signed_by":"key sha256:ab"}"#),
             (Event::DeploymentAwaitingApproval { deploy_id: 3, model_id: 1, deployer: deployer(), rule: "prod".into() },
              r#"{"deploy_id":3,"deployer":"archive","model_id":1,"rule":"prod"}"#),
             (Event::DeploymentApproved { deploy_id: 3, model_id: 1, deployer: deployer(), by: Some("ops".into()), cause: None },

@@ -47,7 +47,7 @@ pub use models::{
 };
 pub use rules::{Rule, RuleBody, RuleFiring, Rules};
 pub use storage::{ModelStorage, Storage};
-pub use webhook::{WebhookFailing, WebhookState, webhook_body};
+pub use webhook::{MlflowDelivery, WebhookFailing, WebhookState, webhook_body};
 
 /// Every refusal: a sentence saying what is wrong and what to do.
 #[derive(Serialize, Deserialize, ToSchema)]

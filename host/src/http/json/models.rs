@@ -50,7 +50,11 @@ pub struct RegisterBody {
     /// An `http`, `https`, `s3` or `file` URL template: `{path}` is
     /// replaced by each file's path, `{job_id}` by the job id. Without
     /// `files`, an `s3://BUCKET/PREFIX/` prefix (`{job_id}` allowed in
-    /// it), recorded as `s3://BUCKET/PREFIX/{path}`.
+    /// it), recorded as `s3://BUCKET/PREFIX/{path}`; or a version of an
+    /// MLflow registry, `mlflow://SERVER/NAME/VERSION` or
+    /// `mlflow://SERVER/NAME@ALIAS` (`mlflow+http://` for plain HTTP), its
+    /// alias pinned and its files listed through the tracking server,
+    /// recorded as the artifact proxy's URL template.
     #[schema(value_type = String, required = true, pattern = r"\{path\}|/$", example = "http://files.internal/{job_id}/{path}")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,

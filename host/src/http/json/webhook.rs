@@ -58,3 +58,18 @@ impl From<crate::db::events::WebhookState> for WebhookState {
         }
     }
 }
+
+/// `POST /v1/hooks/mlflow`'s answer: what a delivery from MLflow did.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct MlflowDelivery {
+    /// The job id of the model it names (registered now or before); null
+    /// when it named none berth registers.
+    pub job_id: Option<String>,
+    /// That model's id.
+    pub model_id: Option<i64>,
+    /// `registered` (a new model: the rules fire), `registered already`
+    /// (nothing new), `not followed` (no `follow` of its server's
+    /// `[[mlflow]]` entry names it) or `ignored` (an event berth does not
+    /// act on).
+    pub outcome: String,
+}

@@ -32,6 +32,8 @@ export async function modelView(id) {
     ["Registered by", model.created_by ?? ""],
     ["Signature", signature(model.signature)],
   ];
+  const origin = mlflowOrigin(model.params);
+  if (origin) fields.push(["From MLflow", origin]);
   const body = h("tbody", { id: "deployments-body" }, deployments.deployments.map(deploymentRow));
   const upsert = (d) => {
     if (d.model_id === id) upsertRow(body, d);
@@ -40,7 +42,7 @@ export async function modelView(id) {
     h("p", {}, h("a", { href: "#/" }, "← Models")),
     h("h1", {}, model.name),
     h("div", { class: "toolbar" }, deployButton(model, upsert)),
-    h("dl", { class: "fields" }, fields.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))])),
+    h("dl", { class: "fields" }, fields.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
     h("h2", {}, "Storage"),
     storageBlock(model.id),
     h("h2", {}, "Params"),
@@ -120,6 +122,19 @@ function picklesNote(files) {
   if (pickles.length === 0) return [];
   return [h("p", { class: "pickles-note" },
     `${pickles.length === 1 ? "1 file is a pickle" : `${pickles.length} files are pickles`} (loading runs code): ${pickles.join(", ")}`)];
+}
+
+// Where a model registered from MLflow came from (its params' mlflow_*):
+// name, version, the alias it was found by, and a link to its run's page
+// (only an http(s) URL is made a link; the run page is MLflow's UI).
+function mlflowOrigin(params) {
+  if (!params || typeof params.mlflow_name !== "string") return null;
+  const alias = params.mlflow_alias ? ` (alias ${params.mlflow_alias})` : "";
+  const text = `${params.mlflow_name} version ${params.mlflow_version}${alias}`;
+  const run = params.mlflow_run_url;
+  if (typeof run !== "string" || !/^https?:\/\//.test(run)) return text;
+  return h("span", {}, `${text}, `,
+    h("a", { href: run, rel: "noopener noreferrer", target: "_blank" }, `run ${params.mlflow_run_id ?? ""}`));
 }
 
 // What the model's signature says, in a line (see the API's ModelSignature).
