@@ -11,6 +11,7 @@ mod auth;
 mod backup;
 mod catalog;
 mod client;
+mod cloud_publish;
 mod cloud_sources;
 mod cluster;
 mod config;
