@@ -1,10 +1,11 @@
 //! Benchmark 21: the same model (20 × 16 MiB files) fetched and verified by
-//! berth from each kind of bucket it reads, on loopback: moto (S3, the
-//! baseline), fake-gcs-server (`gs://`) and Azurite (`az://`), each started
-//! as the tests start it, each through a sources-file entry with its
-//! credentials. The emulators are the stores the tests trust, not the
-//! clouds: the ratios say what berth's client costs against each
-//! emulator's server, not what the clouds would serve.
+//! berth from each kind of bucket it reads, then published by berth into
+//! each kind it writes, on loopback: moto (S3, the baseline),
+//! fake-gcs-server (`gs://`) and Azurite (`az://`), each started as the
+//! tests start it, each through a sources-file entry (a `[[source]]`, then
+//! a `[[target]]`) with its credentials. The emulators are the stores the
+//! tests trust, not the clouds: the ratios say what berth's client costs
+//! against each emulator's server, not what the clouds would serve.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use berth::fetch::{Access, Fetcher, Quiet};
+use berth::publish::{Body, FILES_AT_ONCE, Key as PublishKey, Publishers};
+use berth::targets::Targets;
+use berth::trust::Trust;
 use object_store::ObjectStoreExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as Key;
@@ -29,7 +33,8 @@ const BUCKET: &str = "bench";
 const FILES: usize = 20;
 const FILE_SIZE: u64 = 16 * MIB;
 
-/// Each store: its name, the source's URL prefix and its sources-file entry.
+/// Each store: its name, the source's URL prefix (a target's url too) and
+/// its sources-file entry's options.
 struct Store {
     name: &'static str,
     prefix: String,
@@ -99,38 +104,82 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<()> {
         },
     ];
 
-    let mut times: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut fetched: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut published: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for round in 0..ctx.rounds {
         for k in 0..stores.len() {
             let store = &stores[(k + round) % stores.len()];
             settle();
             let took = fetch(ctx, store, &files).await?;
-            times.entry(store.name).or_default().push(took);
+            fetched.entry(store.name).or_default().push(took);
+            settle();
+            let took = publish(&root, store, &files, round).await?;
+            published.entry(store.name).or_default().push(took);
         }
     }
-    let bytes = FILES as u64 * FILE_SIZE;
-    let baseline = median(&times[stores[0].name]);
-    let mut table = Table::new(&format!(
-        "21. fetch + verify a model of {FILES} × {} MiB files from each kind of bucket \
-         (emulators on loopback), median of {} rounds",
-        FILE_SIZE / MIB,
-        ctx.rounds
-    ));
-    for store in &stores {
-        let took = median(&times[store.name]);
-        let against = if store.name == stores[0].name {
-            "baseline".to_string()
-        } else {
-            speed_vs(took, baseline, "S3 (moto)")
-        };
-        table.row(
-            &format!("berth, {}", store.name),
-            format!("{} ({})", secs(took), gbps(bytes, took)),
-            against,
-        );
+    for (what, times) in [("fetch + verify", &fetched), ("publish", &published)] {
+        let bytes = FILES as u64 * FILE_SIZE;
+        let baseline = median(&times[stores[0].name]);
+        let mut table = Table::new(&format!(
+            "21. {what} a model of {FILES} × {} MiB files, each kind of bucket (emulators on \
+             loopback), median of {} rounds",
+            FILE_SIZE / MIB,
+            ctx.rounds
+        ));
+        for store in &stores {
+            let took = median(&times[store.name]);
+            let against = if store.name == stores[0].name {
+                "baseline".to_string()
+            } else {
+                speed_vs(took, baseline, "S3 (moto)")
+            };
+            table.row(
+                &format!("berth, {}", store.name),
+                format!("{} ({})", secs(took), gbps(bytes, took)),
+                against,
+            );
+        }
+        table.print();
     }
-    table.print();
     Ok(())
+}
+
+/// berth's publish of the model's files (`FILES_AT_ONCE` at a time, as a
+/// deployment's batch puts them) into `store`, under a prefix of its own
+/// per round.
+async fn publish(
+    root: &std::path::Path,
+    store: &Store,
+    files: &[DataFile],
+    round: usize,
+) -> anyhow::Result<f64> {
+    use futures::StreamExt;
+    let sources = format!(
+        "[[target]]\nname = \"bench\"\nurl = \"{}published-{round}/\"\n{}\n",
+        store.prefix, store.entry
+    );
+    let targets = Targets::parse(&sources, "bench.toml", |_| None).map_err(anyhow::Error::msg)?;
+    let publisher = Publishers::new(Arc::new(targets), &Trust::default()).get("bench")?;
+    let never = CancellationToken::new();
+    let keys: Vec<PublishKey> = files
+        .iter()
+        .map(|file| PublishKey::parse(&file.path).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
+    let started = Instant::now();
+    let mut puts = futures::stream::iter(files.iter().zip(&keys).map(|(file, key)| {
+        let body = Body::File {
+            path: root.join(&file.path),
+            bytes: file.size,
+            sha256: Some(file.sha256.clone()),
+            vouched: None,
+        };
+        publisher.put(key, body, &|_| {}, &never)
+    }))
+    .buffer_unordered(FILES_AT_ONCE);
+    while let Some(put) = puts.next().await {
+        put.with_context(|| format!("berth could not publish the model to {}", store.name))?;
+    }
+    Ok(started.elapsed().as_secs_f64())
 }
 
 /// berth's fetch of the model from `store` into an empty models dir.
