@@ -3,13 +3,16 @@
 //! not the verified ones, and a proxy that sees what goes to a server.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{Body, Key};
+use tokio_util::sync::CancellationToken;
+
+use super::{Body, Error, Key, Publisher};
 
 pub(super) fn key(text: &str) -> Key {
     Key::parse(text).unwrap()
@@ -140,4 +143,39 @@ impl Proxy {
         let sent = self.sent.lock().unwrap();
         sent.windows(line.len()).any(|w| w == line.as_bytes())
     }
+}
+
+/// Puts a sparse file of `bytes` (its bytes cost no disk) at `key`,
+/// cancelled once `cancel_after` bytes went up: the put's error.
+pub(super) async fn put_cancelled(
+    publisher: &Publisher,
+    key: &Key,
+    bytes: u64,
+    cancel_after: u64,
+) -> Error {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("huge.bin");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(bytes)
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let told = AtomicU64::new(0);
+    let progress = |n: u64| {
+        if told.fetch_add(n, Ordering::Relaxed) + n >= cancel_after {
+            cancel.cancel();
+        }
+    };
+    let body = Body::File {
+        path,
+        bytes,
+        sha256: None,
+        vouched: None,
+    };
+    let error = publisher
+        .put(key, body, &progress, &cancel)
+        .await
+        .unwrap_err();
+    assert!(told.load(Ordering::Relaxed) < bytes, "all of it went up");
+    error
 }

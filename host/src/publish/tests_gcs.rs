@@ -15,7 +15,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use tokio_util::sync::CancellationToken;
 
 use super::conformance::{Target, conforms};
-use super::testing::{Proxy, file, file_body, key};
+use super::testing::{Proxy, file, file_body, key, put_cancelled};
 use super::{Body, Error, Publisher, Publishers};
 use crate::targets::Targets;
 use crate::trust::Trust;
@@ -228,32 +228,8 @@ async fn a_multi_gib_put_cancelled_in_the_middle_leaves_nothing() {
     let publisher = publishers(BUCKET, "huge", &proxy.url)
         .get("releases")
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("huge.bin");
-    let bytes = 2u64 << 30;
-    std::fs::File::create(&path)
-        .unwrap()
-        .set_len(bytes)
-        .unwrap();
-    let cancel = CancellationToken::new();
-    let told = AtomicU64::new(0);
-    let progress = |n: u64| {
-        if told.fetch_add(n, Ordering::Relaxed) + n >= 256 << 20 {
-            cancel.cancel();
-        }
-    };
-    let body = Body::File {
-        path,
-        bytes,
-        sha256: None,
-        vouched: None,
-    };
-    let error = publisher
-        .put(&key("huge.bin"), body, &progress, &cancel)
-        .await
-        .unwrap_err();
+    let error = put_cancelled(&publisher, &key("huge.bin"), 2 << 30, 256 << 20).await;
     assert!(matches!(error, Error::Cancelled), "{error:?}");
-    assert!(told.load(Ordering::Relaxed) < bytes);
     assert_eq!(open_sessions(&proxy), Vec::<String>::new());
     assert_eq!(object("huge/huge.bin").await, None);
 }
