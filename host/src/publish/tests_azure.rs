@@ -115,6 +115,20 @@ async fn uncommitted(prefix: &str) -> Vec<String> {
     left
 }
 
+/// `uncommitted(prefix)` once it is empty, or after 10 s: a stopped put's
+/// blocks are dropped on a task of its own once its requests ended.
+async fn settled_uncommitted(prefix: &str) -> Vec<String> {
+    let mut left = uncommitted(prefix).await;
+    for _ in 0..50 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        left = uncommitted(prefix).await;
+    }
+    left
+}
+
 /// The `Content-MD5` of `bytes`.
 fn md5(bytes: &[u8]) -> String {
     BASE64.encode(<md5::Md5 as md5::Digest>::digest(bytes))
@@ -128,13 +142,7 @@ async fn azure_conforms() {
         publisher: good("conforms", &az.endpoint),
         key: |check, path| key(&format!("{check}/{path}")),
         read_back: Box::new(|k| Box::pin(async move { blob(&format!("conforms/{k}")).await })),
-        leftovers: Box::new(|| {
-            Box::pin(async {
-                // A dropped put's blocks are dropped on a task of its own.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                uncommitted("conforms/").await
-            })
-        }),
+        leftovers: Box::new(|| Box::pin(settled_uncommitted("conforms/"))),
         secret: Some(az.key.clone()),
         stranger: Some((
             releases(CONTAINER, "conforms", &az.endpoint, &wrong),
@@ -219,15 +227,7 @@ async fn a_dropped_put_drops_its_blocks() {
         _ = publisher.put(&k, body, &progress, &never) => panic!("the put ended"),
         _ = first.notified() => {}
     }
-    let mut left = uncommitted("dropped/").await;
-    for _ in 0..20 {
-        if left.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        left = uncommitted("dropped/").await;
-    }
-    assert_eq!(left, Vec::<String>::new());
+    assert_eq!(settled_uncommitted("dropped/").await, Vec::<String>::new());
     assert_eq!(blob("dropped/model.bin").await, None);
 }
 
@@ -277,6 +277,6 @@ async fn a_multi_gib_put_cancelled_in_the_middle_leaves_nothing() {
     let publisher = good("huge", &azurite().endpoint);
     let error = put_cancelled(&publisher, &key("huge.bin"), 2 << 30, 1 << 30).await;
     assert!(matches!(error, Error::Cancelled), "{error:?}");
-    assert_eq!(uncommitted("huge/").await, Vec::<String>::new());
+    assert_eq!(settled_uncommitted("huge/").await, Vec::<String>::new());
     assert_eq!(blob("huge/huge.bin").await, None);
 }

@@ -22,6 +22,7 @@ use reqwest::header::{CONTENT_LENGTH, ETAG, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Response, StatusCode};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::answers::{quote, retrying};
 use super::destination::Destination;
@@ -94,7 +95,11 @@ impl Signing {
     }
 
     /// Sends the request, tried again as `retrying` does, signed anew each
-    /// time (the signature holds the time).
+    /// time (the signature holds the time). With `tracker`, each try runs
+    /// on a task of its own that is let finish when the put stops waiting
+    /// for it: a block's request already sent may still be stored, so its
+    /// upload's cleanup waits them out (`staged`).
+    #[allow(clippy::too_many_arguments)]
     async fn send(
         &self,
         subject: &Subject,
@@ -103,6 +108,7 @@ impl Signing {
         headers: &HeaderMap,
         body: Bytes,
         cancel: &CancellationToken,
+        tracker: Option<&TaskTracker>,
     ) -> Result<Response, Error> {
         retrying(subject, what, cancel, || {
             let (method, headers, body) = (method.clone(), headers.clone(), body.clone());
@@ -111,10 +117,19 @@ impl Signing {
                     .request(method, url, headers, body)
                     .await
                     .map_err(|e| subject.refused(what, e))?;
+                let answer = async {
+                    match tracker {
+                        Some(tracker) => tracker
+                            .spawn(request.send())
+                            .await
+                            .expect("a request's task does not panic"),
+                        None => request.send().await,
+                    }
+                };
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => Err(Error::Cancelled),
-                    answer = request.send() => Ok(answer),
+                    answer = answer => Ok(answer),
                 }
             }
         })
@@ -183,6 +198,7 @@ impl Container {
                 &HeaderMap::new(),
                 Bytes::new(),
                 cancel,
+                None,
             )
             .await?;
         let status = answer.status();
@@ -222,7 +238,15 @@ impl Container {
         headers.insert(name("x-ms-blob-content-type"), value(content_type));
         let answer = self
             .signing
-            .send(subject, what, (Method::PUT, url), &headers, body, cancel)
+            .send(
+                subject,
+                what,
+                (Method::PUT, url),
+                &headers,
+                body,
+                cancel,
+                None,
+            )
             .await?;
         if !answer.status().is_success() {
             return Err(self.refusal(subject, what, answer).await);
@@ -242,12 +266,15 @@ impl Container {
         cancel: &CancellationToken,
     ) -> Result<(String, Option<String>), Error> {
         let existed = self.head(subject, what, url, cancel).await?.is_some();
+        let tracker = TaskTracker::new();
         let mut staged = Staged {
             signing: self.signing.clone(),
             url: url.clone(),
             existed,
+            tracker: tracker.clone(),
             armed: true,
         };
+        let tracker = &tracker;
         // One upload's ids: all of one length, as Azure wants, and none
         // another upload to the same blob would use.
         let mut nonce = [0u8; 8];
@@ -279,6 +306,7 @@ impl Container {
                             &headers,
                             chunk,
                             cancel,
+                            Some(tracker),
                         )
                         .await?;
                     match answer.status().is_success() {
@@ -333,7 +361,15 @@ impl Container {
         );
         let answer = self
             .signing
-            .send(subject, what, (Method::PUT, &url), &headers, body, cancel)
+            .send(
+                subject,
+                what,
+                (Method::PUT, &url),
+                &headers,
+                body,
+                cancel,
+                None,
+            )
             .await?;
         if !answer.status().is_success() {
             return Err(self.refusal(subject, what, answer).await);

@@ -9,13 +9,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use reqwest::header::{ETAG, HeaderMap, HeaderValue};
 use reqwest::{Method, StatusCode};
+use tokio_util::task::TaskTracker;
 
 use super::super::Subject;
 use super::{Signing, name};
 use crate::causes::innermost;
 
-/// How many times a put that stopped looks for blocks that landed later.
-const LATE_LOOKS: usize = 10;
+/// How long the cleanup of a put that stopped waits for its block
+/// requests to end (each is bounded by the client's retries).
+const IN_FLIGHT_WAIT: Duration = Duration::from_secs(600);
 /// How long a failed or cancelled put waits for its blocks to be dropped
 /// before leaving it to a task of its own.
 const ABORT_WAIT: Duration = Duration::from_secs(5);
@@ -28,6 +30,8 @@ pub(super) struct Staged {
     /// Whether a blob was there before: its blocks cannot be dropped
     /// without replacing it, so they are left, and the log says so.
     pub(super) existed: bool,
+    /// The upload's block requests, let finish when the put stopped.
+    pub(super) tracker: TaskTracker,
     pub(super) armed: bool,
 }
 
@@ -46,7 +50,8 @@ impl Staged {
             self.armed = false;
             match outcome {
                 Ok(()) => {
-                    tokio::spawn(late(self.signing.clone(), self.url.clone()));
+                    let tracker = self.tracker.clone();
+                    tokio::spawn(late(self.signing.clone(), self.url.clone(), tracker));
                 }
                 Err(e) => tracing::warn!(
                     target_name = %subject.target,
@@ -64,6 +69,7 @@ impl Drop for Staged {
             return;
         }
         let (signing, url, existed) = (self.signing.clone(), self.url.clone(), self.existed);
+        let tracker = self.tracker.clone();
         let discard = async move {
             if existed {
                 return Err(left_behind(&url, EXISTED));
@@ -71,7 +77,7 @@ impl Drop for Staged {
             commit_nothing(&signing, &url)
                 .await
                 .map_err(|e| left_behind(&url, &e))?;
-            late(signing, url).await;
+            late(signing, url, tracker).await;
             Ok(())
         };
         match tokio::runtime::Handle::try_current() {
@@ -100,34 +106,39 @@ fn left_behind(url: &url::Url, why: &str) -> String {
     )
 }
 
-/// Drops again the blocks that land after the put stopped (a block's
-/// request already sent when it was dropped may be stored seconds later
-/// by a busy service), looking a few times over a few seconds.
-async fn late(signing: Signing, url: url::Url) {
+/// Drops again the blocks that landed after the put stopped: once every
+/// block request it sent has been answered or has failed (a request
+/// already sent may be stored after the first drop), the blob's blocks
+/// are looked at, and dropped if there are any.
+async fn late(signing: Signing, url: url::Url, tracker: TaskTracker) {
+    tracker.close();
+    if tokio::time::timeout(IN_FLIGHT_WAIT, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("{}", left_behind(&url, "its block requests did not end"));
+        return;
+    }
     let mut blocks = url.clone();
     blocks
         .query_pairs_mut()
         .append_pair("comp", "blocklist")
         .append_pair("blocklisttype", "uncommitted");
-    for _ in 0..LATE_LOOKS {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let listed = match signing
-            .request(Method::GET, &blocks, HeaderMap::new(), Bytes::new())
-            .await
-        {
-            Ok(request) => request.send().await,
-            Err(_) => return,
-        };
-        match listed {
-            Ok(answer) if answer.status() == StatusCode::NOT_FOUND => {}
-            Ok(_) => {
-                if let Err(e) = commit_nothing(&signing, &url).await {
-                    tracing::warn!("{}", left_behind(&url, &e));
-                    return;
-                }
+    let listed = match signing
+        .request(Method::GET, &blocks, HeaderMap::new(), Bytes::new())
+        .await
+    {
+        Ok(request) => request.send().await,
+        Err(e) => return tracing::warn!("{}", left_behind(&url, &e)),
+    };
+    match listed {
+        Ok(answer) if answer.status() == StatusCode::NOT_FOUND => {}
+        Ok(_) => {
+            if let Err(e) = commit_nothing(&signing, &url).await {
+                tracing::warn!("{}", left_behind(&url, &e));
             }
-            Err(_) => return,
         }
+        Err(e) => tracing::warn!("{}", left_behind(&url, &innermost(&e.without_url()))),
     }
 }
 
