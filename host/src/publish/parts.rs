@@ -5,6 +5,7 @@
 //! an object's name in its bucket.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -14,7 +15,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::read::{Piece, Reading};
-use super::{Error, Key, Subject, Tally};
+use super::{Error, Key, Subject, Tally, Tuning};
+use crate::fetch::Stamp;
 
 /// Sends every part `reading` yields with `send(index, bytes)`, each
 /// holding one of `permits` until it is sent; returns what each send
@@ -80,6 +82,28 @@ where
         .map(|p| p.expect("every part was sent before the loop ends"))
         .collect();
     Ok((parts, sha256.expect("the loop ends after the digest")))
+}
+
+/// How a bucket target reads a file: in parts of the tuning's size for
+/// it, the last not held back (nothing is an object until the upload is
+/// completed, after the reading's end); and whether the file fits in one
+/// part, which then goes in one request (`read_whole`).
+pub(super) fn reading(
+    tuning: &Tuning,
+    (path, bytes, sha256, vouched): (PathBuf, u64, Option<String>, Option<Stamp>),
+    cancel: &CancellationToken,
+) -> (Reading, bool) {
+    let part_bytes = tuning.part_bytes_for(bytes);
+    let reading = Reading::start(
+        path,
+        bytes,
+        sha256,
+        vouched,
+        part_bytes as usize,
+        false,
+        cancel.clone(),
+    );
+    (reading, bytes <= part_bytes)
 }
 
 /// Every chunk of a small file, and its digest.

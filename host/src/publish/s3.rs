@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::destination::Destination;
 use super::oci::pending::Slot;
-use super::parts::{object_name, read_whole, send_parts};
+use super::parts::{object_name, read_whole, reading, send_parts};
 use super::read::Reading;
 use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, Tuning, look_up_of, upload_of};
 use crate::causes::innermost;
@@ -249,19 +249,9 @@ impl Destination for Bucket {
                 sha256,
                 vouched,
             } => {
-                let part_bytes = self.tuning.part_bytes_for(bytes);
-                let mut reading = Reading::start(
-                    file,
-                    bytes,
-                    sha256,
-                    vouched,
-                    part_bytes as usize,
-                    // Nothing is an object until the upload is completed,
-                    // after the reading's end.
-                    false,
-                    cancel.clone(),
-                );
-                if bytes <= part_bytes {
+                let (mut reading, whole) =
+                    reading(&self.tuning, (file, bytes, sha256, vouched), cancel);
+                if whole {
                     let (chunks, sha256) = read_whole(&mut reading, subject, key, cancel).await?;
                     let payload = PutPayload::from_iter(chunks);
                     let etag = self

@@ -27,7 +27,7 @@ use tokio_util::task::TaskTracker;
 use super::answers::{quote, retrying};
 use super::destination::Destination;
 use super::oci::pending::Slot;
-use super::parts::{object_name, read_whole, send_parts};
+use super::parts::{object_name, read_whole, reading, send_parts};
 use super::read::Reading;
 use super::{Body, Error, Key, ObjectInfo, Put, Subject, Tally, Tuning, look_up_of, upload_of};
 use crate::causes::innermost;
@@ -440,18 +440,9 @@ impl Destination for Container {
                 sha256,
                 vouched,
             } => {
-                let part_bytes = self.tuning.part_bytes_for(bytes);
-                // Nothing is a blob until it is committed, after the end.
-                let mut reading = Reading::start(
-                    path,
-                    bytes,
-                    sha256,
-                    vouched,
-                    part_bytes as usize,
-                    false,
-                    cancel.clone(),
-                );
-                let (sha256, etag) = if bytes <= part_bytes {
+                let (mut reading, whole) =
+                    reading(&self.tuning, (path, bytes, sha256, vouched), cancel);
+                let (sha256, etag) = if whole {
                     let (chunks, sha256) = read_whole(&mut reading, subject, key, cancel).await?;
                     let content_type = "application/octet-stream";
                     let etag = self
